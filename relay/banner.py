@@ -1,0 +1,63 @@
+"""What the user sees on stderr: the launch banner, notes, and the exit summary."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .plan import Plan
+
+
+def human_size(n: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
+def short_path(path: str, home: str) -> str:
+    if home and home != "/" and (path == home or path.startswith(home.rstrip("/") + "/")):
+        return "~" + path[len(home.rstrip("/")):]
+    return path
+
+
+def egress_summary(plan: Plan) -> str:
+    if plan.proxy_listen is None:
+        return "no network"
+    if not plan.egress:
+        return "egress: none (proxy refuses all)"
+    shown = ", ".join(plan.egress[:2])
+    more = len(plan.egress) - 2
+    return f"egress {len(plan.egress)} host{'s' if len(plan.egress) != 1 else ''}: {shown}" + (f" +{more}" if more > 0 else "")
+
+
+def banner_lines(plan: Plan, home: str) -> list[str]:
+    if plan.unsandboxed:
+        return [
+            f"hive-relay: WARNING: {plan.backend} runs WITHOUT the hive relay box (opt-in set); "
+            f"only its native sandbox applies: {' '.join(plan.argv)}",
+        ]
+    first = (f"hive-relay: {plan.backend} · {plan.mode} · {plan.tier} · profile {plan.profile} "
+             f"({plan.profile_digest}) · workdir {short_path(plan.workdir, home)}")
+    second = (f"hive-relay: {egress_summary(plan)} · limits {human_size(plan.limits.memory)} mem, "
+              f"{plan.limits.pids} procs via {plan.limits.method}")
+    if plan.log_path:
+        second += f" · log {short_path(plan.log_path, home)}"
+    return [first, second]
+
+
+def note_lines(notes: tuple[str, ...] | list[str]) -> list[str]:
+    return [f"hive-relay: note: {note}" for note in notes]
+
+
+def emit(lines: list[str]) -> None:
+    if lines:
+        try:
+            sys.stderr.write("\n".join(lines) + "\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+
+
+def home_of(env: dict[str, str] | os._Environ) -> str:
+    return env.get("HOME", "")

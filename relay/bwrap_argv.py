@@ -1,0 +1,45 @@
+"""Render a filesystem plan and identity options into a bubblewrap argv (nothing is run here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .fsplan import Mount
+
+
+def mount_args(mounts: Iterable[Mount]) -> list[str]:
+    args: list[str] = []
+    for m in mounts:
+        if m.kind == "ro-bind":
+            args += ["--ro-bind", m.src or m.dst, m.dst]
+        elif m.kind == "bind":
+            args += ["--bind", m.src or m.dst, m.dst]
+        elif m.kind == "tmpfs":
+            args += ["--tmpfs", m.dst]
+        elif m.kind == "mask-dir":
+            args += ["--perms", "0555", "--tmpfs", m.dst, "--remount-ro", m.dst]
+        elif m.kind == "mask-file":
+            args += ["--ro-bind", "/dev/null", m.dst]
+        elif m.kind == "dev":
+            args += ["--dev", m.dst]
+        elif m.kind == "proc":
+            args += ["--proc", m.dst]
+        else:
+            raise ValueError(f"unknown mount kind {m.kind!r}")
+    return args
+
+
+def build(*, bwrap: str, mounts: Iterable[Mount], workdir: str, box_uid: int | None, seccomp_fd: int) -> list[str]:
+    """The bwrap part of the command line, up to and including `--`.
+
+    All namespaces are unshared (only `lo` exists, so the proxy fd is the way out), the box
+    dies with its launcher, and it never holds capabilities: a root caller gets a non-root
+    uid inside a user namespace, so it cannot remount a read-only bind writable.
+    """
+    args = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--cap-drop", "ALL",
+            "--hostname", "hive-relay"]
+    if box_uid is not None:
+        args += ["--uid", str(box_uid), "--gid", str(box_uid)]
+    args += mount_args(mounts)
+    args += ["--seccomp", str(seccomp_fd), "--chdir", workdir, "--"]
+    return args

@@ -1,0 +1,135 @@
+"""The relay's own entry (`python -m relay`), shared by tasks.py: request in, exit code out.
+
+tasks.py (invoke) and this module both call `contribute()`, so the two surfaces cannot drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+from collections.abc import Mapping, Sequence
+
+from .banner import emit, note_lines
+from .config import get_backend, load_matrix
+from .errors import RelayError, UsageError
+from .plan import Request, resolve
+from .probe import probe
+
+
+def new_run_id() -> str:
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def contribute(
+    request: Request,
+    *,
+    dry_run: bool = False,
+    as_json: bool = False,
+    quiet: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Resolve the request into a plan, then print it (dry run) or run it. Raises RelayError."""
+    env = dict(os.environ if env is None else env)
+    if not os.path.isdir(request.workdir):
+        raise UsageError(f"--workdir {request.workdir}: not an existing directory; fix: create it or pass another")
+    from pathlib import Path
+
+    matrix = load_matrix(env, workdir=Path(os.path.realpath(request.workdir)))
+    backend = get_backend(matrix, request.backend)
+    facts = probe(env)
+    plan = resolve(backend, matrix, request, facts, env)
+    if dry_run:
+        if as_json:
+            print(json.dumps(plan.to_json(), indent=2))
+        else:
+            print(render_plan(plan))
+        return 0
+    if plan.tier == "container":
+        raise RelayError("container mode is planned but not runnable yet; use local mode")
+    from .runner import run
+
+    return run(plan, env, quiet=quiet)
+
+
+def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import light
+    data = plan.to_json()
+    lines = [f"backend  {plan.backend}   mode {plan.mode}   tier {plan.tier}   profile {plan.profile} ({plan.profile_digest})",
+             f"workdir  {plan.workdir}",
+             f"argv     {' '.join(plan.argv)}",
+             f"limits   {plan.limits.memory} bytes memory, {plan.limits.pids} processes via {plan.limits.method}",
+             f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
+             f"egress   {', '.join(plan.egress) if plan.proxy_listen else 'no network'}",
+             f"log      {plan.log_path or '-'}",
+             f"env      set: {', '.join(k for k, _ in plan.env_set)}",
+             f"         passed by name: {', '.join(plan.env_pass) or '-'}",
+             "denied   " + ("\n         ".join(plan.denied) or "-"),
+             "protected " + ("\n          ".join(plan.protected) or "-"),
+             "seccomp  " + "\n         ".join(plan.seccomp),
+             f"command  {data['command_line']}"]
+    lines += note_lines(plan.notes)
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m relay",
+        description="Run a coding agent inside the hive relay box (same surface as `invoke contribute-hive`).",
+    )
+    parser.add_argument("backend_pos", nargs="?", metavar="BACKEND")
+    parser.add_argument("mode_pos", nargs="?", metavar="MODE")
+    parser.add_argument("--backend")
+    parser.add_argument("--mode")
+    parser.add_argument("--profile")
+    parser.add_argument("--isolation")
+    parser.add_argument("--prompt")
+    parser.add_argument("--workdir", default=".")
+    parser.add_argument("--allow-host", action="append", default=[])
+    parser.add_argument("--timeout", type=int)
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def request_from(
+    backend_pos: str | None, mode_pos: str | None, backend: str | None, mode: str | None, **rest: object
+) -> Request:
+    """Merge positional and flag forms; the two may not disagree."""
+    if backend_pos and backend and backend_pos != backend:
+        raise UsageError(f"backend given twice: {backend_pos!r} and --backend {backend!r}")
+    if mode_pos and mode and mode_pos != mode:
+        raise UsageError(f"mode given twice: {mode_pos!r} and --mode {mode!r}")
+    name = backend or backend_pos
+    if not name:
+        raise UsageError("no backend given; usage: invoke contribute-hive BACKEND [local|container]")
+    return Request(backend=name, mode=mode or mode_pos or "local", run_id=new_run_id(), **rest)  # type: ignore[arg-type]
+
+
+def guarded(fn, *args, **kwargs) -> int:  # noqa: ANN001
+    """Run fn, turning RelayError into its one line and exit code."""
+    try:
+        return fn(*args, **kwargs)
+    except RelayError as err:
+        emit([f"hive-relay: error: {err.message}"])
+        return err.exit_code
+    except KeyboardInterrupt:
+        emit(["hive-relay: interrupted"])
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    def go() -> int:
+        request = request_from(
+            ns.backend_pos, ns.mode_pos, ns.backend, ns.mode, profile=ns.profile, isolation=ns.isolation,
+            prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=ns.timeout,
+        )
+        return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet)
+    return guarded(go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""Load and strictly validate the backend matrix and the user and repo config layers.
+
+Three layers, in trust order:
+  1. `config/backends.yaml` shipped with hive relay (complete entries);
+  2. the user's own `~/.config/hive-relay/config.yaml` (may add or widen anything);
+  3. the workspace repo's `.hive-relay.yaml` (may only narrow: the repo is what the
+     agent edits, so it must never be able to widen its own box).
+Any invalid file is an error naming file, backend and key; nothing falls back to defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, UsageError
+from .hosts import parse_rule
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_CONFIG = PACKAGE_ROOT / "config" / "backends.yaml"
+REPO_CONFIG_NAME = ".hive-relay.yaml"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PLACEHOLDERS = {"{prompt}", "{shell}", "{workdir}"}
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One agent CLI as the matrix describes it; all paths still in `~/…` form."""
+
+    name: str
+    description: str
+    command: tuple[str, ...]
+    prompt_command: tuple[str, ...]
+    install_npm: str | None
+    install_bin: str | None
+    home_ro: tuple[str, ...]
+    home_rw: tuple[str, ...]
+    home_sync: tuple[str, ...]
+    egress: tuple[str, ...]
+    env_pass: tuple[str, ...]
+    env_set: tuple[tuple[str, str], ...]
+    native_boxed: tuple[str, ...]
+    native_unsandboxed: tuple[str, ...]
+    deny: tuple[str, ...]
+    opt_in: str
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """A profile as written in config; `None` means "inherit", an empty tuple means "nothing"."""
+
+    name: str
+    extends: str | None = None
+    backend_home: bool | None = None
+    toolchain: bool | None = None
+    network: bool | None = None
+    home_ro: tuple[str, ...] | None = None
+    home_rw: tuple[str, ...] | None = None
+    env: tuple[str, ...] | None = None
+    memory: int | None = None
+    pids: int | None = None
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """Everything config says, after all layers: backends, user profiles, user opt-ins, sources."""
+
+    backends: Mapping[str, Backend]
+    profiles: Mapping[str, ProfileSpec]
+    allow_unsandboxed: frozenset[str]
+    sources: tuple[str, ...]
+
+
+class _Where:
+    """Builds the one-line error that names file, backend and key."""
+
+    def __init__(self, file: str, backend: str | None = None) -> None:
+        self.file = file
+        self.backend = backend
+
+    def fail(self, key: str, problem: str, fix: str) -> ConfigError:
+        owner = f"backend '{self.backend}': " if self.backend else ""
+        return ConfigError(f"{self.file}: {owner}key '{key}': {problem}; fix: {fix}")
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _str(value: Any, where: _Where, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise where.fail(key, f"expected a non-empty string, got {_type_name(value)}", "write a quoted string")
+    return value
+
+
+def _bool(value: Any, where: _Where, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise where.fail(key, f"expected true or false, got {_type_name(value)}", "write true or false")
+    return value
+
+
+def _str_list(value: Any, where: _Where, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise where.fail(key, f"expected a list of strings, got {_type_name(value)}", "write [a, b] or []")
+    return tuple(value)
+
+
+def _argv(value: Any, where: _Where, key: str) -> tuple[str, ...]:
+    argv = _str_list(value, where, key)
+    if not argv:
+        raise where.fail(key, "the command is empty", "give the program name first, e.g. [claude]")
+    for arg in argv:
+        for found in re.findall(r"\{[a-z_]+\}", arg):
+            if found not in _PLACEHOLDERS:
+                raise where.fail(key, f"unknown placeholder {found}", f"use one of {sorted(_PLACEHOLDERS)}")
+    return argv
+
+
+def _paths(value: Any, where: _Where, key: str) -> tuple[str, ...]:
+    paths = _str_list(value, where, key)
+    for path in paths:
+        if not (path.startswith("/") or path.startswith("~/")):
+            raise where.fail(key, f"path {path!r} is neither absolute nor ~/…", "write /abs/path or ~/relative")
+        if "\0" in path or any(part == ".." for part in path.split("/")):
+            raise where.fail(key, f"path {path!r} contains '..'", "write the path without '..'")
+    return paths
+
+
+def _env_names(value: Any, where: _Where, key: str) -> tuple[str, ...]:
+    names = _str_list(value, where, key)
+    for name in names:
+        if not _ENV_NAME.match(name.rstrip("*")):
+            raise where.fail(key, f"{name!r} is not an environment variable name", "use LETTERS_DIGITS_")
+    return names
+
+
+def _env_map(value: Any, where: _Where, key: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise where.fail(key, f"expected a mapping NAME: value, got {_type_name(value)}", "write {NAME: '1'}")
+    items = []
+    for name, val in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise where.fail(key, f"{name!r} is not an environment variable name", "use LETTERS_DIGITS_")
+        if not isinstance(val, str):
+            raise where.fail(f"{key}.{name}", f"expected a quoted string, got {_type_name(val)}", f"write {name}: '{val}'")
+        items.append((name, val))
+    return tuple(sorted(items))
+
+
+def _hosts(value: Any, where: _Where, key: str) -> tuple[str, ...]:
+    entries = _str_list(value, where, key)
+    for entry in entries:
+        try:
+            parse_rule(entry)
+        except UsageError as err:
+            raise where.fail(key, str(err).removeprefix("--allow-host "), "write NAME, NAME:PORT or *.domain") from None
+    return entries
+
+
+def parse_size(value: Any, where: _Where, key: str) -> int:
+    """Parse 8GiB / 512MiB / 4G / plain bytes; refuse zero and nonsense."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", value, re.IGNORECASE)
+        if m and int(m.group(1)) > 0:
+            scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+            return int(m.group(1)) * scale
+    raise where.fail(key, f"{value!r} is not a size", "write e.g. 8GiB or 512MiB")
+
+
+def _positive_int(value: Any, where: _Where, key: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 22:
+        return value
+    raise where.fail(key, f"{value!r} is not a positive whole number", "write e.g. 512")
+
+
+def _mapping(value: Any, where: _Where, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise where.fail(key, f"expected a mapping, got {_type_name(value)}", f"write {key}: {{...}}")
+    for sub in value:
+        if not isinstance(sub, str):
+            raise where.fail(f"{key}.{sub}", "keys must be strings", "quote the key")
+    return value
+
+
+def _section(value: Any, where: _Where, key: str, allowed: set[str]) -> dict[str, Any]:
+    _mapping(value, where, key)
+    for sub in value:
+        if sub not in allowed:
+            raise where.fail(f"{key}.{sub}", "unknown key", f"remove it; known keys: {', '.join(sorted(allowed))}")
+    return value
+
+
+BACKEND_KEYS = {
+    "description", "command", "prompt_command", "install", "home", "egress",
+    "env", "native", "deny", "opt_in",
+}
+
+
+def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> Backend:
+    """Validate one backend mapping; with `base`, given keys override it, else all are required."""
+    where = _Where(where.file, name)
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", name):
+        raise where.fail("(name)", f"{name!r} is not a backend name", "use lowercase letters, digits, '-'")
+    data = _section(raw, where, "(backend)", BACKEND_KEYS)
+    if base is None:
+        for required in ("command", "prompt_command"):
+            if required not in data:
+                raise where.fail(required, "missing", f"add {required}: [program, ...]")
+    values: dict[str, Any] = {}
+    if "description" in data:
+        values["description"] = _str(data["description"], where, "description")
+    if "command" in data:
+        values["command"] = _argv(data["command"], where, "command")
+    if "prompt_command" in data:
+        values["prompt_command"] = _argv(data["prompt_command"], where, "prompt_command")
+        if not any("{prompt}" in a for a in values["prompt_command"]):
+            raise where.fail("prompt_command", "has no {prompt} placeholder", "add \"{prompt}\" where the text goes")
+    if "install" in data:
+        inst = data["install"]
+        if inst is None:
+            values["install_npm"] = values["install_bin"] = None
+        else:
+            inst = _section(inst, where, "install", {"npm", "bin"})
+            values["install_npm"] = _str(inst.get("npm"), where, "install.npm")
+            values["install_bin"] = _str(inst.get("bin"), where, "install.bin")
+    if "home" in data:
+        home = _section(data["home"], where, "home", {"ro", "rw", "sync"})
+        for part in ("ro", "rw", "sync"):
+            if part in home:
+                values[f"home_{part}"] = _paths(home[part], where, f"home.{part}")
+    if "egress" in data:
+        values["egress"] = _hosts(data["egress"], where, "egress")
+    if "env" in data:
+        env = _section(data["env"], where, "env", {"pass", "set"})
+        if "pass" in env:
+            values["env_pass"] = _env_names(env["pass"], where, "env.pass")
+        if "set" in env:
+            values["env_set"] = _env_map(env["set"], where, "env.set")
+    if "native" in data:
+        native = _section(data["native"], where, "native", {"boxed", "unsandboxed"})
+        for part in ("boxed", "unsandboxed"):
+            if part in native:
+                values[f"native_{part}"] = _str_list(native[part], where, f"native.{part}")
+    if "deny" in data:
+        values["deny"] = _paths(data["deny"], where, "deny")
+    if "opt_in" in data:
+        opt = _str(data["opt_in"], where, "opt_in")
+        if not _ENV_NAME.match(opt):
+            raise where.fail("opt_in", f"{opt!r} is not an environment variable name", "use LETTERS_DIGITS_")
+        values["opt_in"] = opt
+    if base is not None:
+        return replace(base, **values)
+    defaults: dict[str, Any] = {
+        "description": name, "install_npm": None, "install_bin": None, "home_ro": (), "home_rw": (),
+        "home_sync": (), "egress": (), "env_pass": (), "env_set": (), "native_boxed": (),
+        "native_unsandboxed": (), "deny": (), "opt_in": f"HIVE_RELAY_UNSANDBOXED_{name.upper().replace('-', '_')}",
+    }
+    return Backend(name=name, **{**defaults, **values})
+
+
+PROFILE_KEYS = {"extends", "backend_home", "toolchain", "network", "home", "env", "memory", "pids"}
+
+
+def _profile_from(name: str, raw: Any, where: _Where) -> ProfileSpec:
+    where = _Where(where.file)
+    key = f"profiles.{name}"
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", name):
+        raise where.fail(key, f"{name!r} is not a profile name", "use lowercase letters, digits, '-'")
+    data = _section(raw, where, key, PROFILE_KEYS)
+    values: dict[str, Any] = {}
+    if "extends" in data:
+        values["extends"] = _str(data["extends"], where, f"{key}.extends")
+    for flag in ("backend_home", "toolchain", "network"):
+        if flag in data:
+            values[flag] = _bool(data[flag], where, f"{key}.{flag}")
+    if "home" in data:
+        home = _section(data["home"], where, f"{key}.home", {"ro", "rw"})
+        for part in ("ro", "rw"):
+            if part in home:
+                values[f"home_{part}"] = _paths(home[part], where, f"{key}.home.{part}")
+    if "env" in data:
+        values["env"] = _env_names(data["env"], where, f"{key}.env")
+    if "memory" in data:
+        values["memory"] = parse_size(data["memory"], where, f"{key}.memory")
+    if "pids" in data:
+        values["pids"] = _positive_int(data["pids"], where, f"{key}.pids")
+    return ProfileSpec(name=name, **values)
+
+
+def read_yaml(path: Path) -> Any:
+    """Read one YAML file; every failure becomes a one-line ConfigError naming the file."""
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: file is larger than 1 MiB; fix: shorten it")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise ConfigError(f"{path}: cannot read: {reason}; fix: check the file exists and is readable") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: not valid YAML{line}: {problem}; fix: correct the syntax") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply; fix: flatten it") from None
+
+
+def _top(data: Any, where: _Where, allowed: set[str]) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise where.fail("(top level)", f"expected a mapping, got {_type_name(data)}", "start with 'backends:'")
+    for key in data:
+        if key not in allowed:
+            raise where.fail(str(key), "unknown key", f"remove it; known keys: {', '.join(sorted(allowed))}")
+    if "version" in data and data["version"] != 1:
+        raise where.fail("version", f"unsupported version {data['version']!r}", "write version: 1")
+    return data
+
+
+def load_shipped(path: Path = SHIPPED_CONFIG) -> dict[str, Backend]:
+    where = _Where(str(path))
+    data = _top(read_yaml(path), where, {"version", "backends"})
+    raw = _mapping(data.get("backends"), where, "backends")
+    if not raw:
+        raise where.fail("backends", "no backends defined", "add at least one backend")
+    return {name: _backend_from(name, entry, where, None) for name, entry in raw.items()}
+
+
+def user_config_path(env: Mapping[str, str]) -> Path:
+    if env.get("HIVE_RELAY_CONFIG"):
+        return Path(env["HIVE_RELAY_CONFIG"])
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", "/"), ".config")
+    return Path(base) / "hive-relay" / "config.yaml"
+
+
+def apply_user(
+    backends: dict[str, Backend], path: Path
+) -> tuple[dict[str, Backend], dict[str, ProfileSpec], frozenset[str]]:
+    """Merge the user's own config: it may add backends and profiles, widen, and opt in."""
+    where = _Where(str(path))
+    data = _top(read_yaml(path), where, {"version", "backends", "profiles", "allow_unsandboxed"})
+    merged = dict(backends)
+    for name, entry in _mapping(data.get("backends") or {}, where, "backends").items():
+        merged[name] = _backend_from(str(name), entry, where, merged.get(name))
+    raw_profiles = data.get("profiles") or {}
+    profiles = {
+        str(name): _profile_from(str(name), entry, where)
+        for name, entry in _mapping(raw_profiles, where, "profiles").items()
+    }
+    opt_ins = frozenset(_str_list(data.get("allow_unsandboxed", []), where, "allow_unsandboxed"))
+    for name in opt_ins:
+        if name not in merged:
+            raise where.fail("allow_unsandboxed", f"unknown backend {name!r}", f"use one of {sorted(merged)}")
+    return merged, profiles, opt_ins
+
+
+NARROWABLE = {"egress", "home", "deny", "env"}
+
+
+def _subset(
+    narrowed: tuple[str, ...], base: tuple[str, ...], where: _Where, key: str
+) -> tuple[str, ...]:
+    extra = [item for item in narrowed if item not in base]
+    if extra:
+        raise where.fail(
+            key,
+            f"repo config may only narrow, but adds {', '.join(extra)}",
+            "remove those entries, or add them to your own ~/.config/hive-relay/config.yaml",
+        )
+    return narrowed
+
+
+def apply_repo(backends: dict[str, Backend], path: Path) -> dict[str, Backend]:
+    """Apply the workspace repo's `.hive-relay.yaml`, which may only narrow existing backends."""
+    where = _Where(str(path))
+    data = _top(read_yaml(path), where, {"version", "backends"})
+    raw = data.get("backends") or {}
+    merged = dict(backends)
+    for name, entry in _mapping(raw, where, "backends").items():
+        if name not in merged:
+            raise _Where(str(path), str(name)).fail(
+                "(backend)", "repo config cannot define a new backend", "define it in your user config"
+            )
+        bwhere = _Where(str(path), str(name))
+        narrowing = _section(entry, bwhere, "(backend)", NARROWABLE)
+        checked = _backend_from(str(name), narrowing, where, merged[name])
+        base = merged[name]
+        values: dict[str, Any] = {}
+        for field in ("egress", "home_ro", "home_rw", "home_sync", "env_pass"):
+            mine, theirs = getattr(checked, field), getattr(base, field)
+            if mine != theirs:
+                values[field] = _subset(mine, theirs, bwhere, field.replace("_", ".", 1))
+        if checked.env_set != base.env_set:
+            raise bwhere.fail("env.set", "repo config cannot set variables", "remove env.set")
+        values["deny"] = tuple(dict.fromkeys(base.deny + checked.deny))
+        merged[name] = replace(base, **values)
+    return merged
+
+
+def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SHIPPED_CONFIG) -> Matrix:
+    """All three layers, strictly; a missing optional layer is simply absent."""
+    backends = load_shipped(shipped)
+    sources = [str(shipped)]
+    profiles: dict[str, ProfileSpec] = {}
+    opt_ins: frozenset[str] = frozenset()
+    user_path = user_config_path(env)
+    if user_path.exists() or env.get("HIVE_RELAY_CONFIG"):
+        backends, profiles, opt_ins = apply_user(backends, user_path)
+        sources.append(str(user_path))
+    if workdir is not None:
+        repo_path = workdir / REPO_CONFIG_NAME
+        if repo_path.exists():
+            backends = apply_repo(backends, repo_path)
+            sources.append(str(repo_path))
+    return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources))
+
+
+def backend_names(matrix: Matrix) -> list[str]:
+    return sorted(matrix.backends)
+
+
+def get_backend(matrix: Matrix, name: str) -> Backend:
+    if name not in matrix.backends:
+        raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(backend_names(matrix))}")
+    return matrix.backends[name]
+
+

@@ -1,0 +1,38 @@
+"""Errors that end a run, each carrying the exit code that the public interface promises.
+
+Exit codes are part of the command surface (README, "Exit codes"): scripts branch on
+them, so every failure path must raise one of these rather than a bare exception.
+"""
+
+from __future__ import annotations
+
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_TIMEOUT = 124
+EXIT_INTERNAL = 70
+
+
+class RelayError(Exception):
+    """A failure the user can act on; `str(err)` is the one line we print."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(RelayError):
+    """Bad flags, bad config, unknown backend: the user must change what they typed."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """A config file failed strict validation; the message names file, backend, key and fix."""
+
+
+class RefusedError(RelayError):
+    """The request cannot be enforced on this host, or an opt-in is missing."""
+
+    exit_code = EXIT_REFUSED

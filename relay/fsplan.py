@@ -1,0 +1,188 @@
+"""Plan the box's filesystem: what is bound, read-only or writable, and what is masked.
+
+The rules, in order: the host read-only; private /tmp, /run and $HOME; the workdir and the
+profile's grants bound back (parents first); then write protections inside the workdir;
+then the deny list, which always wins. Symlinks are resolved first so that a link cannot
+carry a denied path into the box, and a missing denied path that could be created under a
+writable bind is masked at its first missing component.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One filesystem operation in the box. kinds: ro-bind, bind, tmpfs, mask-file, mask-dir, dev, proc."""
+
+    kind: str
+    dst: str
+    src: str | None = None
+
+
+@dataclass(frozen=True)
+class Grant:
+    path: str
+    writable: bool
+
+
+@dataclass
+class FsView:
+    """What the planner may ask of the host filesystem; tests and the probe use the real one."""
+
+    def kind(self, path: str) -> str:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return "missing"
+        if stat.S_ISDIR(mode):
+            return "dir"
+        return "file"
+
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(path)
+
+    def is_symlink(self, path: str) -> bool:
+        return os.path.islink(path)
+
+
+@dataclass(frozen=True)
+class FsPlan:
+    mounts: tuple[Mount, ...]
+    placeholders: tuple[str, ...]
+    denied: tuple[str, ...]
+    protected: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/run")
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or root == "/" or path.startswith(root.rstrip("/") + "/")
+
+
+def _depth(path: str) -> int:
+    return len([p for p in path.split("/") if p])
+
+
+def _innermost(path: str, mounts: Iterable[Mount]) -> Mount | None:
+    """The last mount whose destination contains `path`: that is what the box sees there."""
+    found = None
+    for mount in mounts:
+        if _under(path, mount.dst):
+            found = mount
+    return found
+
+
+def _first_missing(path: str, root: str, fs: FsView) -> str | None:
+    """The shallowest component of `path` below `root` that does not exist, if its parent is a dir."""
+    parts = path[len(root.rstrip("/")) + 1 :].split("/")
+    current = root.rstrip("/")
+    for part in parts:
+        parent, current = current or "/", f"{current}/{part}"
+        kind = fs.kind(current)
+        if kind == "missing":
+            return current if fs.kind(parent) == "dir" else None
+        if kind != "dir":
+            return None
+    return None
+
+
+def plan_filesystem(
+    *,
+    home: str,
+    workdir: str,
+    home_source: str | None,
+    grants: Iterable[Grant],
+    secrets: Iterable[str],
+    protected: Iterable[str],
+    extra_binds: Iterable[Mount] = (),
+    fs: FsView | None = None,
+) -> FsPlan:
+    """Turn grants and deny lists into ordered mounts; `home_source` replaces the $HOME tmpfs."""
+    fs = fs or FsView()
+    notes: list[str] = []
+    secrets = list(secrets)
+    secret_reals = {os.path.normpath(s) for s in secrets} | {fs.realpath(s) for s in secrets}
+
+    mounts: list[Mount] = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc")]
+    mounts += [Mount("tmpfs", d) for d in PRIVATE_DIRS if fs.kind(d) == "dir"]
+    mounts.append(Mount("bind", home, home_source) if home_source else Mount("tmpfs", home))
+
+    binds: list[tuple[int, int, Mount]] = []
+    for grant in grants:
+        if fs.kind(grant.path) == "missing":
+            continue
+        real = fs.realpath(grant.path)
+        leak = next((s for s in sorted(secret_reals) if _under(real, s)), None)
+        if leak:
+            notes.append(f"grant {grant.path} skipped: it resolves into denied {leak}")
+            continue
+        binds.append((_depth(grant.path), 0, Mount("bind" if grant.writable else "ro-bind", grant.path, real)))
+    real_workdir = fs.realpath(workdir)
+    binds.append((_depth(real_workdir), 1, Mount("bind", real_workdir, real_workdir)))
+    binds += [(_depth(m.dst), 0, m) for m in extra_binds if m.src and fs.kind(m.src) != "missing"]
+    mounts += [m for _, _, m in sorted(binds, key=lambda b: (b[0], b[1]))]
+
+    placeholders: list[str] = []
+    masked: set[str] = set()
+
+    def mask(path: str, kind: str) -> None:
+        if path in masked:
+            return
+        masked.add(path)
+        mounts.append(Mount("mask-dir" if kind == "dir" else "mask-file", path))
+
+    protected_out: list[str] = []
+    for path in protected:
+        targets = [path]
+        if fs.is_symlink(path):
+            targets.append(fs.realpath(path))
+        for target in targets:
+            cover = _innermost(target, mounts)
+            if cover is None or cover.kind != "bind":
+                continue  # read-only or private already
+            if fs.kind(target) != "missing":
+                if target not in masked:
+                    masked.add(target)
+                    mounts.append(Mount("ro-bind", target, target))
+                protected_out.append(target)
+                continue
+            first = _first_missing(target, cover.dst, fs)
+            if first:
+                mask(first, "file")
+                placeholders.append(first)
+                protected_out.append(first)
+
+    denied: list[str] = []
+    for path in secrets:
+        candidates = [os.path.normpath(path)]
+        real = fs.realpath(path)
+        if real != candidates[0]:
+            candidates.append(real)
+        for target in candidates:
+            cover = _innermost(target, mounts)
+            if cover is None or cover.kind in ("tmpfs", "dev", "proc", "mask-file", "mask-dir"):
+                continue  # the box sees nothing of the host there
+            kind = fs.kind(target)
+            if kind != "missing":
+                mask(target, kind)
+                denied.append(target)
+            elif cover.kind == "bind":
+                first = _first_missing(target, cover.dst, fs)
+                if first:
+                    mask(first, "file")
+                    placeholders.append(first)
+                    denied.append(first)
+    return FsPlan(
+        mounts=tuple(mounts),
+        placeholders=tuple(dict.fromkeys(placeholders)),
+        denied=tuple(dict.fromkeys(denied)),
+        protected=tuple(dict.fromkeys(protected_out)),
+        notes=tuple(notes),
+    )

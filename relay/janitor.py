@@ -1,0 +1,202 @@
+"""Per-run host state and its cleanup, done by a forked janitor so that even `kill -9` of the
+launcher leaves nothing behind: no run dir, no cgroup, no placeholder files in the workdir,
+and no lost edits to synced files such as ~/.claude.json.
+
+The janitor is forked before any thread exists; it waits for the launcher's end of a pipe
+to close (normal exit or death), then tears down and exits.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import stat
+import time
+from dataclasses import dataclass, field
+
+from . import limits
+
+
+@dataclass
+class RunState:
+    run_dir: str | None
+    home: str
+    sync: dict[str, str | None] = field(default_factory=dict)  # host path -> sha256 at copy-in (None: absent)
+    placeholders: tuple[str, ...] = ()
+    cgroup: limits.Cgroup | None = None
+    lock_dir: str | None = None
+
+
+def _sha(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def box_copy_path(state: RunState, host_path: str) -> str:
+    assert state.run_dir is not None
+    rel = os.path.relpath(host_path, state.home)
+    return os.path.join(state.run_dir, "home", rel)
+
+
+def prepare(state: RunState, sync_files: tuple[str, ...]) -> None:
+    """Create the private run dir and copy synced files into the box's home."""
+    if state.run_dir is None:
+        return
+    os.makedirs(state.run_dir, mode=0o700)
+    os.makedirs(os.path.join(state.run_dir, "home"), mode=0o700)
+    for host_path in sync_files:
+        state.sync[host_path] = _sha(host_path)
+        if state.sync[host_path] is not None:
+            dst = box_copy_path(state, host_path)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copy2(host_path, dst)
+
+
+def _sync_back(state: RunState, messages: list[str]) -> None:
+    for host_path, before in state.sync.items():
+        box = box_copy_path(state, host_path)
+        after = _sha(box)
+        if after is None or after == before:
+            continue
+        lock_path = os.path.join(state.lock_dir or os.path.dirname(host_path), ".hive-relay-sync.lock")
+        try:
+            os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+            with open(lock_path, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if _sha(host_path) == before:
+                    tmp = f"{host_path}.hive-relay-{os.getpid()}.tmp"
+                    shutil.copy2(box, tmp)
+                    os.replace(tmp, host_path)
+                else:
+                    keep = f"{host_path}.hive-relay-conflict-{time.strftime('%Y%m%d-%H%M%S')}"
+                    shutil.copy2(box, keep)
+                    messages.append(f"{host_path} changed on the host during the session; the box's copy is kept at {keep}")
+        except OSError as err:
+            messages.append(f"could not sync {host_path} back: {err.strerror or err}")
+
+
+def _remove_placeholders(state: RunState) -> None:
+    for path in reversed(state.placeholders):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                os.unlink(path)
+            elif stat.S_ISDIR(st.st_mode) and not os.listdir(path):
+                os.rmdir(path)
+        except OSError:
+            pass
+
+
+def teardown(state: RunState) -> list[str]:
+    """Undo everything the run created on the host; returns messages for the user."""
+    messages: list[str] = []
+    if state.cgroup is not None:
+        state.cgroup.remove()
+    _remove_placeholders(state)
+    if state.run_dir is not None:
+        _sync_back(state, messages)
+        shutil.rmtree(state.run_dir, ignore_errors=True)
+    return messages
+
+
+def spawn(state: RunState) -> tuple[int, int]:
+    """Fork the janitor. Returns (pid, write end of the lifeline pipe; close it to trigger cleanup)."""
+    r, w = os.pipe()
+    msg_r, msg_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the forked child
+        try:
+            for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGHUP, signal.SIGTERM, signal.SIGTTOU):
+                signal.signal(sig, signal.SIG_IGN)
+            os.close(w)
+            os.close(msg_r)
+            keep = {r, msg_w, 2}
+            os.closerange(0, 2)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 0)
+            os.dup2(devnull, 1)
+            for fd in range(3, 1024):
+                if fd not in keep:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            while os.read(r, 1):
+                pass
+            messages = teardown(state)
+            try:
+                os.write(msg_w, "\n".join(messages).encode())
+            except OSError:
+                pass
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.close(msg_w)
+    _JANITOR_MESSAGES[pid] = msg_r
+    return pid, w
+
+
+_JANITOR_MESSAGES: dict[int, int] = {}
+
+
+def finish(pid: int, lifeline: int) -> list[str]:
+    """Trigger cleanup and wait for it; returns the janitor's messages."""
+    try:
+        os.close(lifeline)
+    except OSError:
+        pass
+    msg_fd = _JANITOR_MESSAGES.pop(pid, None)
+    data = b""
+    if msg_fd is not None:
+        while True:
+            try:
+                chunk = os.read(msg_fd, 65536)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+        os.close(msg_fd)
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+    return [m for m in data.decode(errors="replace").split("\n") if m]
+
+
+def sweep_stale_run_dirs(base: str) -> None:
+    """Remove run dirs of launchers that died together with their janitor (e.g. a reboot)."""
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("hive-relay-")]
+    except OSError:
+        return
+    for name in names:
+        owner = name[len("hive-relay-"):].split("-")[0]
+        if not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        path = os.path.join(base, name)
+        try:
+            if os.stat(path).st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass

@@ -1,0 +1,150 @@
+"""Resource limits for the box: a cgroup where we can create one, rlimits otherwise.
+
+The cgroup is joined by the box's first process before it execs bwrap (see `child_setup`),
+so nothing the box forks escapes it. rlimits are the fallback: RLIMIT_AS per process and
+RLIMIT_NPROC per uid, which is weaker (and root is exempt from NPROC), and the plan says so.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+from dataclasses import dataclass
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+PREFIX = "hive-relay-"
+
+
+@dataclass
+class Cgroup:
+    """The directories of one box's cgroup (one per v1 controller, or one v2 dir)."""
+
+    dirs: list[str]
+
+    def procs_files(self) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for path in self.procs_files():
+            try:
+                with open(path) as fh:
+                    found |= {int(x) for x in fh.read().split()}
+            except OSError:
+                pass
+        return found
+
+    def kill_all(self) -> None:
+        for _ in range(50):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.02)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+def _own_v2_parent() -> str:
+    with open("/proc/self/cgroup") as fh:
+        rel = fh.read().split("::")[-1].strip()
+    return os.path.join(CGROUP_ROOT, rel.lstrip("/"))
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def create(method: str, run_id: str, memory: int, pids: int) -> Cgroup | None:
+    """Create and configure the cgroup; None when the method is rlimit or creation fails."""
+    name = PREFIX + run_id
+    try:
+        if method == "cgroup-v1":
+            mem, pid = os.path.join(CGROUP_ROOT, "memory", name), os.path.join(CGROUP_ROOT, "pids", name)
+            os.mkdir(mem)
+            group = Cgroup([mem])
+            os.mkdir(pid)
+            group.dirs.append(pid)
+            _write(os.path.join(mem, "memory.limit_in_bytes"), str(memory))
+            try:
+                _write(os.path.join(mem, "memory.memsw.limit_in_bytes"), str(memory))
+            except OSError:
+                pass
+            _write(os.path.join(pid, "pids.max"), str(pids))
+            return group
+        if method == "cgroup-v2":
+            d = os.path.join(_own_v2_parent(), name)
+            os.mkdir(d)
+            group = Cgroup([d])
+            _write(os.path.join(d, "memory.max"), str(memory))
+            _write(os.path.join(d, "memory.swap.max"), "0")
+            _write(os.path.join(d, "pids.max"), str(pids))
+            return group
+    except OSError:
+        if "group" in locals():
+            group.remove()
+        return None
+    return None
+
+
+def sweep_stale() -> int:
+    """Remove empty cgroups left by launchers that were killed with SIGKILL."""
+    removed = 0
+    for controller in ("memory", "pids", ""):
+        base = os.path.join(CGROUP_ROOT, controller) if controller else None
+        if base is None:
+            try:
+                base = _own_v2_parent()
+            except OSError:
+                continue
+        try:
+            names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            owner = name[len(PREFIX):].split("-")[0]
+            if owner.isdigit() and _alive(int(owner)):
+                continue
+            try:
+                os.rmdir(os.path.join(base, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def child_setup(group: Cgroup | None, memory: int, pids: int, use_rlimits: bool) -> None:
+    """Run in the forked child before exec: join the cgroup, or fall back to rlimits."""
+    if group is not None:
+        for path in group.procs_files():
+            _write(path, "0")
+    if use_rlimits:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))

@@ -1,0 +1,362 @@
+"""resolve(): a pure function from (backend, request, host facts) to a frozen Plan.
+
+Everything the runner does is decided here, so `--dry-run --json` shows exactly what would
+run and unit tests can assert on every backend × mode without launching anything.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import bwrap_argv, container_argv
+from .config import Backend, Matrix
+from .denylist import expand, protected_paths, secret_paths
+from .errors import RefusedError, UsageError
+from .fsplan import FsView, Grant, Mount, plan_filesystem
+from .hosts import HostRule, parse_rule
+from .probe import HostFacts
+from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
+from .seccomp_policy import policy_for
+
+PROXY_LISTEN = "127.0.0.1:3128"
+BOX_INIT_PATH = "/run/hive-relay/init.py"
+BOX_UID_FOR_ROOT = 1000
+SECCOMP_FD = 3
+CTRL_FD = 4
+DEFAULT_TIMEOUT = 1800
+MODES = ("local", "container")
+ISOLATIONS = ("auto", "process", "supervised", "container")
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+INIT_SOURCE = Path(__file__).with_name("boxinit.py")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for, straight from the command line."""
+
+    backend: str
+    mode: str = "local"
+    profile: str | None = None
+    isolation: str | None = None
+    prompt: str | None = None
+    workdir: str = "."
+    allow_hosts: tuple[str, ...] = ()
+    timeout: int | None = None
+    run_id: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory: int
+    pids: int
+    method: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one launch will do. Secrets appear by name only (env_pass), never by value."""
+
+    backend: str
+    mode: str
+    tier: str
+    profile: str
+    profile_digest: str
+    workdir: str
+    interactive: bool
+    timeout: int | None
+    argv: tuple[str, ...]
+    command: tuple[str, ...]
+    env_set: tuple[tuple[str, str], ...]
+    env_pass: tuple[str, ...]
+    mounts: tuple[Mount, ...]
+    denied: tuple[str, ...]
+    protected: tuple[str, ...]
+    placeholders: tuple[str, ...]
+    egress: tuple[str, ...]
+    proxy_listen: str | None
+    limits: Limits
+    seccomp: tuple[str, ...]
+    box_uid: int | None
+    sync_files: tuple[str, ...]
+    log_path: str | None
+    run_dir: str | None
+    unsandboxed: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def rules(self) -> tuple[HostRule, ...]:
+        return tuple(parse_rule(e) for e in self.egress)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["env_set"] = dict(self.env_set)
+        data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
+        data["command_line"] = shlex.join(self.command)
+        return data
+
+
+def state_dir(env: dict[str, str]) -> str:
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state")
+    return os.path.join(base, "hive-relay")
+
+
+def tool_dir(env: dict[str, str]) -> str:
+    """Project-local npm installs of the agent CLIs live here, bound read-only into boxes."""
+    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".cache")
+    return os.path.join(base, "hive-relay", "npm")
+
+
+def _expand_argv(template: tuple[str, ...], *, prompt: str | None, shell: str, workdir: str) -> list[str]:
+    out = []
+    for arg in template:
+        arg = arg.replace("{shell}", shell).replace("{workdir}", workdir)
+        if "{prompt}" in arg:
+            arg = arg.replace("{prompt}", prompt or "")
+        out.append(arg)
+    return out
+
+
+def agent_argv(backend: Backend, prompt: str | None, shell: str, workdir: str, native: tuple[str, ...]) -> list[str]:
+    template = backend.prompt_command if prompt is not None else backend.command
+    argv = _expand_argv(template, prompt=prompt, shell=shell, workdir=workdir)
+    return argv[:1] + list(native) + argv[1:]
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _env_names(profile: Profile, backend: Backend, caller_env: dict[str, str]) -> tuple[str, ...]:
+    names: list[str] = []
+    for pattern in profile.env + backend.env_pass:
+        if "*" in pattern:
+            names += sorted(n for n in caller_env if fnmatch.fnmatchcase(n, pattern))
+        else:
+            names.append(pattern)
+    return tuple(dict.fromkeys(n for n in names if n not in ("HOME",)))
+
+
+def proxy_env(listen: str) -> dict[str, str]:
+    url = f"http://{listen}"
+    env = {}
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = url
+    env.update({
+        "NO_PROXY": "localhost,127.0.0.1,::1",
+        "no_proxy": "localhost,127.0.0.1,::1",
+        "npm_config_proxy": url,
+        "npm_config_https_proxy": url,
+        "PIP_PROXY": url,
+        "YARN_HTTP_PROXY": url,
+        "YARN_HTTPS_PROXY": url,
+        "GLOBAL_AGENT_HTTP_PROXY": url,
+        "NODE_USE_ENV_PROXY": "1",
+    })
+    return env
+
+
+def choose_tier(request: Request, facts: HostFacts, profile_explicit: bool) -> tuple[str, str, list[str]]:
+    """Pick (tier, profile name, notes). Explicit choices are fail-closed: refuse, never downgrade."""
+    notes: list[str] = []
+    isolation = request.isolation or "auto"
+    if isolation not in ISOLATIONS:
+        raise UsageError(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
+    if request.mode == "container" or isolation == "container":
+        if request.mode == "local" and isolation == "container":
+            raise UsageError("--isolation container needs --mode container")
+        return "container", request.profile or "agent", notes
+    if isolation == "process":
+        raise RefusedError(
+            "--isolation process is not available yet: it cannot enforce egress and lacks Landlock support "
+            "here; use --isolation supervised (needs bubblewrap)"
+        )
+    if facts.supervised_ok:
+        return "supervised", request.profile or "agent", notes
+    missing = _missing_supervised(facts)
+    if profile_explicit or isolation == "supervised":
+        raise RefusedError(f"cannot enforce the supervised box: {missing}")
+    raise RefusedError(f"no enforceable box on this host: {missing}")
+
+
+def _missing_supervised(facts: HostFacts) -> str:
+    if facts.bwrap is None:
+        return "bubblewrap is not installed; fix: apt-get install bubblewrap (or dnf install bubblewrap)"
+    if facts.bwrap_error:
+        fix = ("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or add an AppArmor profile for bwrap"
+               if facts.userns_restricted else "check that user namespaces are enabled (sysctl user.max_user_namespaces)")
+        return f"{facts.bwrap_error}; fix: {fix}"
+    if not facts.seccomp:
+        return facts.seccomp_error or "seccomp is unavailable"
+    return "no python3 outside $HOME for the in-box init; fix: apt-get install python3"
+
+
+def resolve(
+    backend: Backend,
+    matrix: Matrix,
+    request: Request,
+    facts: HostFacts,
+    caller_env: dict[str, str],
+    fs: FsView | None = None,
+    now: float | None = None,
+) -> Plan:
+    """Decide everything about one launch. Raises UsageError / RefusedError on bad requests."""
+    fs = fs or FsView()
+    if request.mode not in MODES:
+        raise UsageError(f"unknown mode {request.mode!r}; choose one of: {', '.join(MODES)}")
+    workdir = os.path.realpath(request.workdir)
+    if fs.kind(workdir) != "dir":
+        raise UsageError(f"--workdir {request.workdir}: not an existing directory; fix: create it or pass another")
+    if request.timeout is not None and request.timeout <= 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    extra_rules = tuple(parse_rule(h) for h in request.allow_hosts)
+
+    tier, profile_name, notes = choose_tier(request, facts, request.profile is not None)
+    profile = resolve_profile(profile_name, matrix.profiles)
+    home, uid = facts.home, facts.uid
+    if os.path.realpath(home) == "/":
+        raise RefusedError("HOME is '/', so the box cannot hide it; fix: set HOME to your home directory")
+
+    grants: list[Grant] = []
+    sync: list[str] = []
+    if profile.backend_home:
+        grants += [Grant(expand(p, home, uid), False) for p in backend.home_ro]
+        grants += [Grant(expand(p, home, uid), True) for p in backend.home_rw]
+        sync = [expand(p, home, uid) for p in backend.home_sync]
+    if profile.toolchain:
+        grants += [Grant(expand(p, home, uid), False) for p in TOOLCHAIN_GRANTS]
+    grants += [Grant(expand(p, home, uid), False) for p in profile.home_ro]
+    grants += [Grant(expand(p, home, uid), True) for p in profile.home_rw]
+    # Read-only grants must land after a writable parent, so order ro after rw at equal depth.
+    grants = sorted(dict.fromkeys(grants), key=lambda g: (g.path, not g.writable))
+
+    tools = tool_dir(caller_env)
+    box_path = caller_env.get("PATH") or SAFE_PATH
+    box_path = f"{tools}/node_modules/.bin:{box_path}"
+    shell = facts.shell if os.path.isabs(facts.shell) else "/bin/sh"
+    native = backend.native_boxed
+    argv = agent_argv(backend, request.prompt, shell, workdir, native)
+    cli = shutil.which(argv[0], path=box_path)
+    extra_binds: list[Mount] = [Mount("ro-bind", BOX_INIT_PATH, str(INIT_SOURCE))]
+    if os.path.isdir(tools):
+        extra_binds.append(Mount("ro-bind", tools, tools))
+    if cli is None:
+        notes.append(f"{argv[0]} is not installed on this host")
+    else:
+        real_cli = os.path.realpath(cli)
+        if (real_cli + "/").startswith(home.rstrip("/") + "/") and not real_cli.startswith(tools + "/"):
+            install_dir = os.path.dirname(real_cli)
+            extra_binds.append(Mount("ro-bind", install_dir, install_dir))
+
+    run_dir = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
+    fsplan = plan_filesystem(
+        home=home,
+        workdir=workdir,
+        home_source=os.path.join(run_dir, "home") if (sync and run_dir) else None,
+        grants=grants,
+        secrets=secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
+        protected=protected_paths(workdir),
+        extra_binds=extra_binds,
+        fs=fs,
+    )
+    notes += fsplan.notes
+
+    egress: tuple[str, ...] = ()
+    proxy_listen = None
+    if profile.network:
+        rules = tuple(parse_rule(e) for e in backend.egress) + extra_rules
+        egress = tuple(dict.fromkeys(r.render() for r in rules))
+        proxy_listen = PROXY_LISTEN
+    elif extra_rules:
+        raise RefusedError(
+            f"profile {profile.name!r} has no network, so --allow-host cannot be honoured; "
+            "fix: use --profile agent, or drop --allow-host"
+        )
+
+    env_set: dict[str, str] = {"HOME": home, "TMPDIR": "/tmp", "HIVE_RELAY": "1", "HIVE_RELAY_BACKEND": backend.name}
+    env_pass = _env_names(profile, backend, caller_env)
+    if "PATH" in env_pass:
+        env_set["PATH"] = box_path
+        env_pass = tuple(n for n in env_pass if n != "PATH")
+    else:
+        env_set["PATH"] = SAFE_PATH
+    env_set.update(dict(backend.env_set))
+    if proxy_listen:
+        env_set.update(proxy_env(proxy_listen))
+    env_pass = tuple(n for n in env_pass if n not in env_set)
+
+    limits = Limits(profile.memory, profile.pids, _limit_method(facts))
+    seccomp = policy_for(nested_userns=False)
+    box_uid = BOX_UID_FOR_ROOT if uid == 0 else None
+    interactive = request.prompt is None
+    timeout = None if interactive else (request.timeout or DEFAULT_TIMEOUT)
+    if interactive and request.timeout:
+        notes.append("--timeout applies to --prompt runs only; interactive sessions have no wall-clock kill")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    log_path = os.path.join(state_dir(caller_env), "logs", f"{stamp}-{backend.name}-{request.run_id or 'dry'}.jsonl")
+
+    if tier == "container":
+        command = container_argv.build(
+            engine=facts.podman or facts.docker or "podman",
+            backend=backend.name, workdir=workdir, mounts=fsplan.mounts, env_set=env_set, env_pass=env_pass,
+            limits=limits, interactive=interactive, tty=facts.tty, argv=argv,
+        )
+    else:
+        command = bwrap_argv.build(
+            bwrap=facts.bwrap or "bwrap",
+            mounts=fsplan.mounts,
+            workdir=workdir,
+            box_uid=box_uid,
+            seccomp_fd=SECCOMP_FD,
+        ) + [facts.box_python or "/usr/bin/python3", "-I", "-S", BOX_INIT_PATH, "--ctrl-fd", str(CTRL_FD)]
+        if proxy_listen:
+            command += ["--listen", proxy_listen]
+        command += ["--", *argv]
+
+    policy = {
+        "tier": tier, "grants": [asdict(g) for g in grants], "sync": sync, "denied": fsplan.denied,
+        "protected": fsplan.protected, "egress": egress, "env": sorted(env_pass), "limits": asdict(limits),
+        "seccomp": seccomp.summary(),
+    }
+    return Plan(
+        backend=backend.name,
+        mode=request.mode,
+        tier=tier,
+        profile=profile.name,
+        profile_digest=_digest(policy),
+        workdir=workdir,
+        interactive=interactive,
+        timeout=timeout,
+        argv=tuple(argv),
+        command=tuple(command),
+        env_set=tuple(sorted(env_set.items())),
+        env_pass=env_pass,
+        mounts=fsplan.mounts,
+        denied=fsplan.denied,
+        protected=fsplan.protected,
+        placeholders=fsplan.placeholders,
+        egress=egress,
+        proxy_listen=proxy_listen,
+        limits=limits,
+        seccomp=tuple(seccomp.summary()),
+        box_uid=box_uid,
+        sync_files=tuple(sync),
+        log_path=log_path if proxy_listen else None,
+        run_dir=run_dir,
+        notes=tuple(notes),
+    )
+
+
+def _limit_method(facts: HostFacts) -> str:
+    if facts.cgroup == "v2":
+        return "cgroup-v2"
+    if facts.cgroup == "v1":
+        return "cgroup-v1"
+    return "rlimit"

@@ -1,0 +1,109 @@
+"""The box's seccomp filter, built with libseccomp (pyseccomp) and handed to bwrap as BPF.
+
+Default allow, with targeted EPERM rules: the box must run node, python and git
+unchanged, so we deny the kernel surfaces an agent never needs (other processes' memory,
+new namespaces, mounts, io_uring) and the two attacks an allowlisted filesystem does not
+stop (AF_UNIX sockets towards host daemons, TIOCSTI injection into the caller's tty).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+
+AF_UNIX = 1
+AF_VSOCK = 40
+TIOCSTI = 0x5412
+TIOCLINUX = 0x541C
+CLONE_NEWUSER = 0x10000000
+LOW32 = 0xFFFFFFFF
+
+ALWAYS_DENIED = (
+    "ptrace", "process_vm_readv", "process_vm_writev",
+    "keyctl", "add_key", "request_key",
+    "bpf", "perf_event_open", "userfaultfd",
+    "mount", "umount2", "pivot_root", "setns",
+    "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "acct", "swapon", "swapoff", "reboot", "syslog",
+)
+# Only a backend whose matrix asks for nested namespaces (its own native sandbox) gets these.
+NAMESPACE_SYSCALLS = ("unshare",)
+
+
+@dataclass(frozen=True)
+class SeccompPolicy:
+    """What the filter refuses; rendered into the plan so `--dry-run` shows it."""
+
+    denied_syscalls: tuple[str, ...]
+    deny_af_unix_socket: bool = True
+    deny_af_vsock: bool = True
+    deny_tty_injection: bool = True
+    deny_new_userns: bool = True
+    native_arch_only: bool = True
+
+    def summary(self) -> list[str]:
+        rules = [f"{name}: EPERM" for name in self.denied_syscalls]
+        if self.deny_af_unix_socket:
+            rules.append("socket(AF_UNIX): EPERM (socketpair allowed)")
+        if self.deny_af_vsock:
+            rules.append("socket(AF_VSOCK): EPERM")
+        if self.deny_tty_injection:
+            rules.append("ioctl(TIOCSTI|TIOCLINUX): EPERM")
+        if self.deny_new_userns:
+            rules.append("clone(CLONE_NEWUSER): EPERM; clone3: ENOSYS")
+        if self.native_arch_only:
+            rules.append("foreign arch and x32 ABI: killed")
+        return rules
+
+
+def policy_for(nested_userns: bool) -> SeccompPolicy:
+    denied = ALWAYS_DENIED if nested_userns else ALWAYS_DENIED + NAMESPACE_SYSCALLS
+    return SeccompPolicy(denied_syscalls=denied, deny_new_userns=not nested_userns)
+
+
+def build_filter(policy: SeccompPolicy):  # -> pyseccomp.SyscallFilter
+    """Compile the policy with libseccomp; unknown syscall names on this arch are skipped."""
+    import pyseccomp as sc
+
+    eperm = sc.ERRNO(errno.EPERM)
+    flt = sc.SyscallFilter(sc.ALLOW)
+    # The native arch only: x32 and i386 entry points are a classic filter bypass.
+    flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    for name in policy.denied_syscalls:
+        _add(flt, eperm, name)
+    if policy.deny_af_unix_socket:
+        _add(flt, eperm, "socket", sc.Arg(0, sc.EQ, AF_UNIX))
+    if policy.deny_af_vsock:
+        _add(flt, eperm, "socket", sc.Arg(0, sc.EQ, AF_VSOCK))
+    if policy.deny_tty_injection:
+        for request in (TIOCSTI, TIOCLINUX):
+            _add(flt, eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, LOW32, request))
+    if policy.deny_new_userns:
+        _add(flt, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
+        # clone3 passes flags in memory the filter cannot read; ENOSYS makes libc fall back to clone.
+        _add(flt, sc.ERRNO(errno.ENOSYS), "clone3")
+    return flt
+
+
+def _add(flt, action: int, name: str, *args) -> None:
+    try:
+        flt.add_rule(action, name, *args)
+    except (OSError, ValueError, RuntimeError):
+        # libseccomp raises when a syscall does not exist on this architecture.
+        pass
+
+
+def compile_to_memfd(policy: SeccompPolicy) -> int:
+    """Export the BPF program into an anonymous memfd, rewound, ready for `bwrap --seccomp FD`."""
+    fd = os.memfd_create("hive-relay-seccomp", 0)
+    try:
+        with open(fd, "wb", closefd=False) as out:
+            build_filter(policy).export_bpf(out)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
