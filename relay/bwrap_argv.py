@@ -12,7 +12,7 @@ def mount_args(mounts: Iterable[Mount]) -> list[str]:
     for m in mounts:
         if m.kind == "ro-bind":
             args += ["--ro-bind", m.src or m.dst, m.dst]
-        elif m.kind == "bind":
+        elif m.kind in ("bind", "private-bind"):
             args += ["--bind", m.src or m.dst, m.dst]
         elif m.kind == "tmpfs":
             args += ["--tmpfs", m.dst]

@@ -31,7 +31,7 @@ def build(
              "--network", "none", "--pids-limit", str(limits.pids), "--memory", str(limits.memory),
              "--label", f"hive-relay.backend={backend}", "--workdir", workdir]
     for m in mounts:
-        if m.kind in ("bind", "ro-bind") and m.dst != "/" and m.src:
+        if m.kind in ("bind", "ro-bind", "private-bind") and m.dst != "/" and m.src:
             suffix = "rw" if m.kind == "bind" else "ro"
             args += ["--volume", f"{m.src}:{m.dst}:{suffix}"]
         elif m.kind == "mask-file":

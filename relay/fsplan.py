@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Mount:
-    """One filesystem operation in the box. kinds: ro-bind, bind, tmpfs, mask-file, mask-dir, dev, proc."""
+    """One filesystem operation in the box.
+
+    kinds: ro-bind, bind, tmpfs, mask-file, mask-dir, dev, proc, and private-bind (a writable
+    bind of a per-run directory that is deleted afterwards, so like tmpfs it holds no host state).
+    """
 
     kind: str
     dst: str
@@ -60,6 +64,8 @@ class FsPlan:
 
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/run")
+# Mount kinds that show the box nothing of the host's persistent files.
+PRIVATE_KINDS = ("tmpfs", "private-bind", "dev", "proc", "mask-file", "mask-dir")
 
 
 def _under(path: str, root: str) -> bool:
@@ -112,7 +118,7 @@ def plan_filesystem(
 
     mounts: list[Mount] = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc")]
     mounts += [Mount("tmpfs", d) for d in PRIVATE_DIRS if fs.kind(d) == "dir"]
-    mounts.append(Mount("bind", home, home_source) if home_source else Mount("tmpfs", home))
+    mounts.append(Mount("private-bind", home, home_source) if home_source else Mount("tmpfs", home))
 
     binds: list[tuple[int, int, Mount]] = []
     for grant in grants:
@@ -167,7 +173,7 @@ def plan_filesystem(
             candidates.append(real)
         for target in candidates:
             cover = _innermost(target, mounts)
-            if cover is None or cover.kind in ("tmpfs", "dev", "proc", "mask-file", "mask-dir"):
+            if cover is None or cover.kind in PRIVATE_KINDS:
                 continue  # the box sees nothing of the host there
             kind = fs.kind(target)
             if kind != "missing":

@@ -136,7 +136,8 @@ def _digest(obj: object) -> str:
 
 def _env_names(profile: Profile, backend: Backend, caller_env: dict[str, str]) -> tuple[str, ...]:
     names: list[str] = []
-    for pattern in profile.env + backend.env_pass:
+    # Backend variables (API keys, base URLs) come only with the backend's own grants.
+    for pattern in profile.env + (backend.env_pass if profile.backend_home else ()):
         if "*" in pattern:
             names += sorted(n for n in caller_env if fnmatch.fnmatchcase(n, pattern))
         else:
@@ -255,7 +256,7 @@ def resolve(
             install_dir = os.path.dirname(real_cli)
             extra_binds.append(Mount("ro-bind", install_dir, install_dir))
 
-    run_dir = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
+    run_dir = os.path.join(caller_env.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
     fsplan = plan_filesystem(
         home=home,
         workdir=workdir,
@@ -287,7 +288,8 @@ def resolve(
         env_pass = tuple(n for n in env_pass if n != "PATH")
     else:
         env_set["PATH"] = SAFE_PATH
-    env_set.update(dict(backend.env_set))
+    if profile.backend_home:
+        env_set.update(dict(backend.env_set))
     if proxy_listen:
         env_set.update(proxy_env(proxy_listen))
     env_pass = tuple(n for n in env_pass if n not in env_set)

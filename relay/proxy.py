@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .hosts import HostRule, find_rule, is_internal_address, normalize_host, split_hostport
 from .errors import UsageError
+from .hosts import HostRule, find_rule, is_internal_address, normalize_host, split_hostport
 
 MAX_HEAD = 32 * 1024
 HEAD_TIMEOUT = 30.0

@@ -123,7 +123,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
 
         def child_setup() -> None:
             high = [os.dup(fd) for fd in fds]
-            for target, fd in zip((SECCOMP_FD, CTRL_FD), high):
+            for target, fd in zip((SECCOMP_FD, CTRL_FD), high, strict=True):
                 os.dup2(fd, target)
             limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits)
 

@@ -1,0 +1,56 @@
+# Shared by bin/contribute-hive and bin/test: find the host tools, build .venv once.
+# POSIX sh, sourced; sets ROOT, VENV, PY.
+ROOT=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
+VENV=${HIVE_RELAY_VENV:-"$ROOT/.venv"}
+
+say() { printf 'hive-relay: %s\n' "$*" >&2; }
+
+# An interpreter every user can run: /usr/bin/python3 first (pyenv under /root is 0700).
+pick_python() {
+  for p in /usr/bin/python3 /usr/local/bin/python3 "$(command -v python3 2>/dev/null || true)"; do
+    if [ -n "$p" ] && [ -x "$p" ]; then PY=$p; return 0; fi
+  done
+  return 1
+}
+
+apt_install() {
+  # Install Debian packages when we are root; otherwise print the exact command.
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing $* (apt-get)"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2; then
+      apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2
+    fi
+  else
+    say "missing: $*; fix: sudo apt-get install $*"
+    return 1
+  fi
+}
+
+ensure_host() {
+  pick_python || apt_install python3 || { say "python3 is required"; exit 3; }
+  pick_python
+  if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    apt_install python3-venv || exit 3
+  fi
+  if ! command -v bwrap >/dev/null 2>&1; then
+    apt_install bubblewrap || say "continuing without bubblewrap: only --dry-run will work"
+  fi
+}
+
+ensure_venv() {
+  # $1: requirements file. Rebuilt when the file changes (stamp holds its checksum).
+  req=$1
+  sum=$(cksum < "$req" | cut -d' ' -f1)
+  stamp="$VENV/.hive-relay-stamp-$(basename "$req")"
+  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then
+    return 0
+  fi
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$PY" -m venv "$VENV" >&2 || { say "could not create $VENV; fix: apt-get install python3-venv"; exit 3; }
+  fi
+  say "installing pinned Python dependencies from $(basename "$req")"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$req" >&2 \
+    || { say "pip install failed; check your network access to PyPI"; exit 3; }
+  echo "$sum" > "$stamp"
+}

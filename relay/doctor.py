@@ -1,0 +1,72 @@
+"""`invoke doctor`: one line per host component, then what is enforceable and how to fix the rest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from .config import load_shipped
+from .plan import tool_dir
+from .probe import HostFacts, probe
+
+
+def components(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, str]]:
+    """(component, ok, detail or fix) rows."""
+    rows: list[tuple[str, bool, str]] = []
+    rows.append(("bubblewrap", facts.bwrap is not None,
+                 f"{facts.bwrap} {facts.bwrap_version or ''}".strip() if facts.bwrap else "missing; fix: apt-get install bubblewrap"))
+    rows.append(("user namespaces", facts.bwrap_ok,
+                 "a real box started" if facts.bwrap_ok else (facts.bwrap_error or "untested")))
+    rows.append(("apparmor userns restriction", not facts.userns_restricted,
+                 "not restricted" if not facts.userns_restricted else "restricted; fix: sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"))
+    rows.append(("seccomp", facts.seccomp, "libseccomp loaded" if facts.seccomp else (facts.seccomp_error or "missing")))
+    rows.append(("landlock", facts.landlock_abi > 0,
+                 f"ABI {facts.landlock_abi}" if facts.landlock_abi else "unavailable (only the process tier uses it)"))
+    rows.append(("cgroup limits", facts.cgroup is not None,
+                 f"cgroup {facts.cgroup} writable" if facts.cgroup else "no writable cgroup; rlimits are used instead"))
+    rows.append(("tty injection sysctl", True,
+                 {True: "legacy_tiocsti=1: TIOCSTI is live, seccomp blocks it in the box",
+                  False: "legacy_tiocsti=0: the kernel blocks TIOCSTI", None: "unknown"}[facts.legacy_tiocsti]))
+    rows.append(("box python", facts.box_python is not None,
+                 facts.box_python or "no python3 outside $HOME; fix: apt-get install python3"))
+    rows.append(("podman", facts.podman is not None, facts.podman or "missing; fix: apt-get install podman (container mode)"))
+    rows.append(("docker", facts.docker is not None, facts.docker or "missing (podman is preferred)"))
+    path = f"{tool_dir(env)}/node_modules/.bin:{env.get('PATH', '')}"
+    for name, backend in sorted(load_shipped().items()):
+        if backend.install_bin:
+            found = shutil.which(backend.install_bin, path=path)
+            rows.append((f"cli {name}", found is not None,
+                         found or f"not installed; fix: npm install --prefix {tool_dir(env)} {backend.install_npm}"))
+    return rows
+
+
+def enforceable(facts: HostFacts) -> dict[str, str]:
+    supervised = "enforceable" if facts.supervised_ok else "not enforceable"
+    return {
+        "supervised/agent": supervised,
+        "supervised/default": supervised,
+        "process": "not available in this version",
+        "container": "planned (container mode issue)",
+    }
+
+
+def doctor(as_json: bool = False) -> int:
+    env = dict(os.environ)
+    facts = probe(env)
+    rows = components(facts, env)
+    tiers = enforceable(facts)
+    if as_json:
+        print(json.dumps({
+            "components": [{"name": n, "ok": ok, "detail": d} for n, ok, d in rows],
+            "enforceable": tiers,
+            "facts": facts.to_json(),
+        }, indent=2))
+    else:
+        width = max(len(n) for n, _, _ in rows)
+        for name, ok, detail in rows:
+            print(f"{'ok  ' if ok else 'MISS'} {name:<{width}}  {detail}")
+        print()
+        for tier, state in tiers.items():
+            print(f"{tier:<20} {state}")
+    return 0

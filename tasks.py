@@ -1,0 +1,105 @@
+"""invoke tasks: the thin command layer. Parse, call `relay`, map errors to exit codes.
+
+    invoke contribute-hive claude local
+    invoke contribute-hive --backend codex --mode container
+"""
+
+from __future__ import annotations
+
+import sys
+
+from invoke import Context, task
+from invoke.parser.parser import ParseMachine
+
+from relay.cli import contribute, guarded, request_from
+from relay.errors import UsageError
+
+HELP = {
+    "backend": "agent CLI: claude, codex, gemini, opencode or shell (also the first positional)",
+    "mode": "local (bubblewrap box, default) or container (podman/docker) (also the second positional)",
+    "profile": "policy profile: agent or default; unset picks agent when this host can enforce it",
+    "isolation": "auto, process, supervised or container; an explicit choice is never downgraded",
+    "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
+    "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
+    "allow_host": "extra egress host, repeatable: NAME[:PORT] or NAME[:PORT]=ADDR:PORT (pinned)",
+    "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
+    "dry_run": "print the resolved plan and launch nothing",
+    "json": "with --dry-run: print the plan as JSON",
+    "quiet": "no banner (notes and refusals are still printed)",
+}
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def _seconds(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--timeout {value!r}: expected whole seconds, e.g. --timeout 600") from None
+
+
+# invoke has no optional positionals: it demands every positional at the end of parsing.
+# `backend` and `mode` are positional *and* flags; this shim fills an omitted one just before
+# that check, so `contribute-hive claude` means local and a missing backend is our exit-2 error.
+_OPTIONAL_POSITIONALS = {"contribute-hive": {"backend": "", "mode": "local"}}
+_complete_context = ParseMachine.complete_context
+
+
+def _complete_with_optional_positionals(self: ParseMachine) -> None:
+    defaults = _OPTIONAL_POSITIONALS.get(getattr(self.context, "name", None) or "", {})
+    for arg in getattr(self.context, "positional_args", []):
+        if arg.value is None and arg.name in defaults:
+            arg.value = defaults[arg.name]
+    _complete_context(self)
+
+
+ParseMachine.complete_context = _complete_with_optional_positionals  # type: ignore[method-assign]
+
+
+@task(positional=["backend", "mode"], iterable=["allow_host"], help=HELP)
+def contribute_hive(
+    c: Context,
+    backend: str | None = None,
+    mode: str | None = None,
+    profile: str | None = None,
+    isolation: str | None = None,
+    prompt: str | None = None,
+    workdir: str = ".",
+    allow_host: list[str] | None = None,
+    timeout: str | None = None,
+    dry_run: bool = False,
+    json: bool = False,
+    quiet: bool = False,
+) -> None:
+    """Run a coding agent inside the hive relay box: BACKEND [local|container]."""
+
+    def go() -> int:
+        request = request_from(
+            None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
+            workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=_seconds(timeout),
+        )
+        return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet)
+
+    _exit(guarded(go))
+
+
+@task(help={"json": "print the report as JSON"})
+def doctor(c: Context, json: bool = False) -> None:
+    """Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."""
+    from relay.doctor import doctor as run_doctor
+
+    _exit(guarded(run_doctor, as_json=json))
+
+
+@task(help={"args": "extra arguments for pytest, e.g. '-k proxy -x'"})
+def test(c: Context, args: str = "") -> None:
+    """Run the whole test suite (pytest, then the bats shell tests)."""
+    import shlex
+    import subprocess
+
+    _exit(subprocess.call(["./bin/test", *shlex.split(args)]))

@@ -1,0 +1,137 @@
+"""Shared fixtures: a fake HOME with secrets, a workdir, and helpers that run the real relay.
+
+Every box test runs real bubblewrap. On a host that cannot start a box the box tests skip
+with a loud reason, except under CI=true, where that is a failure: CI's machine type can.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from relay.probe import probe  # noqa: E402
+
+SH_BACKENDS_CONFIG = """
+backends:
+{entries}
+profiles:
+  tight:
+    extends: agent
+    memory: 256MiB
+    pids: 64
+"""
+
+
+def _sh_override(name: str) -> str:
+    return (f"  {name}:\n    command: [/bin/sh]\n    prompt_command: [/bin/sh, -c, \"{{prompt}}\"]\n"
+            f"    native: {{boxed: [], unsandboxed: []}}\n")
+
+
+@dataclass
+class Sandbox:
+    """A fake HOME and workdir plus the environment the relay runs with."""
+
+    root: Path
+    home: Path
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def relay(self, *args: str, timeout: float = 120, input: str | None = None,
+              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        env = {**self.env, **(extra_env or {})}
+        return subprocess.run(
+            [sys.executable, "-m", "relay", *args], cwd=self.workdir, env=env, capture_output=True,
+            text=True, timeout=timeout, input=input if input is not None else "",
+        )
+
+    def box(self, script: str, backend: str = "shell", *args: str, **kw) -> subprocess.CompletedProcess:
+        """Run `script` with /bin/sh inside BACKEND's box (sh-overridden agents keep their grants)."""
+        return self.relay(backend, "local", "--quiet", "--prompt", script, *args, **kw)
+
+
+def _make_sandbox(base: Path) -> Sandbox:
+    base.chmod(0o755)
+    home = base / "home"
+    workdir = base / "work"
+    for d in (home, workdir):
+        d.mkdir(parents=True)
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "id_rsa").write_text("PRIVATE-KEY-DO-NOT-LEAK\n")
+    (home / ".claude").mkdir()
+    (home / ".claude" / "settings.json").write_text('{"theme": "dark"}\n')
+    (home / ".claude.json").write_text('{"numStartups": 1}\n')
+    (home / ".codex").mkdir()
+    (home / ".codex" / "auth.json").write_text('{"OPENAI_API_KEY": "sk-test"}\n')
+    (home / ".gemini").mkdir()
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key=SECRET\n")
+    (home / ".gitconfig").write_text("[user]\n\tname = Test User\n\temail = test@example.com\n")
+    (home / ".netrc").write_text("machine example.com login x password SECRET\n")
+    (home / "notes.txt").write_text("private notes\n")
+    cfg = home / ".config" / "hive-relay"
+    cfg.mkdir(parents=True)
+    (cfg / "config.yaml").write_text(SH_BACKENDS_CONFIG.format(
+        entries="".join(_sh_override(n) for n in ("claude", "codex", "gemini", "opencode"))))
+    (workdir / "README.md").write_text("hello from the workdir\n")
+    env = {
+        "HOME": str(home),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "TERM": "xterm-256color",
+        "USER": os.environ.get("USER", "tester"),
+        "SHELL": "/bin/bash",
+        "PYTHONPATH": str(REPO),
+        "XDG_RUNTIME_DIR": str(base / "run"),
+    }
+    (base / "run").mkdir(mode=0o700)
+    return Sandbox(root=base, home=home, workdir=workdir, env=env)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Sandbox:
+    return _make_sandbox(tmp_path)
+
+
+def _can_box() -> str | None:
+    facts = probe(use_cache=False)
+    if not facts.supervised_ok:
+        return facts.bwrap_error or facts.seccomp_error or "no supervised box on this host"
+    return None
+
+
+BOX_PROBLEM = _can_box()
+
+
+def require_box() -> None:
+    if BOX_PROBLEM is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the box tests, but this host cannot: {BOX_PROBLEM}")
+    pytest.skip(f"LOUD SKIP: cannot start a bubblewrap box here: {BOX_PROBLEM}")
+
+
+@pytest.fixture
+def box_sandbox(sandbox: Sandbox) -> Sandbox:
+    require_box()
+    return sandbox
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None
+
+
+def require_tool(tool: str) -> None:
+    if have(tool):
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must have {tool} installed (.ci/run installs it)")
+    pytest.skip(f"LOUD SKIP: {tool} is not installed")

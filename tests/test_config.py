@@ -1,0 +1,144 @@
+"""Strict config loading: each bad input is one line naming file, backend, key and fix; exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relay.config import ProfileSpec, apply_repo, load_matrix, load_shipped
+from relay.errors import ConfigError, UsageError
+from relay.profiles import resolve_profile
+
+from .conftest import REPO
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_shipped_matrix_has_all_five_backends() -> None:
+    backends = load_shipped()
+    assert set(backends) == {"claude", "codex", "gemini", "opencode", "shell"}
+    assert "api.anthropic.com" in backends["claude"].egress
+    assert "~/.codex" in backends["codex"].home_rw
+    assert backends["shell"].egress == ()
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("backends: [1, 2", "not valid YAML"),
+        ("backends:\n  claude:\n    command: [claude]\n    prompt_command: [claude, '{prompt}']\n    colour: red\n",
+         "backend 'claude': key '(backend).colour': unknown key"),
+        ("backends:\n  claude:\n    command: claude\n    prompt_command: [claude, '{prompt}']\n",
+         "backend 'claude': key 'command': expected a list of strings"),
+        ("backends:\n  claude:\n    command: [claude]\n    prompt_command: [claude, '{prompt}']\n    home: {rw: [.claude]}\n",
+         "key 'home.rw': path '.claude' is neither absolute nor ~/"),
+        ("backends:\n  claude:\n    command: [claude]\n    prompt_command: [claude]\n",
+         "key 'prompt_command': has no {prompt} placeholder"),
+        ("backends:\n  claude:\n    command: [claude]\n    prompt_command: [claude, '{prompt}']\n    egress: ['bad host!']\n",
+         "key 'egress'"),
+        ("nonsense: true\n", "key 'nonsense': unknown key"),
+        ("backends:\n  claude:\n    prompt_command: [claude, '{prompt}']\n", "key 'command': missing"),
+    ],
+)
+def test_bad_shipped_config_names_file_backend_key(tmp_path: Path, body: str, expected: str) -> None:
+    path = write(tmp_path / "backends.yaml", body)
+    with pytest.raises(ConfigError) as err:
+        load_shipped(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert expected in message
+    assert "fix:" in message
+    assert "\n" not in message
+
+
+def test_broken_user_config_is_exit_2_with_one_line(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "user.yaml", "backends:\n  claude: {egress: [api.anthropic.com, 12]}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "relay", "claude", "local", "--dry-run"],
+        cwd=tmp_path, env={"HIVE_RELAY_CONFIG": str(cfg), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
+                           "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert str(cfg) in lines[0] and "backend 'claude'" in lines[0] and "egress" in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_invalid_user_config_never_falls_back(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "user.yaml", "profiles:\n  agent: {pids: -1}\n")
+    with pytest.raises(ConfigError):
+        load_matrix({"HIVE_RELAY_CONFIG": str(cfg), "HOME": str(tmp_path)}, None)
+
+
+def test_missing_named_user_config_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_matrix({"HIVE_RELAY_CONFIG": str(tmp_path / "nope.yaml"), "HOME": str(tmp_path)}, None)
+
+
+def test_user_config_may_widen(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "user.yaml", "backends:\n  claude: {egress: [api.anthropic.com, corp.example.com]}\n"
+                "allow_unsandboxed: [codex]\n")
+    matrix = load_matrix({"HIVE_RELAY_CONFIG": str(cfg), "HOME": str(tmp_path)}, None)
+    assert matrix.backends["claude"].egress == ("api.anthropic.com", "corp.example.com")
+    assert matrix.allow_unsandboxed == {"codex"}
+
+
+def test_repo_config_may_narrow(tmp_path: Path) -> None:
+    write(tmp_path / ".hive-relay.yaml", "backends:\n  claude:\n    egress: [api.anthropic.com]\n    deny: [~/.claude/secret]\n")
+    matrix = load_matrix({"HOME": str(tmp_path / "h")}, tmp_path)
+    claude = matrix.backends["claude"]
+    assert claude.egress == ("api.anthropic.com",)
+    assert "~/.claude/secret" in claude.deny
+    assert str(tmp_path / ".hive-relay.yaml") in matrix.sources
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("backends:\n  claude:\n    egress: [api.anthropic.com, evil.example.com]\n", "may only narrow, but adds evil.example.com"),
+        ("backends:\n  claude:\n    home: {rw: [~/.claude, ~/.ssh]}\n", "may only narrow, but adds ~/.ssh"),
+        ("backends:\n  claude:\n    command: [sh]\n", "unknown key"),
+        ("backends:\n  evil:\n    egress: []\n", "cannot define a new backend"),
+        ("profiles:\n  agent: {network: true}\n", "unknown key"),
+        ("backends:\n  claude:\n    env: {set: {NODE_OPTIONS: '--require /x'}}\n", "cannot set variables"),
+    ],
+)
+def test_repo_config_cannot_widen(tmp_path: Path, body: str, expected: str) -> None:
+    repo = write(tmp_path / ".hive-relay.yaml", body)
+    with pytest.raises(ConfigError) as err:
+        apply_repo(load_shipped(), repo)
+    assert expected in str(err.value)
+
+
+def test_repo_empty_egress_list_narrows_to_nothing(tmp_path: Path) -> None:
+    repo = write(tmp_path / ".hive-relay.yaml", "backends:\n  claude:\n    egress: []\n")
+    assert apply_repo(load_shipped(), repo)["claude"].egress == ()
+
+
+def test_empty_list_in_user_profile_never_widens() -> None:
+    spec = ProfileSpec(name="agent", env=(), home_rw=())
+    profile = resolve_profile("agent", {"agent": spec})
+    assert profile.env == ()
+    assert profile.home_rw == ()
+    assert profile.network is True  # unset fields still inherit the built-in
+
+
+def test_profile_extends_loop_is_refused() -> None:
+    specs = {"a": ProfileSpec(name="a", extends="b"), "b": ProfileSpec(name="b", extends="a")}
+    with pytest.raises(UsageError, match="loops"):
+        resolve_profile("a", specs)
+
+
+def test_unknown_profile_lists_choices() -> None:
+    with pytest.raises(UsageError, match="choose one of: agent, default"):
+        resolve_profile("nope", {})

@@ -1,0 +1,164 @@
+"""Plans for every backend × mode, asserted without launching anything."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from relay.config import load_matrix
+from relay.errors import RefusedError, UsageError
+from relay.plan import Request, resolve
+from relay.probe import HostFacts
+
+from .conftest import Sandbox
+
+BACKENDS = ("claude", "codex", "gemini", "opencode", "shell")
+FACTS = HostFacts(uid=1000, gid=1000, home="/", user="u", shell="/bin/bash", tty=False, bwrap="/usr/bin/bwrap",
+                  bwrap_version="0.8.0", seccomp=True, box_python="/usr/bin/python3", podman="/usr/bin/podman")
+
+
+def plan_for(sandbox: Sandbox, backend: str, mode: str = "local", facts: HostFacts | None = None, **req):
+    env = dict(sandbox.env)
+    env.pop("HIVE_RELAY_CONFIG", None)
+    (sandbox.home / ".config" / "hive-relay" / "config.yaml").unlink()
+    matrix = load_matrix(env, Path(sandbox.workdir))
+    facts = replace(facts or FACTS, home=str(sandbox.home))
+    request = Request(backend=backend, mode=mode, workdir=str(sandbox.workdir), run_id="1-test", **req)
+    return resolve(matrix.backends[backend], matrix, request, facts, env)
+
+
+@pytest.mark.parametrize("mode", ["local", "container"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dry_run_json_for_every_backend_and_mode(sandbox: Sandbox, backend: str, mode: str) -> None:
+    proc = sandbox.relay(backend, mode, "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["backend"] == backend and plan["mode"] == mode
+    assert plan["tier"] == ("supervised" if mode == "local" else "container")
+    assert plan["profile"] == "agent"
+    assert plan["workdir"] == str(sandbox.workdir)
+    assert plan["interactive"] is True and plan["timeout"] is None
+    assert plan["limits"]["memory"] == 8 << 30 and plan["limits"]["pids"] == 512
+    command = plan["command"]
+    if mode == "local":
+        assert command[0].endswith("bwrap")
+        for flag in ("--unshare-all", "--die-with-parent", "--cap-drop", "--seccomp"):
+            assert flag in command
+        assert "--new-session" not in command  # interactive sessions keep the caller's terminal
+        assert command[-len(plan["argv"]):] == plan["argv"]
+    else:
+        assert command[:2] in (["podman", "run"], ["/usr/bin/podman", "run"]) or command[1] == "run"
+        assert "--network" in command and "none" in command
+    # The ssh dir exists in the fake HOME but is never bound in.
+    assert not any(".ssh" in (m.get("src") or "") for m in plan["mounts"])
+
+
+def test_per_backend_grants_and_hosts_never_cross(sandbox: Sandbox) -> None:
+    claude = plan_for(sandbox, "claude")
+    home = str(sandbox.home)
+    bound = {m.dst for m in claude.mounts if m.kind in ("bind", "ro-bind")}
+    assert f"{home}/.claude" in bound
+    assert f"{home}/.codex" not in bound and f"{home}/.gemini" not in bound
+    assert "api.anthropic.com" in claude.egress
+    assert not any("openai" in h or "google" in h for h in claude.egress)
+
+
+def test_codex_never_sees_claude(sandbox: Sandbox) -> None:
+    codex = plan_for(sandbox, "codex")
+    bound = {m.dst for m in codex.mounts if m.kind in ("bind", "ro-bind")}
+    assert f"{sandbox.home}/.codex" in bound and f"{sandbox.home}/.claude" not in bound
+    assert "api.openai.com" in codex.egress and not any("anthropic" in h for h in codex.egress)
+
+
+def test_secrets_are_names_only(sandbox: Sandbox) -> None:
+    sandbox.env["ANTHROPIC_API_KEY"] = "sk-ant-SECRET-VALUE"
+    proc = sandbox.relay("claude", "local", "--dry-run", "--json", "--prompt", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert "sk-ant-SECRET-VALUE" not in proc.stdout
+    plan = json.loads(proc.stdout)
+    assert "ANTHROPIC_API_KEY" in plan["env_pass"]
+
+
+def test_prompt_run_has_timeout_and_noninteractive_argv(sandbox: Sandbox) -> None:
+    plan = plan_for(sandbox, "codex", prompt="fix it", timeout=42)
+    assert plan.interactive is False and plan.timeout == 42
+    assert plan.argv == ("codex", "exec", "fix it")
+
+
+def test_interactive_run_has_no_wall_clock_kill(sandbox: Sandbox) -> None:
+    plan = plan_for(sandbox, "claude", timeout=42)
+    assert plan.timeout is None
+    assert any("--timeout applies to --prompt" in n for n in plan.notes)
+
+
+def test_allow_host_adds_to_the_backend_list(sandbox: Sandbox) -> None:
+    plan = plan_for(sandbox, "shell", allow_hosts=("fake.test:8443=127.0.0.1:9999",))
+    assert plan.egress == ("fake.test:8443=127.0.0.1:9999",)
+    assert dict(plan.env_set)["HTTPS_PROXY"] == "http://127.0.0.1:3128"
+    assert dict(plan.env_set)["http_proxy"] == "http://127.0.0.1:3128"
+    assert dict(plan.env_set)["NO_PROXY"] == "localhost,127.0.0.1,::1"
+
+
+def test_default_profile_is_fail_closed(sandbox: Sandbox) -> None:
+    plan = plan_for(sandbox, "claude", profile="default")
+    bound = {m.dst for m in plan.mounts if m.kind in ("bind", "ro-bind")}
+    assert not any(p.startswith(str(sandbox.home)) for p in bound)
+    assert plan.proxy_listen is None and plan.egress == ()
+    assert plan.limits.memory == 4 << 30 and plan.limits.pids == 256
+    assert set(plan.env_pass) <= {"LANG", "TERM", "COLORTERM"}
+
+
+def test_default_profile_refuses_allow_host(sandbox: Sandbox) -> None:
+    with pytest.raises(RefusedError, match="no network"):
+        plan_for(sandbox, "shell", profile="default", allow_hosts=("x.test",))
+
+
+def test_missing_bwrap_refuses_with_fix(sandbox: Sandbox) -> None:
+    facts = replace(FACTS, bwrap=None, bwrap_error="bubblewrap is not installed")
+    with pytest.raises(RefusedError, match="apt-get install bubblewrap"):
+        plan_for(sandbox, "shell", facts=facts)
+
+
+def test_root_caller_box_runs_as_non_root_uid(sandbox: Sandbox) -> None:
+    plan = plan_for(sandbox, "shell", facts=replace(FACTS, uid=0, gid=0))
+    assert plan.box_uid == 1000
+    i = plan.command.index("--uid")
+    assert plan.command[i + 1] == "1000"
+
+
+def test_unknown_isolation_and_mode_are_usage_errors(sandbox: Sandbox) -> None:
+    with pytest.raises(UsageError):
+        plan_for(sandbox, "shell", isolation="vm")
+
+
+def test_protected_paths_inside_workdir(sandbox: Sandbox) -> None:
+    (sandbox.workdir / ".git" / "hooks").mkdir(parents=True)
+    plan = plan_for(sandbox, "shell")
+    wd = str(sandbox.workdir)
+    assert f"{wd}/.git/hooks" in plan.protected
+    assert f"{wd}/.vscode" in plan.placeholders  # missing: masked so it cannot be created
+    ro = {m.dst for m in plan.mounts if m.kind == "ro-bind"}
+    assert f"{wd}/.git/hooks" in ro
+
+
+def test_symlinked_deny_path_masks_its_target(sandbox: Sandbox) -> None:
+    real = sandbox.workdir / "aws-real"
+    real.mkdir()
+    (real / "credentials").write_text("SECRET")
+    import shutil
+    shutil.rmtree(sandbox.home / ".aws")
+    (sandbox.home / ".aws").symlink_to(real)
+    plan = plan_for(sandbox, "shell")
+    assert str(real) in plan.denied
+
+
+def test_grant_resolving_into_a_secret_is_skipped(sandbox: Sandbox) -> None:
+    import shutil
+    shutil.rmtree(sandbox.home / ".claude")
+    (sandbox.home / ".claude").symlink_to(sandbox.home / ".ssh")
+    plan = plan_for(sandbox, "claude")
+    assert any("resolves into denied" in n for n in plan.notes)
+    assert not any(m.src and ".ssh" in m.src for m in plan.mounts)
