@@ -1,0 +1,130 @@
+"""Interactive sessions through a real terminal (pexpect): the box keeps the caller's tty."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pexpect
+import pytest
+
+from .conftest import Sandbox
+
+pytestmark = [pytest.mark.box, pytest.mark.tty]
+
+
+def spawn(s: Sandbox, *args: str) -> pexpect.spawn:
+    child = pexpect.spawn(sys.executable, ["-m", "relay", "shell", "local", "--quiet", *args], cwd=str(s.workdir),
+                          env=s.env, encoding="utf-8", timeout=30, dimensions=(24, 80))
+    say(child, "echo READY$((40+2))")
+    child.expect("READY42")
+    return child
+
+
+def wait_for_process(cmdline: str, foreground: bool = False, timeout: float = 10) -> None:
+    """Wait until a process with exactly this command line runs (the host sees into the box),
+    and with `foreground`, until its process group owns the terminal (so a key signal hits it)."""
+    deadline = time.time() + timeout
+    want = cmdline.replace(" ", "\0").encode() + b"\0"
+    while time.time() < deadline:
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if fh.read() != want:
+                        continue
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if not foreground or fields[2] == fields[5]:  # pgrp == tty foreground pgrp
+                    return
+            except OSError:
+                continue
+        time.sleep(0.02)
+    raise AssertionError(f"{cmdline!r} never started" + (" in the foreground" if foreground else ""))
+
+
+def say(child: pexpect.spawn, line: str) -> None:
+    child.sendline(line)
+
+
+def check(child: pexpect.spawn, command: str, marker: str) -> str:
+    """Run a command and return what it printed before the marker."""
+    say(child, f"{command}; echo {marker}$((1+1))")
+    child.expect(f"{marker}2")
+    return child.before
+
+
+def test_tty_and_term_are_the_callers(box_sandbox: Sandbox) -> None:
+    child = spawn(box_sandbox)
+    out = check(child, "tty >/dev/null && echo tty-ok; echo term=$TERM", "T")
+    assert "tty-ok" in out and "not a tty" not in out
+    assert "term=xterm-256color" in out
+    say(child, "exit 3")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 3
+
+
+def test_job_control_works(box_sandbox: Sandbox) -> None:
+    child = spawn(box_sandbox)
+    out = check(child, "sleep 100 & jobs", "J")
+    assert "Running" in out and "sleep 100" in out
+    say(child, "fg")
+    child.expect("sleep 100")
+    wait_for_process("sleep 100", foreground=True)
+    child.sendcontrol("z")
+    child.expect("Stopped")
+    out = check(child, "jobs", "K")
+    assert "Stopped" in out
+    say(child, "kill %1")
+    out = check(child, "echo still-here", "L")
+    assert "still-here" in out
+    say(child, "exit 0")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_interrupts_the_work_not_the_launcher(box_sandbox: Sandbox) -> None:
+    child = spawn(box_sandbox)
+    say(child, "sleep 100")
+    child.expect("sleep 100")
+    wait_for_process("sleep 100", foreground=True)  # an earlier Ctrl-C would hit the shell, not the work
+    child.sendintr()
+    out = check(child, "echo last=$?; pgrep -c -x sleep || true", "A")
+    assert "last=130" in out  # the sleep died of SIGINT; the shell and the box live on
+    assert "\n0" in out.replace("\r", "")
+    assert child.isalive()
+    say(child, "exit 0")
+    child.expect(pexpect.EOF)
+
+
+def test_window_resize_reaches_the_box(box_sandbox: Sandbox) -> None:
+    child = spawn(box_sandbox)
+    out = check(child, "stty size", "S")
+    assert "24 80" in out
+    say(child, "trap 'echo GOT-WINCH' WINCH; sleep 5 & wait")
+    child.expect("wait")
+    wait_for_process("sleep 5")  # the trap is set once the line runs
+    child.setwinsize(40, 132)
+    child.expect("GOT-WINCH")
+    out = check(child, "stty size", "R")
+    assert "40 132" in out
+    say(child, "exit 0")
+    child.expect(pexpect.EOF)
+
+
+INJECT = ("import fcntl, termios, errno, os\\n"
+          "fd = os.open(\\\"/dev/tty\\\", os.O_RDWR)\\n"
+          "try:\\n fcntl.ioctl(fd, termios.TIOCSTI, b\\\"X\\\"); print(\\\"INJ\\\" \\\"ECTED\\\")\\n"
+          "except OSError as e: print(\\\"STI\\\", errno.errorcode[e.errno])\\n"
+          "print(\\\"ROWS\\\", os.get_terminal_size(fd).lines)")
+
+
+def test_tiocsti_injection_into_the_callers_terminal_is_refused(box_sandbox: Sandbox) -> None:
+    child = spawn(box_sandbox)
+    out = check(child, f'/usr/bin/python3 -c "$(printf \'{INJECT}\')"', "I")
+    assert "STI EPERM" in out and "INJECTED" not in out
+    assert "ROWS 24" in out  # ordinary tty ioctls still work
+    say(child, "exit 0")
+    child.expect(pexpect.EOF)
