@@ -140,8 +140,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def child_setup(group: Cgroup | None, memory: int, pids: int, use_rlimits: bool) -> None:
+def raise_nofile() -> tuple[int, int]:
+    """Lift the launcher's soft fd limit to the hard one: each tunnel holds six fds (two
+    sockets, two splice pipes), and 200 tunnels exceed the common soft limit of 1024.
+    Returns the original limits, which the box gets back (see child_setup)."""
+    original = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = original
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+    return original
+
+
+def child_setup(group: Cgroup | None, memory: int, pids: int, use_rlimits: bool,
+                nofile: tuple[int, int] | None = None) -> None:
     """Run in the forked child before exec: join the cgroup, or fall back to rlimits."""
+    if nofile is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
     if group is not None:
         for path in group.procs_files():
             _write(path, "0")

@@ -111,6 +111,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
     state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids)
     use_rlimits = state.cgroup is None
+    nofile = limits.raise_nofile()
     jpid, lifeline = janitor.spawn(state)
     proc = None
     proxy = None
@@ -125,7 +126,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             high = [os.dup(fd) for fd in fds]
             for target, fd in zip((SECCOMP_FD, CTRL_FD), high, strict=True):
                 os.dup2(fd, target)
-            limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits)
+            limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
 
         with _Signals(plan.interactive) as sigs:
             try:

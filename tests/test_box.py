@@ -321,7 +321,12 @@ def _cmdlines() -> list[str]:
 
 def _leftovers(s: Sandbox) -> list[str]:
     found = [str(p) for p in (s.root / "run").iterdir()]
-    found += [str(p) for p in s.workdir.iterdir() if p.name.startswith(".") and p.stat().st_size == 0 and p.name != ".git"]
+    for p in s.workdir.iterdir():
+        try:
+            if p.name.startswith(".") and p.name != ".git" and p.lstat().st_size == 0:
+                found.append(str(p))
+        except FileNotFoundError:
+            pass  # removed by the janitor while we looked
     for controller in ("memory", "pids"):
         base = Path("/sys/fs/cgroup") / controller
         if base.is_dir():
