@@ -44,12 +44,14 @@ def box_copy_path(state: RunState, host_path: str) -> str:
     return os.path.join(state.run_dir, "home", rel)
 
 
-def prepare(state: RunState, sync_files: tuple[str, ...]) -> None:
-    """Create the private run dir and copy synced files into the box's home."""
+def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False) -> None:
+    """Create the private run dir, its tmp (process tier) and copies of synced files."""
     if state.run_dir is None:
         return
     os.makedirs(state.run_dir, mode=0o700)
     os.makedirs(os.path.join(state.run_dir, "home"), mode=0o700)
+    if with_tmp:
+        os.makedirs(os.path.join(state.run_dir, "tmp"), mode=0o700)
     for host_path in sync_files:
         state.sync[host_path] = _sha(host_path)
         if state.sync[host_path] is not None:

@@ -13,7 +13,7 @@ import os
 import shlex
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import bwrap_argv, container_argv
@@ -22,9 +22,10 @@ from .denylist import expand, protected_paths, secret_paths
 from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
 from .hosts import HostRule, parse_rule
+from .landlock import read_roots
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
-from .seccomp_policy import policy_for
+from .seccomp_policy import SeccompPolicy, policy_for
 
 PROXY_LISTEN = "127.0.0.1:3128"
 BOX_INIT_PATH = "/run/hive-relay/init.py"
@@ -88,6 +89,8 @@ class Plan:
     sync_files: tuple[str, ...]
     log_path: str | None
     run_dir: str | None
+    seccomp_policy: SeccompPolicy | None = None
+    fs_rules: tuple[tuple[str, str], ...] = ()
     unsandboxed: bool = False
     notes: tuple[str, ...] = field(default=())
 
@@ -164,27 +167,64 @@ def proxy_env(listen: str) -> dict[str, str]:
     return env
 
 
-def choose_tier(request: Request, facts: HostFacts, profile_explicit: bool) -> tuple[str, str, list[str]]:
-    """Pick (tier, profile name, notes). Explicit choices are fail-closed: refuse, never downgrade."""
-    notes: list[str] = []
+@dataclass(frozen=True)
+class TierChoice:
+    tier: str
+    profile: str
+    notes: tuple[str, ...] = ()
+
+
+def choose_tier(
+    request: Request, facts: HostFacts, backend: Backend, matrix: Matrix, caller_env: dict[str, str]
+) -> TierChoice:
+    """Pick the tier and profile. Explicit choices are fail-closed: they run as asked or refuse."""
     isolation = request.isolation or "auto"
     if isolation not in ISOLATIONS:
         raise UsageError(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
     if request.mode == "container" or isolation == "container":
         if request.mode == "local" and isolation == "container":
             raise UsageError("--isolation container needs --mode container")
-        return "container", request.profile or "agent", notes
-    if isolation == "process":
+        return TierChoice("container", request.profile or "agent")
+
+    def needs_network(name: str) -> bool:
+        return resolve_profile(name, matrix.profiles).network
+
+    if isolation == "supervised" or (isolation == "auto" and facts.supervised_ok):
+        if not facts.supervised_ok:
+            raise RefusedError(f"--isolation supervised cannot be enforced: {_missing_supervised(facts)}")
+        return TierChoice("supervised", request.profile or "agent")
+
+    # No supervised box: either the user asked for the process tier, or auto fell through.
+    missing = _missing_supervised(facts) if isolation == "auto" else "--isolation process was asked for"
+    opt_in = _opted_in(backend, matrix, caller_env)
+    if request.profile is not None and needs_network(request.profile):
         raise RefusedError(
-            "--isolation process is not available yet: it cannot enforce egress and lacks Landlock support "
-            "here; use --isolation supervised (needs bubblewrap)"
+            f"profile {request.profile!r} needs egress pinned to {backend.name}'s hosts, which only the supervised "
+            f"tier enforces: {missing}"
         )
-    if facts.supervised_ok:
-        return "supervised", request.profile or "agent", notes
-    missing = _missing_supervised(facts)
-    if profile_explicit or isolation == "supervised":
-        raise RefusedError(f"cannot enforce the supervised box: {missing}")
-    raise RefusedError(f"no enforceable box on this host: {missing}")
+    if isolation == "auto" and request.profile is None and backend.egress and opt_in:
+        return TierChoice("unsandboxed", "none", (f"{backend.opt_in} is set: {backend.name} runs without the box",))
+    if not facts.process_ok:
+        raise RefusedError(
+            f"no enforceable box on this host: {missing}; and {facts.process_error}"
+            + (f". To run {backend.name} without the box anyway, set {backend.opt_in}=1" if backend.egress else "")
+        )
+    profile = request.profile or "default"
+    notes: list[str] = []
+    if request.profile is None:
+        why = missing if isolation == "auto" else "the process tier cannot enforce egress"
+        note = f"using the fail-closed default profile at the process tier: {why}"
+        if backend.egress:
+            note += (f"; {backend.name} needs its API hosts, which the default profile blocks; "
+                     f"to run {backend.name} without the box set {backend.opt_in}=1")
+        notes.append(note)
+    notes.append("the process tier cannot write-protect .git/hooks and friends inside the workdir, and host "
+                 "processes stay visible; install bubblewrap for the supervised box")
+    return TierChoice("process", profile, tuple(notes))
+
+
+def _opted_in(backend: Backend, matrix: Matrix, caller_env: dict[str, str]) -> bool:
+    return caller_env.get(backend.opt_in) == "1" or backend.name in matrix.allow_unsandboxed
 
 
 def _missing_supervised(facts: HostFacts) -> str:
@@ -219,9 +259,13 @@ def resolve(
         raise UsageError("--timeout must be a positive number of seconds")
     extra_rules = tuple(parse_rule(h) for h in request.allow_hosts)
 
-    tier, profile_name, notes = choose_tier(request, facts, request.profile is not None)
-    profile = resolve_profile(profile_name, matrix.profiles)
+    choice = choose_tier(request, facts, backend, matrix, caller_env)
+    tier, notes = choice.tier, list(choice.notes)
     home, uid = facts.home, facts.uid
+    shell = facts.shell if os.path.isabs(facts.shell) else "/bin/sh"
+    if tier == "unsandboxed":
+        return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, notes)
+    profile = resolve_profile(choice.profile, matrix.profiles)
     if os.path.realpath(home) == "/":
         raise RefusedError("HOME is '/', so the box cannot hide it; fix: set HOME to your home directory")
 
@@ -241,7 +285,6 @@ def resolve(
     tools = tool_dir(caller_env)
     box_path = caller_env.get("PATH") or SAFE_PATH
     box_path = f"{tools}/node_modules/.bin:{box_path}"
-    shell = facts.shell if os.path.isabs(facts.shell) else "/bin/sh"
     native = backend.native_boxed
     argv = agent_argv(backend, request.prompt, shell, workdir, native)
     cli = shutil.which(argv[0], path=box_path)
@@ -295,7 +338,7 @@ def resolve(
     env_pass = tuple(n for n in env_pass if n not in env_set)
 
     limits = Limits(profile.memory, profile.pids, _limit_method(facts))
-    seccomp = policy_for(nested_userns=False)
+    seccomp = policy_for(nested_userns=False, deny_network=tier == "process")
     box_uid = BOX_UID_FOR_ROOT if uid == 0 else None
     interactive = request.prompt is None
     timeout = None if interactive else (request.timeout or DEFAULT_TIMEOUT)
@@ -304,7 +347,20 @@ def resolve(
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     log_path = os.path.join(state_dir(caller_env), "logs", f"{stamp}-{backend.name}-{request.run_id or 'dry'}.jsonl")
 
-    if tier == "container":
+    fs_rules: tuple[tuple[str, str], ...] = ()
+    if tier == "process":
+        if run_dir is None:
+            raise UsageError("internal: the process tier needs a run id")
+        command = list(argv)
+        env_set["TMPDIR"] = os.path.join(run_dir, "tmp")
+        rw = [workdir, env_set["TMPDIR"], "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
+        ro = read_roots(home) + ["/dev/urandom", "/dev/random"] + [g.path for g in grants if not g.writable]
+        rw += [g.path for g in grants if g.writable]
+        fs_rules = tuple((p, "ro") for p in ro) + tuple((p, "rw") for p in rw)
+        fsplan = replace(fsplan, mounts=(), placeholders=(), protected=())
+        if proxy_listen:
+            raise RefusedError("the process tier cannot enforce egress; internal error in profile choice")
+    elif tier == "container":
         command = container_argv.build(
             engine=facts.podman or facts.docker or "podman",
             backend=backend.name, workdir=workdir, mounts=fsplan.mounts, env_set=env_set, env_pass=env_pass,
@@ -325,7 +381,7 @@ def resolve(
     policy = {
         "tier": tier, "grants": [asdict(g) for g in grants], "sync": sync, "denied": fsplan.denied,
         "protected": fsplan.protected, "egress": egress, "env": sorted(env_pass), "limits": asdict(limits),
-        "seccomp": seccomp.summary(),
+        "seccomp": seccomp.summary(), "fs_rules": fs_rules,
     }
     return Plan(
         backend=backend.name,
@@ -348,11 +404,31 @@ def resolve(
         proxy_listen=proxy_listen,
         limits=limits,
         seccomp=tuple(seccomp.summary()),
+        seccomp_policy=seccomp,
+        fs_rules=fs_rules,
         box_uid=box_uid,
-        sync_files=tuple(sync),
+        sync_files=tuple(sync) if tier != "process" else (),
         log_path=log_path if proxy_listen else None,
         run_dir=run_dir,
         notes=tuple(notes),
+    )
+
+
+def _unsandboxed_plan(
+    backend: Backend, request: Request, facts: HostFacts, caller_env: dict[str, str], workdir: str, shell: str,
+    notes: list[str],
+) -> Plan:
+    """The opt-in path: the CLI alone, with its own strictest native sandbox and the caller's environment."""
+    argv = agent_argv(backend, request.prompt, shell, workdir, backend.native_unsandboxed)
+    interactive = request.prompt is None
+    return Plan(
+        backend=backend.name, mode=request.mode, tier="unsandboxed", profile="none",
+        profile_digest=_digest({"unsandboxed": backend.name, "argv": argv}), workdir=workdir,
+        interactive=interactive, timeout=None if interactive else (request.timeout or DEFAULT_TIMEOUT),
+        argv=tuple(argv), command=tuple(argv), env_set=(), env_pass=tuple(sorted(caller_env)), mounts=(),
+        denied=(), protected=(), placeholders=(), egress=(), proxy_listen=None,
+        limits=Limits(0, 0, "none"), seccomp=(), box_uid=None, sync_files=(), log_path=None, run_dir=None,
+        unsandboxed=True, notes=tuple(notes),
     )
 
 

@@ -50,6 +50,21 @@ class HostFacts:
         return self.bwrap is not None and self.bwrap_error is None
 
     @property
+    def process_ok(self) -> bool:
+        return self.process_error is None
+
+    @property
+    def process_error(self) -> str | None:
+        """Why the process tier (Landlock + seccomp + limits) cannot run here, or None."""
+        if self.landlock_abi < 1:
+            return "Landlock is unavailable (needs Linux 5.13+ with landlock in the LSM list)"
+        if not self.seccomp:
+            return self.seccomp_error or "seccomp is unavailable"
+        if self.uid == 0:
+            return "the process tier cannot hide root-owned secrets from a root caller; run as a normal user"
+        return None
+
+    @property
     def supervised_ok(self) -> bool:
         return self.bwrap_ok and self.seccomp and self.box_python is not None
 

@@ -8,14 +8,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from . import janitor, limits
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
 from .plan import CTRL_FD, SECCOMP_FD, Plan
 from .proxy import DecisionLog, EgressProxy
-from .seccomp_policy import compile_to_memfd, policy_for
+from .seccomp_policy import build_filter, compile_to_memfd, policy_for
 
 HANDSHAKE_TIMEOUT = 30.0
 HINT = "To allow it: --allow-host {host}:{port} (or add it to your user config)."
@@ -37,9 +37,7 @@ def _handshake(ctrl: socket.socket, proc: subprocess.Popen) -> socket.socket | N
         ready, _, _ = select.select([ctrl], [], [], 0.05)
         if ready:
             msg, fds, _, _ = socket.recv_fds(ctrl, 16, 1)
-            if not msg:
-                return None
-            if fds:
+            if msg and fds:
                 return socket.socket(fileno=fds[0])
             return None
         if proc.poll() is not None:
@@ -74,8 +72,8 @@ class _Signals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def _wait(proc: subprocess.Popen, plan: Plan, sigs: _Signals) -> tuple[int, str | None]:
-    deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+def _wait(proc: subprocess.Popen, timeout: int | None, sigs: _Signals) -> tuple[int, str | None]:
+    deadline = None if timeout is None else time.monotonic() + timeout
     forwarded = False
     while True:
         try:
@@ -93,21 +91,61 @@ def _wait(proc: subprocess.Popen, plan: Plan, sigs: _Signals) -> tuple[int, str 
             return -1, "timeout"
 
 
+def _spawn(plan: Plan, env: dict[str, str], setup: Callable[[], None], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(list(plan.command), env=env, cwd=plan.workdir, pass_fds=pass_fds,
+                                preexec_fn=setup, close_fds=True)
+    except FileNotFoundError:
+        raise RelayError(f"cannot start {plan.command[0]}: not found") from None
+    except subprocess.SubprocessError as err:
+        raise RelayError(f"cannot start the box: {err}") from None
+
+
+def _finish(outcome: str | None, rc: int, plan: Plan) -> int:
+    if outcome == "timeout":
+        emit([f"hive-relay: timed out after {plan.timeout} s; the box was killed"])
+        return EXIT_TIMEOUT
+    if outcome and outcome.startswith("signal"):
+        signum = int(outcome.split()[1])
+        if signum != signal.SIGINT:
+            emit([f"hive-relay: stopped by {signal.Signals(signum).name}; the box was killed"])
+            return 128 + signum
+    return _exit_code(rc)
+
+
+def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
+    """The opt-in path: the CLI alone under its own native sandbox, with a loud banner."""
+    emit(banner_lines(plan, caller_env.get("HOME", "")) + note_lines(plan.notes))
+    with _Signals(plan.interactive) as sigs:
+        proc = _spawn(plan, dict(caller_env), lambda: None)
+        try:
+            rc, outcome = _wait(proc, plan.timeout, sigs)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return _finish(outcome or (f"signal {sigs.received}" if sigs.received else None), rc, plan)
+
+
 def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     """Launch the box, serve its proxy, wait, tear down. Returns the exit code to use."""
+    if plan.unsandboxed:
+        return run_unsandboxed(plan, caller_env)
     if not quiet:
         emit(banner_lines(plan, caller_env.get("HOME", "")))
     emit(note_lines(plan.notes))
-    base = os.path.dirname(plan.run_dir) if plan.run_dir else None
-    if base:
-        janitor.sweep_stale_run_dirs(base)
+    if plan.run_dir:
+        janitor.sweep_stale_run_dirs(os.path.dirname(plan.run_dir))
     if plan.limits.method.startswith("cgroup"):
         limits.sweep_stale()
-    state = janitor.RunState(run_dir=plan.run_dir if plan.sync_files else None, home=caller_env.get("HOME", "/"),
+    process_tier = plan.tier == "process"
+    needs_run_dir = bool(plan.sync_files) or process_tier
+    state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders)
-    if plan.run_dir and not plan.sync_files:
-        state.run_dir = None
-    janitor.prepare(state, plan.sync_files)
+    try:
+        janitor.prepare(state, plan.sync_files, with_tmp=process_tier)
+    except OSError as err:
+        raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
     state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids)
     use_rlimits = state.cgroup is None
@@ -118,38 +156,12 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     outcome: str | None = None
     rc = 0
     try:
-        seccomp_fd = compile_to_memfd(policy_for(nested_userns=False))
-        ctrl, ctrl_child = socket.socketpair()
-        fds = (seccomp_fd, ctrl_child.fileno())
-
-        def child_setup() -> None:
-            high = [os.dup(fd) for fd in fds]
-            for target, fd in zip((SECCOMP_FD, CTRL_FD), high, strict=True):
-                os.dup2(fd, target)
-            limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
-
         with _Signals(plan.interactive) as sigs:
-            try:
-                proc = subprocess.Popen(
-                    list(plan.command), env=box_env(plan, caller_env), pass_fds=(SECCOMP_FD, CTRL_FD),
-                    preexec_fn=child_setup, close_fds=True,
-                )
-            except FileNotFoundError:
-                raise RelayError(f"cannot start {plan.command[0]}: not found") from None
-            finally:
-                os.close(seccomp_fd)
-                ctrl_child.close()
-            listener = _handshake(ctrl, proc)
-            if listener is not None:
-                log = DecisionLog(plan.log_path, plan.backend)
-                proxy = EgressProxy(listener, plan.rules, log, hint=HINT)
-                proxy.start()
-            try:
-                ctrl.sendall(b"G")
-            except OSError:
-                pass
-            ctrl.close()
-            rc, outcome = _wait(proc, plan, sigs)
+            if process_tier:
+                proc = _spawn(plan, box_env(plan, caller_env), _process_setup(plan, state, use_rlimits, nofile))
+            else:
+                proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile)
+            rc, outcome = _wait(proc, plan.timeout, sigs)
             if outcome is None and sigs.received:
                 outcome = f"signal {sigs.received}"
     finally:
@@ -163,12 +175,55 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if proxy is not None and proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({proxy.log.write_errors} errors): {plan.log_path}")
     emit([f"hive-relay: {line}" for line in summary + messages])
-    if outcome == "timeout":
-        emit([f"hive-relay: timed out after {plan.timeout} s; the box was killed"])
-        return EXIT_TIMEOUT
-    if outcome and outcome.startswith("signal"):
-        signum = int(outcome.split()[1])
-        if signum != signal.SIGINT:
-            emit([f"hive-relay: stopped by {signal.Signals(signum).name}; the box was killed"])
-            return 128 + signum
-    return _exit_code(rc)
+    return _finish(outcome, rc, plan)
+
+
+def _start_supervised(
+    plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int]
+) -> tuple[subprocess.Popen, EgressProxy | None]:
+    """Start bwrap with the seccomp memfd and the control socketpair at fixed fds, then serve its proxy."""
+    policy = plan.seccomp_policy or policy_for(nested_userns=False)
+    seccomp_fd = compile_to_memfd(policy)
+    ctrl, ctrl_child = socket.socketpair()
+    fds = (seccomp_fd, ctrl_child.fileno())
+
+    def child_setup() -> None:
+        high = [os.dup(fd) for fd in fds]
+        for target, fd in zip((SECCOMP_FD, CTRL_FD), high, strict=True):
+            os.dup2(fd, target)
+        limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
+
+    try:
+        proc = _spawn(plan, box_env(plan, caller_env), child_setup, pass_fds=(SECCOMP_FD, CTRL_FD))
+    finally:
+        os.close(seccomp_fd)
+        ctrl_child.close()
+    proxy = None
+    with ctrl:
+        listener = _handshake(ctrl, proc)
+        if listener is not None:
+            proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT)
+            proxy.start()
+        try:
+            ctrl.sendall(b"G")
+        except OSError:
+            pass
+    return proc, proxy
+
+
+def _process_setup(plan: Plan, state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int]) -> Callable[[], None]:
+    """The process tier's in-child setup: limits, then Landlock, then seccomp, then exec."""
+    from . import landlock
+    from .probe import _landlock_abi
+
+    abi = _landlock_abi()
+    read = [p for p, mode in plan.fs_rules if mode == "ro"]
+    write = [p for p, mode in plan.fs_rules if mode == "rw"]
+    flt = build_filter(plan.seccomp_policy or policy_for(nested_userns=False, deny_network=True))
+
+    def setup() -> None:
+        limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
+        landlock.apply(read, write, abi, deny_network=True)
+        flt.load()
+
+    return setup

@@ -13,6 +13,9 @@ import os
 from dataclasses import dataclass
 
 AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+AF_PACKET = 17
 AF_VSOCK = 40
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
@@ -42,6 +45,7 @@ class SeccompPolicy:
     deny_af_vsock: bool = True
     deny_tty_injection: bool = True
     deny_new_userns: bool = True
+    deny_network: bool = False
     native_arch_only: bool = True
 
     def summary(self) -> list[str]:
@@ -54,14 +58,16 @@ class SeccompPolicy:
             rules.append("ioctl(TIOCSTI|TIOCLINUX): EPERM")
         if self.deny_new_userns:
             rules.append("clone(CLONE_NEWUSER): EPERM; clone3: ENOSYS")
+        if self.deny_network:
+            rules.append("socket(AF_INET|AF_INET6|AF_PACKET): EPERM (no network)")
         if self.native_arch_only:
             rules.append("foreign arch and x32 ABI: killed")
         return rules
 
 
-def policy_for(nested_userns: bool) -> SeccompPolicy:
+def policy_for(nested_userns: bool, deny_network: bool = False) -> SeccompPolicy:
     denied = ALWAYS_DENIED if nested_userns else ALWAYS_DENIED + NAMESPACE_SYSCALLS
-    return SeccompPolicy(denied_syscalls=denied, deny_new_userns=not nested_userns)
+    return SeccompPolicy(denied_syscalls=denied, deny_new_userns=not nested_userns, deny_network=deny_network)
 
 
 def build_filter(policy: SeccompPolicy):  # -> pyseccomp.SyscallFilter
@@ -78,6 +84,9 @@ def build_filter(policy: SeccompPolicy):  # -> pyseccomp.SyscallFilter
         _add(flt, eperm, "socket", sc.Arg(0, sc.EQ, AF_UNIX))
     if policy.deny_af_vsock:
         _add(flt, eperm, "socket", sc.Arg(0, sc.EQ, AF_VSOCK))
+    if policy.deny_network:
+        for family in (AF_INET, AF_INET6, AF_PACKET):
+            _add(flt, eperm, "socket", sc.Arg(0, sc.EQ, family))
     if policy.deny_tty_injection:
         for request in (TIOCSTI, TIOCLINUX):
             _add(flt, eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, LOW32, request))
