@@ -103,3 +103,11 @@ def test(c: Context, args: str = "") -> None:
     import subprocess
 
     _exit(subprocess.call(["./bin/test", *shlex.split(args)]))
+
+
+@task(help={"backend": "only this backend (default: all)", "json": "print the results as JSON"}, iterable=["backend"])
+def selftest(c: Context, backend: list[str] | None = None, json: bool = False) -> None:
+    """Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."""
+    from relay.selftest import selftest as run_selftest
+
+    _exit(guarded(run_selftest, list(backend or []) or None, as_json=json))

@@ -11,10 +11,11 @@ import os
 import secrets
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from .banner import emit, note_lines
 from .config import get_backend, load_matrix
-from .errors import RelayError, UsageError
+from .errors import RefusedError, RelayError, UsageError
 from .plan import Request, resolve
 from .probe import probe
 
@@ -50,7 +51,16 @@ def contribute(
     if plan.tier == "container":
         raise RelayError("container mode is planned but not runnable yet; use local mode")
     from .runner import run
+    from .verify import verify
 
+    problem = verify(plan, env)
+    if problem and request.profile is None and plan.profile != "default":
+        fallback = resolve(backend, matrix, replace(request, profile="default"), facts, env)
+        plan = replace(fallback, notes=fallback.notes + (
+            f"the {plan.profile} profile failed its probe here ({problem}); using the fail-closed default profile",))
+        problem = verify(plan, env)
+    if problem:
+        raise RefusedError(f"the {plan.tier} box with profile {plan.profile} cannot start here: {problem}")
     return run(plan, env, quiet=quiet)
 
 
@@ -90,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=int)
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("-q", "--quiet", action="store_true")
     return parser
 
 

@@ -42,12 +42,19 @@ def components(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, s
 
 
 def enforceable(facts: HostFacts) -> dict[str, str]:
-    supervised = "enforceable" if facts.supervised_ok else "not enforceable"
+    """Which tier/profile pairs this host can enforce, each with the fix when it cannot."""
+    from .plan import _missing_supervised
+
+    supervised = "enforceable" if facts.supervised_ok else f"NOT enforceable: {_missing_supervised(facts)}"
+    process = "enforceable" if facts.process_ok else f"NOT enforceable: {facts.process_error}"
     return {
         "supervised/agent": supervised,
         "supervised/default": supervised,
-        "process": "not available in this version",
-        "container": "planned (container mode issue)",
+        "process/default": process,
+        "process/agent": "never: the process tier cannot enforce egress",
+        "container": "planned: container mode is not runnable yet (dry-run plans only)",
+        "auto pick": ("agent at supervised" if facts.supervised_ok else
+                      "default at process (with a note)" if facts.process_ok else "refused (exit 3)"),
     }
 
 

@@ -39,6 +39,7 @@ SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 INIT_SOURCE = Path(__file__).with_name("boxinit.py")
 
 
+
 @dataclass(frozen=True)
 class Request:
     """What the user asked for, straight from the command line."""
@@ -52,6 +53,8 @@ class Request:
     allow_hosts: tuple[str, ...] = ()
     timeout: int | None = None
     run_id: str = ""
+    # Internal (selftest): run this argv in the backend's box instead of the agent.
+    argv_override: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -286,9 +289,10 @@ def resolve(
     box_path = caller_env.get("PATH") or SAFE_PATH
     box_path = f"{tools}/node_modules/.bin:{box_path}"
     native = backend.native_boxed
-    argv = agent_argv(backend, request.prompt, shell, workdir, native)
+    argv = list(request.argv_override or agent_argv(backend, request.prompt, shell, workdir, native))
     cli = shutil.which(argv[0], path=box_path)
     extra_binds: list[Mount] = [Mount("ro-bind", BOX_INIT_PATH, str(INIT_SOURCE))]
+
     if os.path.isdir(tools):
         extra_binds.append(Mount("ro-bind", tools, tools))
     if cli is None:

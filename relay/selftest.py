@@ -1,0 +1,145 @@
+"""`invoke selftest`: real escape probes inside a real box, per backend, as a pass/fail table.
+
+It runs each backend's own resolved plan (same profile, grants, deny list and egress) with the
+agent replaced by `boxprobes.py`, in a throwaway workdir, against a local upstream that is
+pinned into the allowlist. Any probe showing the box weaker than its plan claims fails the run.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socketserver
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cli import new_run_id
+from .config import get_backend, load_matrix
+from .denylist import expand
+from .errors import RelayError
+from .plan import PROXY_LISTEN, Plan, Request, resolve
+from .probe import cache_dir, probe
+from .runner import run
+
+PROBES = Path(__file__).with_name("boxprobes.py")
+ALLOWED_NAME = "selftest.hive-relay.test"
+
+
+@dataclass
+class Row:
+    backend: str
+    tier: str
+    profile: str
+    probe: str
+    kind: str
+    ok: bool
+    detail: str
+
+
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _upstream() -> tuple[socketserver.TCPServer, int]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Quiet)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, matrix) -> Plan:  # noqa: ANN001
+    b = get_backend(matrix, backend)
+    base = Request(backend=backend, prompt="selftest", workdir=workdir, run_id=new_run_id(), argv_override=("true",))
+    first = resolve(b, matrix, base, facts, env)
+    allow = (f"{ALLOWED_NAME}:{port}=127.0.0.1:{port}",) if first.proxy_listen else ()
+    grants = [expand(p, facts.home, facts.uid) for p in b.home_rw + b.home_ro] if first.profile != "default" else []
+    grants = [g for g in grants if os.path.exists(g)]
+    probe_args = [f"launcher={os.getpid()}", f"grants={','.join(grants)}"]
+    if first.proxy_listen:
+        probe_args += [f"proxy={PROXY_LISTEN}", f"allowed={ALLOWED_NAME}:{port}", "denied=example.com:443"]
+    python = facts.box_python or "/usr/bin/python3"
+    argv = (python, "-I", "-S", "-c", PROBES.read_text(), *probe_args)
+    request = Request(backend=backend, prompt="selftest", workdir=workdir, run_id=new_run_id(),
+                      allow_hosts=allow, argv_override=argv)
+    return resolve(b, matrix, request, facts, env)
+
+
+def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix) -> list[Row]:  # noqa: ANN001
+    # Under the cache dir (not /tmp) so that the workdir's parent is a real host directory.
+    base = Path(cache_dir(env))
+    base.mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="selftest-", dir=base)
+    workdir = os.path.join(scratch, "work")
+    os.mkdir(workdir)
+    try:
+        plan = _plan(backend, env, workdir, port, facts, matrix)
+        if plan.unsandboxed:
+            return [Row(backend, plan.tier, plan.profile, "box enforced", "attack", False, "runs unsandboxed (opt-in)")]
+        with tempfile.TemporaryFile() as out:
+            saved = os.dup(1)
+            os.dup2(out.fileno(), 1)
+            try:
+                code = run(plan, env, quiet=True)
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+            out.seek(0)
+            lines = out.read().decode(errors="replace").splitlines()
+        rows = []
+        for line in lines:
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if data["kind"] == "attack-host":
+                # The box reported where its writes succeeded; only the host can say if any arrived.
+                arrived = [p for p in data["detail"].split(",") if p and os.path.exists(p)]
+                for path in arrived:
+                    os.unlink(path)
+                detail = f"reached the host: {arrived}" if arrived else "nothing reached the host"
+                rows.append(Row(backend, plan.tier, plan.profile, data["probe"], "attack", not arrived, detail))
+                continue
+            rows.append(Row(backend, plan.tier, plan.profile, data["probe"], data["kind"], data["ok"], data["detail"]))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not rows:
+        rows.append(Row(backend, plan.tier, plan.profile, "probes ran", "legit", False, f"box exited {code} with no output"))
+    return rows
+
+
+def selftest(backends: list[str] | None = None, as_json: bool = False) -> int:
+    env = dict(os.environ)
+    matrix = load_matrix(env, workdir=None)
+    facts = probe(env)
+    names = backends or sorted(matrix.backends)
+    for name in names:
+        get_backend(matrix, name)
+    server, port = _upstream()
+    rows: list[Row] = []
+    try:
+        for name in names:
+            try:
+                rows += run_backend(name, env, port, facts, matrix)
+            except RelayError as err:
+                rows.append(Row(name, "-", "-", "box starts", "legit", False, err.message))
+    finally:
+        server.shutdown()
+    failed = [r for r in rows if not r.ok]
+    if as_json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+    else:
+        print(f"{'backend':<9} {'tier':<11} {'profile':<8} {'probe':<34} {'kind':<7} result  detail")
+        for r in rows:
+            print(f"{r.backend:<9} {r.tier:<11} {r.profile:<8} {r.probe:<34} {r.kind:<7} {'PASS' if r.ok else 'FAIL'}    {r.detail}")
+        attacks = [r for r in rows if r.kind == "attack"]
+        legit = [r for r in rows if r.kind == "legit"]
+        print(f"\n{sum(r.ok for r in attacks)}/{len(attacks)} attacks refused, "
+              f"{sum(r.ok for r in legit)}/{len(legit)} legitimate uses working")
+    sys.stdout.flush()
+    return 1 if failed else 0

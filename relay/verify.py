@@ -1,0 +1,101 @@
+"""Enforceability is tested, not assumed: run the exact resolved plan once with `true` as the
+agent, and memoize success per policy so later launches pay nothing.
+
+A plan that fails here would fail (or worse, half-work) for the agent, so the launcher either
+falls back to the fail-closed default profile (when the user named no profile) or refuses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from .plan import Plan
+from .probe import cache_dir
+
+MEMO_LIMIT = 200
+TRUE = "/bin/true" if os.path.exists("/bin/true") else "/usr/bin/true"
+
+
+def policy_key(plan: Plan) -> str:
+    """Everything that decides whether the box can start, minus what is unique to one run."""
+    run_id = os.path.basename(plan.run_dir or "")
+    command = [c.replace(run_id, "RUN") if run_id else c for c in plan.command[: len(plan.command) - len(plan.argv)]]
+    data = [plan.tier, command, plan.limits.memory, plan.limits.pids, plan.limits.method, sorted(plan.fs_rules)]
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:24]
+
+
+def _memo_path(env: Mapping[str, str]) -> Path:
+    return cache_dir(env) / "verified.json"
+
+
+def _load(env: Mapping[str, str]) -> list[str]:
+    try:
+        data = json.loads(_memo_path(env).read_text())
+        return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
+    except (OSError, ValueError):
+        return []
+
+
+def _store(env: Mapping[str, str], key: str) -> None:
+    keys = [k for k in _load(env) if k != key] + [key]
+    path = _memo_path(env)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(keys[-MEMO_LIMIT:]))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
+    """None when the plan's box starts here (memoized); otherwise the reason it does not."""
+    if plan.unsandboxed or plan.tier == "container":
+        return None
+    key = policy_key(plan)
+    if key in _load(env):
+        return None
+    from .runner import run
+
+    run_dir = (plan.run_dir + "-verify") if plan.run_dir else None
+    head = plan.command[: len(plan.command) - len(plan.argv)]
+    if plan.run_dir and run_dir:
+        head = tuple(c.replace(plan.run_dir, run_dir) for c in head)
+    probe_plan = replace(
+        plan,
+        argv=(TRUE,),
+        command=head + (TRUE,),
+        interactive=False,
+        timeout=30,
+        log_path=None,
+        notes=(),
+        run_dir=run_dir,
+    )
+    with tempfile.TemporaryFile() as err:
+        saved_out, saved_err = os.dup(1), os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            code = run(probe_plan, env, quiet=True)
+        except Exception as exc:  # noqa: BLE001 - any failure means "not enforceable"
+            code, reason = -1, str(exc)
+        else:
+            reason = ""
+        finally:
+            os.dup2(saved_out, 1)
+            os.dup2(saved_err, 2)
+            for fd in (saved_out, saved_err, devnull):
+                os.close(fd)
+        err.seek(0)
+        lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+    if code == 0:
+        _store(env, key)
+        return None
+    return reason or (lines[-1] if lines else f"the box exited {code}")
