@@ -111,3 +111,12 @@ def selftest(c: Context, backend: list[str] | None = None, json: bool = False) -
     from relay.selftest import selftest as run_selftest
 
     _exit(guarded(run_selftest, list(backend or []) or None, as_json=json))
+
+
+@task(help={"runs": "repetitions per timing (median is reported)", "with_peers": "install and compare srt (npm)",
+            "quick": "fewer runs and a 32 MB download (for CI)"})
+def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = False) -> None:
+    """Benchmark launch overhead, proxy throughput/latency, memory and scale against same-run baselines."""
+    from relay.bench import bench as run_bench
+
+    _exit(guarded(run_bench, runs=runs, with_peers=with_peers, quick=quick))

@@ -34,14 +34,20 @@ def contribute(
 ) -> int:
     """Resolve the request into a plan, then print it (dry run) or run it. Raises RelayError."""
     env = dict(os.environ if env is None else env)
+    from .runner import mark
+
+    mark("cli")
     if not os.path.isdir(request.workdir):
         raise UsageError(f"--workdir {request.workdir}: not an existing directory; fix: create it or pass another")
     from pathlib import Path
 
     matrix = load_matrix(env, workdir=Path(os.path.realpath(request.workdir)))
+    mark("config_loaded")
     backend = get_backend(matrix, request.backend)
     facts = probe(env)
+    mark("probed")
     plan = resolve(backend, matrix, request, facts, env)
+    mark("resolved")
     if dry_run:
         if as_json:
             print(json.dumps(plan.to_json(), indent=2))
@@ -54,6 +60,7 @@ def contribute(
     from .verify import verify
 
     problem = verify(plan, env)
+    mark("verified")
     if problem and request.profile is None and plan.profile != "default":
         fallback = resolve(backend, matrix, replace(request, profile="default"), facts, env)
         plan = replace(fallback, notes=fallback.notes + (

@@ -13,11 +13,11 @@ import hashlib
 import os
 import shutil
 import signal
-import stat
 import time
 from dataclasses import dataclass, field
 
 from . import limits
+from .placeholders import Registry
 
 
 @dataclass
@@ -26,6 +26,8 @@ class RunState:
     home: str
     sync: dict[str, str | None] = field(default_factory=dict)  # host path -> sha256 at copy-in (None: absent)
     placeholders: tuple[str, ...] = ()
+    registry: Registry | None = None
+    owner: int = 0
     cgroup: limits.Cgroup | None = None
     lock_dir: str | None = None
 
@@ -83,27 +85,16 @@ def _sync_back(state: RunState, messages: list[str]) -> None:
             messages.append(f"could not sync {host_path} back: {err.strerror or err}")
 
 
-def _remove_placeholders(state: RunState) -> None:
-    for path in reversed(state.placeholders):
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        try:
-            if stat.S_ISREG(st.st_mode) and st.st_size == 0:
-                os.unlink(path)
-            elif stat.S_ISDIR(st.st_mode) and not os.listdir(path):
-                os.rmdir(path)
-        except OSError:
-            pass
-
-
 def teardown(state: RunState) -> list[str]:
     """Undo everything the run created on the host; returns messages for the user."""
     messages: list[str] = []
     if state.cgroup is not None:
         state.cgroup.remove()
-    _remove_placeholders(state)
+    if state.registry is not None:
+        try:
+            state.registry.release(state.owner)
+        except OSError as err:
+            messages.append(f"could not clean placeholder files: {err.strerror or err}")
     if state.run_dir is not None:
         _sync_back(state, messages)
         shutil.rmtree(state.run_dir, ignore_errors=True)

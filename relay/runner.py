@@ -13,11 +13,30 @@ from collections.abc import Callable, Mapping
 from . import janitor, limits
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
-from .plan import CTRL_FD, SECCOMP_FD, Plan
+from .placeholders import Registry
+from .plan import CTRL_FD, SECCOMP_FD, Plan, state_dir
 from .proxy import DecisionLog, EgressProxy
 from .seccomp_policy import build_filter, compile_to_memfd, policy_for
 
 HANDSHAKE_TIMEOUT = 30.0
+# Benchmark phase marks (perf_counter), written as JSON to $HIVE_RELAY_TRACE when set.
+TRACE: dict[str, float] = {}
+
+
+def mark(name: str) -> None:
+    TRACE[name] = time.perf_counter()
+
+
+def _dump_trace(env: Mapping[str, str]) -> None:
+    path = env.get("HIVE_RELAY_TRACE")
+    if path:
+        try:
+            with open(path, "w") as fh:
+                import json
+
+                json.dump(TRACE, fh)
+        except OSError:
+            pass
 HINT = "To allow it: --allow-host {host}:{port} (or add it to your user config)."
 
 
@@ -131,6 +150,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     """Launch the box, serve its proxy, wait, tear down. Returns the exit code to use."""
     if plan.unsandboxed:
         return run_unsandboxed(plan, caller_env)
+    mark("run")
     if not quiet:
         emit(banner_lines(plan, caller_env.get("HOME", "")))
     emit(note_lines(plan.notes))
@@ -141,7 +161,13 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     process_tier = plan.tier == "process"
     needs_run_dir = bool(plan.sync_files) or process_tier
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
-                             placeholders=plan.placeholders)
+                             placeholders=plan.placeholders, owner=os.getpid())
+    if plan.placeholders or plan.protected or plan.denied:
+        state.registry = Registry(state_dir(dict(caller_env)))
+        try:
+            state.registry.claim(os.getpid(), plan.placeholders, plan.protected + plan.denied)
+        except OSError as err:
+            raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
     try:
         janitor.prepare(state, plan.sync_files, with_tmp=process_tier)
     except OSError as err:
@@ -162,6 +188,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             else:
                 proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile)
             rc, outcome = _wait(proc, plan.timeout, sigs)
+            mark("agent_exited")
             if outcome is None and sigs.received:
                 outcome = f"signal {sigs.received}"
     finally:
@@ -171,6 +198,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         if proxy is not None:
             proxy.stop()
         messages = janitor.finish(jpid, lifeline)
+        mark("torn_down")
+        _dump_trace(caller_env)
     summary = [proxy.log.summary()] if proxy is not None and proxy.log.summary() else []
     if proxy is not None and proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({proxy.log.write_errors} errors): {plan.log_path}")
@@ -193,6 +222,7 @@ def _start_supervised(
             os.dup2(fd, target)
         limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
 
+    mark("seccomp_compiled")
     try:
         proc = _spawn(plan, box_env(plan, caller_env), child_setup, pass_fds=(SECCOMP_FD, CTRL_FD))
     finally:
@@ -200,10 +230,13 @@ def _start_supervised(
         ctrl_child.close()
     proxy = None
     with ctrl:
+        mark("spawned")
         listener = _handshake(ctrl, proc)
+        mark("box_ready")
         if listener is not None:
             proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT)
             proxy.start()
+        mark("proxy_started")
         try:
             ctrl.sendall(b"G")
         except OSError:

@@ -1,0 +1,275 @@
+"""`invoke bench`: what users feel, each figure a median over repeated runs and a ratio against a
+baseline measured in the same run (absolute times on shared machines are not stable).
+
+Writes bench/results/<stamp>.{json,md} and bench/results/latest.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .config import PACKAGE_ROOT
+from .probe import cache_dir
+
+BENCH = PACKAGE_ROOT / "bench"
+RESULTS = BENCH / "results"
+PEERS_PKG = "@anthropic-ai/sandbox-runtime"
+MB = 1 << 20
+
+
+def _median_time(argv: list[str], runs: int, env: dict[str, str], cwd: str) -> tuple[float, int]:
+    times, failures = [], 0
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+        failures += proc.returncode != 0
+    return statistics.median(times), failures
+
+
+def peers_dir(env: dict[str, str]) -> Path:
+    return cache_dir(env) / "peers"
+
+
+def srt_path(env: dict[str, str]) -> str | None:
+    pkg = peers_dir(env) / "node_modules" / PEERS_PKG / "package.json"
+    if not pkg.exists():
+        return shutil.which("srt")
+    bins = json.loads(pkg.read_text()).get("bin", {})
+    rel = bins.get("srt") if isinstance(bins, dict) else bins
+    return str(pkg.parent / rel) if rel else None
+
+
+def install_peers(env: dict[str, str]) -> None:
+    target = peers_dir(env)
+    target.mkdir(parents=True, exist_ok=True)
+    print(f"bench: installing {PEERS_PKG} into {target} (npm)", file=sys.stderr, flush=True)
+    subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(target), PEERS_PKG], check=True,
+                   stdout=sys.stderr)
+
+
+def _relay(*args: str) -> list[str]:
+    return [sys.executable, "-m", "relay", *args]
+
+
+def _box_json(args: list[str], env: dict[str, str], cwd: str) -> object:
+    proc = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench step failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _tree_rss(pid: int, skip: Callable[[str], bool]) -> int:
+    """PSS (bytes) of pid and its descendants, skipping processes whose cmdline `skip` matches.
+    PSS, not RSS: the forked janitor shares its pages with the launcher, and RSS would count them twice."""
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = Path(f"/proc/{p}/smaps_rollup").read_text()
+            children = []
+            for task in os.listdir(f"/proc/{p}/task"):
+                children += Path(f"/proc/{p}/task/{task}/children").read_text().split()
+        except OSError:
+            continue
+        if skip(cmd):
+            continue
+        for line in status.splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1]) * 1024
+        stack += [int(c) for c in children]
+    return total
+
+
+def _peak_rss(argv: list[str], env: dict[str, str], cwd: str, skip: Callable[[str], bool]) -> tuple[int, int]:
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _tree_rss(proc.pid, skip))
+        time.sleep(0.01)
+    return peak, proc.returncode
+
+
+def bench(runs: int = 15, with_peers: bool = False, quick: bool = False) -> int:
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", str(PACKAGE_ROOT))
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if with_peers and not srt_path(env):
+        install_peers(env)
+    blob_mb = 32 if quick else 200
+    runs = 5 if quick else runs
+    work = tempfile.mkdtemp(prefix="hive-relay-bench-")
+    server = None
+    results: dict = {"runs": runs, "blob_mb": blob_mb, "machine": {"cores": os.cpu_count()}}
+    try:
+        os.chmod(work, 0o755)
+        shutil.copy(BENCH / "client.py", work)
+        big, mid = os.path.join(work, "big.bin"), os.path.join(work, "mid.bin")
+        with open(big, "wb") as fh:
+            fh.truncate(blob_mb * MB)
+        with open(mid, "wb") as fh:
+            fh.truncate(4 * MB)
+        server = subprocess.Popen([sys.executable, str(BENCH / "blobserver.py"), big, mid], stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        allow = f"bench.test:{port}=127.0.0.1:{port}"
+        box = ["shell", "local", "-q", "--workdir", work, "--allow-host", allow, "--prompt"]
+
+        # 1. Launch overhead against four baselines.
+        subprocess.run(_relay(*box, "true"), env=env, cwd=work, check=True)  # warm the memoized probes
+        bwrap = shutil.which("bwrap") or "bwrap"
+        launch = {
+            "sh -c true": _median_time(["sh", "-c", "true"], runs, env, work),
+            "bare bwrap": _median_time([bwrap, "--unshare-all", "--ro-bind", "/", "/", "true"], runs, env, work),
+            "relay entry (python -m relay)": _median_time(_relay(*box, "true"), runs, env, work),
+            "invoke contribute-hive": _median_time(
+                [sys.executable, "-m", "invoke", "--search-root", str(PACKAGE_ROOT), "contribute-hive", *box, "true"],
+                runs, env, work),
+        }
+        srt = srt_path(env)
+        if srt:
+            launch["srt true (peer)"] = _median_time([srt, "true"], runs, env, work)
+        results["launch"] = {k: {"median_s": v[0], "failures": v[1]} for k, v in launch.items()}
+
+        # Phases of one launch, from the runner's trace marks.
+        trace_file = os.path.join(work, "trace.json")
+        phases: dict[str, list[float]] = {}
+        for _ in range(runs):
+            start = time.perf_counter()
+            subprocess.run(_relay(*box, "true"), env={**env, "HIVE_RELAY_TRACE": trace_file}, cwd=work, check=True)
+            total = time.perf_counter() - start
+            marks = json.loads(Path(trace_file).read_text())
+            order = ["cli", "config_loaded", "probed", "resolved", "verified", "run", "seccomp_compiled", "spawned",
+                     "box_ready", "proxy_started", "agent_exited", "torn_down"]
+            present = [m for m in order if m in marks]
+            for a, b in zip(present, present[1:], strict=False):
+                phases.setdefault(f"{a} → {b}", []).append(marks[b] - marks[a])
+            phases.setdefault("total (wall)", []).append(total)
+        py_start = _median_time([sys.executable, "-c", "pass"], runs, env, work)[0]
+        py_imports = _median_time([sys.executable, "-c", "import relay.cli, relay.runner, relay.plan"], runs, env, work)[0]
+        results["phases_s"] = {"python start": py_start, "python start + relay imports": py_imports,
+                               **{k: statistics.median(v) for k, v in phases.items()}}
+
+        # 2. Proxy throughput: the same download direct on loopback and through the proxy.
+        reps = 3
+        client = [sys.executable, os.path.join(work, "client.py")]
+        direct = _box_json([*client, "get", "bench.test", str(port), str(reps)], env, work)
+        plain = _box_json(_relay(*box, f"/usr/bin/python3 client.py get bench.test {port} {reps} 127.0.0.1:3128"), env, work)
+        tunnel = _box_json(_relay(*box, f"/usr/bin/python3 client.py connect bench.test {port} {reps} 127.0.0.1:3128"), env, work)
+
+        def mbps(samples: list) -> float:
+            return statistics.median(b / s for b, s in samples) / MB
+
+        results["throughput_MBps"] = {"direct": mbps(direct), "proxy plain HTTP": mbps(plain), "proxy CONNECT": mbps(tunnel)}
+
+        # Small-request latency, p50 and p99.
+        n = 100 if quick else 300
+        lat_direct = _box_json([*client, "latency", "bench.test", str(port), str(n)], env, work)
+        lat_proxy = _box_json(_relay(*box, f"/usr/bin/python3 client.py latency bench.test {port} {n} 127.0.0.1:3128"), env, work)
+
+        def pct(xs: list, q: float) -> float:
+            xs = sorted(xs)
+            return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+        results["latency_ms"] = {"direct p50": pct(lat_direct, 0.5), "direct p99": pct(lat_direct, 0.99),
+                                 "proxy p50": pct(lat_proxy, 0.5), "proxy p99": pct(lat_proxy, 0.99)}
+
+        # 3/4. Concurrent tunnels from 1 to 200: aggregate throughput, errors, launcher+proxy peak RSS.
+        scale = {}
+        for count in ((1, 10, 50) if quick else (1, 10, 50, 100, 200)):
+            out = _box_json(_relay(*box, f"/usr/bin/python3 client.py tunnels bench.test {port} {count} 127.0.0.1:3128"), env, work)
+            scale[str(count)] = {"aggregate_MBps": out["bytes"] / out["seconds"] / MB, "errors": out["errors"],
+                                 "seconds": out["seconds"]}
+        results["tunnels"] = scale
+
+        def not_box(cmd: str) -> bool:
+            return "bwrap" in cmd.split(" ")[0] or cmd.startswith("/usr/bin/python3 client.py")
+
+        count = 50 if quick else 200
+        rss_busy, _ = _peak_rss(_relay(*box, f"/usr/bin/python3 client.py tunnels bench.test {port} {count} 127.0.0.1:3128"),
+                                env, work, not_box)
+        rss_idle, _ = _peak_rss(_relay(*box, "sleep 0.5"), env, work, not_box)
+        memory = {"launcher+proxy idle MiB": rss_idle / MB, f"launcher+proxy with {count} tunnels MiB": rss_busy / MB}
+        if srt:
+            rss_srt, _ = _peak_rss([srt, "sleep 0.5"], env, work, lambda c: c.startswith("bwrap") or c.startswith("sleep"))
+            memory["srt idle MiB (peer)"] = rss_srt / MB
+        results["memory"] = memory
+
+        # 4. Ten boxes at once.
+        start = time.perf_counter()
+        procs = [subprocess.Popen(_relay(*box, "echo started"), env=env, cwd=work, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True) for _ in range(10)]
+        started, failures = [], 0
+        for p in procs:
+            out, _ = p.communicate()
+            failures += p.returncode != 0 or "started" not in out
+            started.append(time.perf_counter() - start)
+        results["ten_boxes"] = {"all_done_s": max(started), "single_box_s": launch["relay entry (python -m relay)"][0],
+                                "failures": failures}
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    return report(results)
+
+
+def report(r: dict) -> int:
+    launch = {k: v["median_s"] for k, v in r["launch"].items()}
+    full = launch["invoke contribute-hive"]
+    entry = launch["relay entry (python -m relay)"]
+    tp = r["throughput_MBps"]
+    lat = r["latency_ms"]
+    mem = r["memory"]
+    busy_key = next(k for k in mem if "tunnels" in k)
+    targets = {
+        "launch ≤ 0.6× srt true": (f"{full / launch['srt true (peer)']:.2f}×" if "srt true (peer)" in launch else "srt not installed (--with-peers)",
+                                   "srt true (peer)" in launch and full <= 0.6 * launch["srt true (peer)"]),
+        "relay entry within 60 ms of bare bwrap": (f"+{(entry - launch['bare bwrap']) * 1000:.0f} ms",
+                                                   entry - launch["bare bwrap"] <= 0.060),
+        "proxy throughput ≥ 0.8× direct": (f"{min(tp['proxy plain HTTP'], tp['proxy CONNECT']) / tp['direct']:.2f}×",
+                                           min(tp["proxy plain HTTP"], tp["proxy CONNECT"]) >= 0.8 * tp["direct"]),
+        "added p50 latency < 2 ms": (f"{lat['proxy p50'] - lat['direct p50']:.2f} ms", lat["proxy p50"] - lat["direct p50"] < 2),
+        "launcher+proxy PSS ≤ 40 MiB": (f"{mem[busy_key]:.1f} MiB", mem[busy_key] <= 40),
+    }
+    r["targets"] = {k: {"value": v, "met": bool(m)} for k, (v, m) in targets.items()}
+    lines = ["| measure | value | ratio / note |", "|---|---|---|"]
+    for name, t in launch.items():
+        lines.append(f"| launch: {name} | {t * 1000:.1f} ms | {t / launch['sh -c true']:.1f}× sh, {t / launch['bare bwrap']:.2f}× bare bwrap |")
+    for name, t in r["phases_s"].items():
+        lines.append(f"| phase: {name} | {t * 1000:.1f} ms | |")
+    for name, v in tp.items():
+        lines.append(f"| throughput ({r['blob_mb']} MB): {name} | {v:.0f} MB/s | {v / tp['direct']:.2f}× direct |")
+    for name, v in lat.items():
+        lines.append(f"| latency {name} | {v:.2f} ms | |")
+    one = r["tunnels"]["1"]["aggregate_MBps"]
+    for n, v in r["tunnels"].items():
+        lines.append(f"| {n} concurrent tunnels | {v['aggregate_MBps']:.0f} MB/s aggregate | {v['aggregate_MBps'] / one:.2f}× one tunnel, {v['errors']} errors |")
+    for name, v in mem.items():
+        lines.append(f"| memory: {name} | {v:.1f} MiB | |")
+    tb = r["ten_boxes"]
+    lines.append(f"| 10 boxes at once | {tb['all_done_s'] * 1000:.0f} ms until all done | {tb['all_done_s'] / tb['single_box_s']:.1f}× one box, {tb['failures']} failures |")
+    lines += ["", "| target | value | met |", "|---|---|---|"]
+    for name, t in r["targets"].items():
+        lines.append(f"| {name} | {t['value']} | {'yes' if t['met'] else 'NO'} |")
+    md = "\n".join(lines) + "\n"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in (stamp, "latest"):
+        (RESULTS / f"{name}.json").write_text(json.dumps(r, indent=2) + "\n")
+        (RESULTS / f"{name}.md").write_text(md)
+    print(md)
+    print(f"bench: results in {RESULTS}/{stamp}.md and .json")
+    return 0
