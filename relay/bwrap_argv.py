@@ -29,17 +29,23 @@ def mount_args(mounts: Iterable[Mount]) -> list[str]:
     return args
 
 
-def build(*, bwrap: str, mounts: Iterable[Mount], workdir: str, box_uid: int | None, seccomp_fd: int) -> list[str]:
+def build(
+    *, bwrap: str, mounts: Iterable[Mount], workdir: str, box_uid: int | None, seccomp_fd: int, info_fd: int,
+    block_fd: int,
+) -> list[str]:
     """The bwrap part of the command line, up to and including `--`.
 
     All namespaces are unshared (only `lo` exists, so the proxy fd is the way out), the box
     dies with its launcher, and it never holds capabilities: a root caller gets a non-root
     uid inside a user namespace, so it cannot remount a read-only bind writable.
+    The box reports its pid on `info_fd` and waits on `block_fd` until the launcher has put it
+    in its cgroup and opened the proxy listener in its network namespace.
     """
     args = [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--cap-drop", "ALL",
             "--hostname", "hive-relay"]
     if box_uid is not None:
         args += ["--uid", str(box_uid), "--gid", str(box_uid)]
     args += mount_args(mounts)
-    args += ["--seccomp", str(seccomp_fd), "--chdir", workdir, "--"]
+    args += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--block-fd", str(block_fd),
+             "--chdir", workdir, "--"]
     return args

@@ -155,6 +155,21 @@ def raise_nofile() -> tuple[int, int]:
     return original
 
 
+def join(group: Cgroup, pid: int) -> None:
+    """Move a (blocked, not yet forking) box process into the cgroup from outside."""
+    for path in group.procs_files():
+        _write(path, str(pid))
+
+
+def apply_to(pid: int, memory: int, pids: int, use_rlimits: bool, nofile: tuple[int, int]) -> None:
+    """Set the box's rlimits from outside (prlimit), before it forks anything: the fallback when no
+    cgroup is writable. The fd limit goes back to what the caller had (the launcher raised its own)."""
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, nofile)
+    if use_rlimits:
+        resource.prlimit(pid, resource.RLIMIT_AS, (memory, memory))
+        resource.prlimit(pid, resource.RLIMIT_NPROC, (pids, pids))
+
+
 def child_setup(group: Cgroup | None, memory: int, pids: int, use_rlimits: bool,
                 nofile: tuple[int, int] | None = None) -> None:
     """Run in the forked child before exec: join the cgroup, or fall back to rlimits."""

@@ -14,7 +14,6 @@ import shlex
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 from . import bwrap_argv, container_argv
 from .config import Backend, Matrix
@@ -28,15 +27,14 @@ from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
 
 PROXY_LISTEN = "127.0.0.1:3128"
-BOX_INIT_PATH = "/run/hive-relay/init.py"
 BOX_UID_FOR_ROOT = 1000
 SECCOMP_FD = 3
-CTRL_FD = 4
+INFO_FD = 4
+BLOCK_FD = 5
 DEFAULT_TIMEOUT = 1800
 MODES = ("local", "container")
 ISOLATIONS = ("auto", "process", "supervised", "container")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-INIT_SOURCE = Path(__file__).with_name("boxinit.py")
 
 
 
@@ -291,7 +289,7 @@ def resolve(
     native = backend.native_boxed
     argv = list(request.argv_override or agent_argv(backend, request.prompt, shell, workdir, native))
     cli = shutil.which(argv[0], path=box_path)
-    extra_binds: list[Mount] = [Mount("ro-bind", BOX_INIT_PATH, str(INIT_SOURCE))]
+    extra_binds: list[Mount] = []
 
     if os.path.isdir(tools):
         extra_binds.append(Mount("ro-bind", tools, tools))
@@ -377,10 +375,9 @@ def resolve(
             workdir=workdir,
             box_uid=box_uid,
             seccomp_fd=SECCOMP_FD,
-        ) + [facts.box_python or "/usr/bin/python3", "-I", "-S", BOX_INIT_PATH, "--ctrl-fd", str(CTRL_FD)]
-        if proxy_listen:
-            command += ["--listen", proxy_listen]
-        command += ["--", *argv]
+            info_fd=INFO_FD,
+            block_fd=BLOCK_FD,
+        ) + argv
 
     policy = {
         "tier": tier, "grants": [asdict(g) for g in grants], "sync": sync, "denied": fsplan.denied,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -13,8 +14,9 @@ from collections.abc import Callable, Mapping
 from . import janitor, limits
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
+from .netns import listen_in
 from .placeholders import Registry
-from .plan import CTRL_FD, SECCOMP_FD, Plan, state_dir
+from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan, state_dir
 from .proxy import DecisionLog, EgressProxy
 from .seccomp_policy import build_filter, compile_to_memfd, policy_for
 
@@ -32,8 +34,6 @@ def _dump_trace(env: Mapping[str, str]) -> None:
     if path:
         try:
             with open(path, "w") as fh:
-                import json
-
                 json.dump(TRACE, fh)
         except OSError:
             pass
@@ -47,21 +47,6 @@ def box_env(plan: Plan, caller_env: Mapping[str, str]) -> dict[str, str]:
         if name in caller_env:
             env[name] = caller_env[name]
     return env
-
-
-def _handshake(ctrl: socket.socket, proc: subprocess.Popen) -> socket.socket | None:
-    """Receive the box's listening socket (or 'no network'); fail if the box dies first."""
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([ctrl], [], [], 0.05)
-        if ready:
-            msg, fds, _, _ = socket.recv_fds(ctrl, 16, 1)
-            if msg and fds:
-                return socket.socket(fileno=fds[0])
-            return None
-        if proc.poll() is not None:
-            return None
-    raise RelayError("the box did not start within 30 s")
 
 
 def _exit_code(returncode: int) -> int:
@@ -91,7 +76,7 @@ class _Signals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def _wait(proc: subprocess.Popen, timeout: int | None, sigs: _Signals) -> tuple[int, str | None]:
+def _wait(proc: subprocess.Popen | BoxProcess, timeout: int | None, sigs: _Signals) -> tuple[int, str | None]:
     deadline = None if timeout is None else time.monotonic() + timeout
     forwarded = False
     while True:
@@ -207,40 +192,106 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     return _finish(outcome, rc, plan)
 
 
+class BoxProcess:
+    """A Popen-like handle on the bwrap process started with posix_spawn (fixed fds, no fork of us)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired("bwrap", timeout or 0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _read_child_pid(info: int, proc: BoxProcess) -> int | None:
+    """bwrap writes {"child-pid": N} on --info-fd once the namespaces exist."""
+    data = b""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([info], [], [], 0.05)
+        if ready:
+            chunk = os.read(info, 4096)
+            data += chunk
+            try:
+                return int(json.loads(data)["child-pid"])
+            except (ValueError, KeyError):
+                if not chunk:
+                    return None
+                continue
+        if proc.poll() is not None:
+            return None
+    raise RelayError("the box did not start within 30 s")
+
+
 def _start_supervised(
     plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int]
-) -> tuple[subprocess.Popen, EgressProxy | None]:
-    """Start bwrap with the seccomp memfd and the control socketpair at fixed fds, then serve its proxy."""
+) -> tuple[BoxProcess, EgressProxy | None]:
+    """Spawn bwrap blocked, put it in its cgroup (or rlimits), open the proxy listener in its network
+    namespace, start the proxy, then unblock it: the agent's first request finds the proxy serving."""
     policy = plan.seccomp_policy or policy_for(nested_userns=False)
     seccomp_fd = compile_to_memfd(policy)
-    ctrl, ctrl_child = socket.socketpair()
-    fds = (seccomp_fd, ctrl_child.fileno())
-
-    def child_setup() -> None:
-        high = [os.dup(fd) for fd in fds]
-        for target, fd in zip((SECCOMP_FD, CTRL_FD), high, strict=True):
-            os.dup2(fd, target)
-        limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
-
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
     mark("seccomp_compiled")
+    high = [(target, fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10))
+            for target, fd in ((SECCOMP_FD, seccomp_fd), (INFO_FD, info_w), (BLOCK_FD, block_r))]
     try:
-        proc = _spawn(plan, box_env(plan, caller_env), child_setup, pass_fds=(SECCOMP_FD, CTRL_FD))
+        pid = os.posix_spawn(plan.command[0], list(plan.command), box_env(plan, caller_env),
+                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high])
+    except OSError as err:
+        raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
     finally:
-        os.close(seccomp_fd)
-        ctrl_child.close()
+        for fd in [seccomp_fd, info_w, block_r] + [fd for _, fd in high]:
+            os.close(fd)
+    proc = BoxProcess(pid)
     proxy = None
-    with ctrl:
+    try:
         mark("spawned")
-        listener = _handshake(ctrl, proc)
-        mark("box_ready")
-        if listener is not None:
+        child = _read_child_pid(info_r, proc)
+        if child is None:
+            return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
+        if state.cgroup is not None:
+            for pid_ in (proc.pid, child):
+                limits.join(state.cgroup, pid_)
+        limits.apply_to(child, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
+        if plan.proxy_listen:
+            try:
+                listener = listen_in(child, plan.proxy_listen, join_userns=os.getuid() != 0)
+            except OSError as err:
+                if proc.poll() is not None:
+                    return proc, None
+                raise RelayError(str(err)) from None
+            mark("box_ready")
             proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT)
             proxy.start()
         mark("proxy_started")
         try:
-            ctrl.sendall(b"G")
+            os.write(block_w, b"x")
         except OSError:
             pass
+    finally:
+        os.close(block_w)
+        os.close(info_r)
     return proc, proxy
 
 
