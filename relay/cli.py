@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -21,7 +20,7 @@ from .probe import probe
 
 
 def new_run_id() -> str:
-    return f"{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def contribute(

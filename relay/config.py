@@ -10,17 +10,20 @@ Any invalid file is an error naming file, backend and key; nothing falls back to
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from .digest import sha256
 from .errors import ConfigError, UsageError
 from .hosts import parse_rule
+
+TYPE_CHECKING = False  # importing typing costs ~4 ms per launch; annotations are strings anyway
+if TYPE_CHECKING:
+    from typing import Any
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_CONFIG = PACKAGE_ROOT / "config" / "backends.yaml"
@@ -296,15 +299,46 @@ def _profile_from(name: str, raw: Any, where: _Where) -> ProfileSpec:
     return ProfileSpec(name=name, **values)
 
 
-def read_yaml(path: Path) -> Any:
-    """Read one YAML file; every failure becomes a one-line ConfigError naming the file."""
+def read_yaml(path: Path, cache: Path | None = None) -> Any:
+    """Read one YAML file; every failure becomes a one-line ConfigError naming the file.
+
+    With `cache`, the parsed data is memoized as JSON keyed by the file's path, size and mtime:
+    importing and running the YAML parser is the largest fixed cost of a launch. Only data that
+    survives a JSON round trip unchanged is cached, so validation sees exactly what YAML gave.
+    """
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
+        st = path.stat()
+        if st.st_size > MAX_CONFIG_BYTES:
             raise ConfigError(f"{path}: file is larger than 1 MiB; fix: shorten it")
+        memo = None
+        if cache is not None:
+            key = sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
+            memo = cache / f"config-{key}.json"
+            try:
+                return json.loads(memo.read_text())
+            except (OSError, ValueError):
+                pass
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         reason = getattr(err, "strerror", None) or str(err)
         raise ConfigError(f"{path}: cannot read: {reason}; fix: check the file exists and is readable") from None
+    data = _parse_yaml(path, text)
+    if memo is not None:
+        try:
+            encoded = json.dumps(data)
+            if json.loads(encoded) == data:
+                memo.parent.mkdir(parents=True, exist_ok=True)
+                tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(encoded)
+                os.replace(tmp, memo)
+        except (OSError, TypeError, ValueError):
+            pass
+    return data
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
+    import yaml
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -329,9 +363,9 @@ def _top(data: Any, where: _Where, allowed: set[str]) -> dict[str, Any]:
     return data
 
 
-def load_shipped(path: Path = SHIPPED_CONFIG) -> dict[str, Backend]:
+def load_shipped(path: Path = SHIPPED_CONFIG, cache: Path | None = None) -> dict[str, Backend]:
     where = _Where(str(path))
-    data = _top(read_yaml(path), where, {"version", "backends"})
+    data = _top(read_yaml(path, cache), where, {"version", "backends"})
     raw = _mapping(data.get("backends"), where, "backends")
     if not raw:
         raise where.fail("backends", "no backends defined", "add at least one backend")
@@ -346,11 +380,11 @@ def user_config_path(env: Mapping[str, str]) -> Path:
 
 
 def apply_user(
-    backends: dict[str, Backend], path: Path
+    backends: dict[str, Backend], path: Path, cache: Path | None = None
 ) -> tuple[dict[str, Backend], dict[str, ProfileSpec], frozenset[str]]:
     """Merge the user's own config: it may add backends and profiles, widen, and opt in."""
     where = _Where(str(path))
-    data = _top(read_yaml(path), where, {"version", "backends", "profiles", "allow_unsandboxed"})
+    data = _top(read_yaml(path, cache), where, {"version", "backends", "profiles", "allow_unsandboxed"})
     merged = dict(backends)
     for name, entry in _mapping(data.get("backends") or {}, where, "backends").items():
         merged[name] = _backend_from(str(name), entry, where, merged.get(name))
@@ -382,10 +416,10 @@ def _subset(
     return narrowed
 
 
-def apply_repo(backends: dict[str, Backend], path: Path) -> dict[str, Backend]:
+def apply_repo(backends: dict[str, Backend], path: Path, cache: Path | None = None) -> dict[str, Backend]:
     """Apply the workspace repo's `.hive-relay.yaml`, which may only narrow existing backends."""
     where = _Where(str(path))
-    data = _top(read_yaml(path), where, {"version", "backends"})
+    data = _top(read_yaml(path, cache), where, {"version", "backends"})
     raw = data.get("backends") or {}
     merged = dict(backends)
     for name, entry in _mapping(raw, where, "backends").items():
@@ -411,18 +445,20 @@ def apply_repo(backends: dict[str, Backend], path: Path) -> dict[str, Backend]:
 
 def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SHIPPED_CONFIG) -> Matrix:
     """All three layers, strictly; a missing optional layer is simply absent."""
-    backends = load_shipped(shipped)
+    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME", "/nonexistent"), ".cache")
+    cache = Path(base) / "hive-relay"
+    backends = load_shipped(shipped, cache)
     sources = [str(shipped)]
     profiles: dict[str, ProfileSpec] = {}
     opt_ins: frozenset[str] = frozenset()
     user_path = user_config_path(env)
     if user_path.exists() or env.get("HIVE_RELAY_CONFIG"):
-        backends, profiles, opt_ins = apply_user(backends, user_path)
+        backends, profiles, opt_ins = apply_user(backends, user_path, cache)
         sources.append(str(user_path))
     if workdir is not None:
         repo_path = workdir / REPO_CONFIG_NAME
         if repo_path.exists():
-            backends = apply_repo(backends, repo_path)
+            backends = apply_repo(backends, repo_path, cache)
             sources.append(str(repo_path))
     return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources))
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .fsplan import Mount
-from .plan_types import LimitsLike
+
+TYPE_CHECKING = False  # avoids importing typing (5 ms) at launch
+if TYPE_CHECKING:
+    from .plan import Limits
 
 IMAGE = "localhost/hive-relay-contributor:latest"
 
@@ -18,7 +21,7 @@ def build(
     mounts: Iterable[Mount],
     env_set: dict[str, str],
     env_pass: Iterable[str],
-    limits: LimitsLike,
+    limits: Limits,
     interactive: bool,
     tty: bool,
     argv: list[str],

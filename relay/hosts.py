@@ -6,8 +6,8 @@ of what "allowed" means.
 
 from __future__ import annotations
 
-import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 
 from .errors import UsageError
@@ -51,12 +51,18 @@ def _fmt_hostport(host: str, port: int | None) -> str:
     return shown if port is None else f"{shown}:{port}"
 
 
+def _canonical_ip(text: str) -> str | None:
+    """The canonical form of an IPv4/IPv6 literal, or None (inet_pton: no ipaddress import at launch)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            return socket.inet_ntop(family, socket.inet_pton(family, text))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+    return _canonical_ip(text) is not None
 
 
 def normalize_host(raw: str) -> str:
@@ -70,7 +76,7 @@ def normalize_host(raw: str) -> str:
     if not host or len(host) > 253:
         raise ValueError(f"invalid host {raw!r}")
     if _is_ip(host):
-        return str(ipaddress.ip_address(host))
+        return _canonical_ip(host) or host
     labels = host.split(".")
     if not all(_LABEL.match(label) for label in labels):
         raise ValueError(f"invalid host {raw!r}")
@@ -129,7 +135,7 @@ def parse_rule(entry: str) -> HostRule:
             raise UsageError(f"--allow-host {entry!r}: the pinned address {pin_host!r} must be an IP address")
         if wildcard:
             raise UsageError(f"--allow-host {entry!r}: a wildcard entry cannot be pinned")
-        pin_addr = str(ipaddress.ip_address(pin_host.strip("[]")))
+        pin_addr = _canonical_ip(pin_host.strip("[]"))
     return HostRule(name=name, port=port, wildcard=wildcard, pin_addr=pin_addr, pin_port=pin_port)
 
 
@@ -146,6 +152,8 @@ def find_rule(rules: tuple[HostRule, ...], host: str, port: int) -> HostRule | N
 
 def is_internal_address(addr: str) -> bool:
     """True for addresses a public API host must never resolve to (DNS rebinding onto the host)."""
+    import ipaddress
+
     ip = ipaddress.ip_address(addr)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped

@@ -9,7 +9,6 @@ to close (normal exit or death), then tears down and exits.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import signal
@@ -17,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import limits
+from .digest import sha256
 from .placeholders import Registry
 
 
@@ -35,7 +35,7 @@ class RunState:
 def _sha(path: str) -> str | None:
     try:
         with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
+            return sha256(fh.read()).hexdigest()
     except OSError:
         return None
 

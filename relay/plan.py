@@ -7,7 +7,6 @@ run and unit tests can assert on every backend × mode without launching anythin
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
 import shlex
@@ -18,10 +17,10 @@ from dataclasses import asdict, dataclass, field, replace
 from . import bwrap_argv, container_argv
 from .config import Backend, Matrix
 from .denylist import expand, protected_paths, secret_paths
+from .digest import sha256
 from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
 from .hosts import HostRule, parse_rule
-from .landlock import read_roots
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
@@ -135,7 +134,7 @@ def agent_argv(backend: Backend, prompt: str | None, shell: str, workdir: str, n
 
 
 def _digest(obj: object) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def _env_names(profile: Profile, backend: Backend, caller_env: dict[str, str]) -> tuple[str, ...]:
@@ -356,6 +355,8 @@ def resolve(
         command = list(argv)
         env_set["TMPDIR"] = os.path.join(run_dir, "tmp")
         rw = [workdir, env_set["TMPDIR"], "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
+        from .landlock import read_roots
+
         ro = read_roots(home) + ["/dev/urandom", "/dev/random"] + [g.path for g in grants if not g.writable]
         rw += [g.path for g in grants if g.writable]
         fs_rules = tuple((p, "ro") for p in ro) + tuple((p, "rw") for p in rw)

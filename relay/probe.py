@@ -6,10 +6,8 @@ uid) under ~/.cache/hive-relay, so repeated launches pay a stat, not a box start
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -18,7 +16,7 @@ from pathlib import Path
 
 from . import __version__
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -111,9 +109,11 @@ def _bwrap_smoke(bwrap: str, uid: int) -> str | None:
 
 
 def _landlock_abi() -> int:
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        nr = {"x86_64": 444, "aarch64": 444}.get(platform.machine())
+        nr = {"x86_64": 444, "aarch64": 444}.get(os.uname().machine)
         if nr is None:
             return 0
         abi = libc.syscall(nr, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
@@ -123,11 +123,16 @@ def _landlock_abi() -> int:
 
 
 def _seccomp() -> tuple[bool, str | None]:
-    try:
-        import pyseccomp  # noqa: F401
-    except (ImportError, OSError) as err:
-        return False, f"libseccomp is unavailable ({err}); fix: apt-get install libseccomp2, pip install pyseccomp"
-    if _read("/proc/self/status") and "Seccomp:" not in (_read("/proc/self/status") or ""):
+    """Cheap availability check (the library is loaded only when a filter must be compiled)."""
+    from importlib.util import find_spec
+
+    if find_spec("pyseccomp") is None:
+        return False, "pyseccomp is not installed; fix: run ./bin/contribute-hive (it installs the pinned deps)"
+    if not any(os.path.exists(f"{d}/libseccomp.so.2") for d in
+               ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64",
+                "/usr/lib", "/lib64")):
+        return False, "libseccomp is not installed; fix: apt-get install libseccomp2"
+    if "Seccomp:" not in (_read("/proc/self/status") or ""):
         return False, "this kernel has no seccomp support"
     return True, None
 
@@ -158,7 +163,7 @@ def _box_python(home: str) -> str | None:
 
 def _cache_key(bwrap: str | None, uid: int) -> str:
     st = os.stat(bwrap) if bwrap else None
-    return json.dumps([CACHE_VERSION, __version__, bwrap, st and st.st_mtime_ns, platform.release(), uid])
+    return json.dumps([CACHE_VERSION, __version__, bwrap, st and st.st_mtime_ns, os.uname().release, uid])
 
 
 def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = True) -> HostFacts:
@@ -179,14 +184,17 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
             pass
     if cached:
         bwrap_error, version = cached.get("bwrap_error"), cached.get("bwrap_version")
+        landlock_abi = int(cached.get("landlock_abi", 0))
     else:
         version = _bwrap_version(bwrap) if bwrap else None
         bwrap_error = _bwrap_smoke(bwrap, uid) if bwrap else "bubblewrap is not installed"
+        landlock_abi = _landlock_abi()
         if use_cache:
             try:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({"key": key, "bwrap_error": bwrap_error, "bwrap_version": version}))
+                tmp.write_text(json.dumps({"key": key, "bwrap_error": bwrap_error, "bwrap_version": version,
+                                           "landlock_abi": landlock_abi}))
                 os.replace(tmp, cache)
             except OSError:
                 pass
@@ -208,7 +216,7 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
         userns_restricted=restricted,
         seccomp=seccomp,
         seccomp_error=seccomp_error,
-        landlock_abi=_landlock_abi(),
+        landlock_abi=landlock_abi,
         cgroup=_cgroup_mode(uid),
         legacy_tiocsti=None if tiocsti is None else tiocsti == "1",
         podman=shutil.which("podman", path=env.get("PATH", os.defpath)),

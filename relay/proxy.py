@@ -9,7 +9,6 @@ Every decision is one JSON line in the run's log.
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import json
 import os
 import socket
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import UsageError
-from .hosts import HostRule, find_rule, is_internal_address, normalize_host, split_hostport
+from .hosts import HostRule, _is_ip, find_rule, is_internal_address, normalize_host, split_hostport
 
 MAX_HEAD = 32 * 1024
 HEAD_TIMEOUT = 30.0
@@ -118,11 +117,7 @@ def decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver
 
 
 def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+    return _is_ip(host)
 
 
 class DecisionLog:

@@ -17,6 +17,7 @@ from .errors import EXIT_TIMEOUT, RelayError
 from .netns import listen_in
 from .placeholders import Registry
 from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan, state_dir
+from .probe import cache_dir
 from .proxy import DecisionLog, EgressProxy
 from .seccomp_policy import build_filter, compile_to_memfd, policy_for
 
@@ -249,7 +250,7 @@ def _start_supervised(
     """Spawn bwrap blocked, put it in its cgroup (or rlimits), open the proxy listener in its network
     namespace, start the proxy, then unblock it: the agent's first request finds the proxy serving."""
     policy = plan.seccomp_policy or policy_for(nested_userns=False)
-    seccomp_fd = compile_to_memfd(policy)
+    seccomp_fd = compile_to_memfd(policy, str(cache_dir(caller_env)))
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     mark("seccomp_compiled")

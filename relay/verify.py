@@ -7,7 +7,6 @@ falls back to the fail-closed default profile (when the user named no profile) o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -15,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from .digest import sha256
 from .plan import Plan
 from .probe import cache_dir
 
@@ -27,7 +27,7 @@ def policy_key(plan: Plan) -> str:
     run_id = os.path.basename(plan.run_dir or "")
     command = [c.replace(run_id, "RUN") if run_id else c for c in plan.command[: len(plan.command) - len(plan.argv)]]
     data = [plan.tier, command, plan.limits.memory, plan.limits.pids, plan.limits.method, sorted(plan.fs_rules)]
-    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:24]
+    return sha256(json.dumps(data).encode()).hexdigest()[:24]
 
 
 def _memo_path(env: Mapping[str, str]) -> Path:
