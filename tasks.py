@@ -11,22 +11,8 @@ import sys
 from invoke import Context, task
 from invoke.parser.parser import ParseMachine
 
-from relay.cli import contribute, guarded, request_from
+from relay.cli import HELP, contribute, guarded, request_from
 from relay.errors import UsageError
-
-HELP = {
-    "backend": "agent CLI: claude, codex, gemini, opencode or shell (also the first positional)",
-    "mode": "local (bubblewrap box, default) or container (podman/docker) (also the second positional)",
-    "profile": "policy profile: agent or default; unset picks agent when this host can enforce it",
-    "isolation": "auto, process, supervised or container; an explicit choice is never downgraded",
-    "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
-    "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
-    "allow_host": "extra egress host, repeatable: NAME[:PORT] or NAME[:PORT]=ADDR:PORT (pinned)",
-    "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
-    "dry_run": "print the resolved plan and launch nothing",
-    "json": "with --dry-run: print the plan as JSON",
-    "quiet": "no banner (notes and refusals are still printed)",
-}
 
 
 def _exit(code: int) -> None:

@@ -5,7 +5,6 @@ tasks.py (invoke) and this module both call `contribute()`, so the two surfaces 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -89,24 +88,44 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+HELP = {
+    "backend": "agent CLI: claude, codex, gemini, opencode or shell (also the first positional)",
+    "mode": "local (bubblewrap box, default) or container (podman/docker) (also the second positional)",
+    "profile": "policy profile: agent or default; unset picks agent when this host can enforce it",
+    "isolation": "auto, process, supervised or container; an explicit choice is never downgraded",
+    "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
+    "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
+    "allow_host": "extra egress host, repeatable: NAME[:PORT] or NAME[:PORT]=ADDR:PORT (pinned)",
+    "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
+    "dry_run": "print the resolved plan and launch nothing",
+    "json": "with --dry-run: print the plan as JSON",
+    "quiet": "no banner (notes and refusals are still printed)",
+}
+EPILOG = "exit codes: the agent's own; 2 usage/config; 3 refused (unenforceable or opt-in missing); 124 timeout; 128+N signal"
+
+
+def build_parser():  # noqa: ANN201 - argparse is imported lazily
+    import argparse
+
+
     parser = argparse.ArgumentParser(
-        prog="python -m relay",
+        prog="contribute-hive",
         description="Run a coding agent inside the hive relay box (same surface as `invoke contribute-hive`).",
+        epilog=EPILOG,
     )
-    parser.add_argument("backend_pos", nargs="?", metavar="BACKEND")
-    parser.add_argument("mode_pos", nargs="?", metavar="MODE")
-    parser.add_argument("--backend")
-    parser.add_argument("--mode")
-    parser.add_argument("--profile")
-    parser.add_argument("--isolation")
-    parser.add_argument("--prompt")
-    parser.add_argument("--workdir", default=".")
-    parser.add_argument("--allow-host", action="append", default=[])
-    parser.add_argument("--timeout", type=int)
-    parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("-q", "--quiet", action="store_true")
+    parser.add_argument("backend_pos", nargs="?", metavar="BACKEND", help=HELP["backend"])
+    parser.add_argument("mode_pos", nargs="?", metavar="MODE", help=HELP["mode"])
+    parser.add_argument("--backend", help=HELP["backend"])
+    parser.add_argument("--mode", help=HELP["mode"])
+    parser.add_argument("--profile", help=HELP["profile"])
+    parser.add_argument("--isolation", help=HELP["isolation"])
+    parser.add_argument("--prompt", help=HELP["prompt"])
+    parser.add_argument("--workdir", default=".", help=HELP["workdir"])
+    parser.add_argument("--allow-host", action="append", default=[], metavar="ENTRY", help=HELP["allow_host"])
+    parser.add_argument("--timeout", type=int, metavar="SECONDS", help=HELP["timeout"])
+    parser.add_argument("--dry-run", action="store_true", help=HELP["dry_run"])
+    parser.add_argument("--json", action="store_true", help=HELP["json"])
+    parser.add_argument("-q", "--quiet", action="store_true", help=HELP["quiet"])
     return parser
 
 
