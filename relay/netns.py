@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import socket
 import time
@@ -20,15 +21,14 @@ CLONE_NEWNET = 0x40000000
 BIND_WAIT = 5.0
 
 
-def _setns(path: str, nstype: int) -> None:
+NS_GET_USERNS = 0xB701
+
+
+def _setns(fd: int, nstype: int, what: str) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(fd, nstype) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns {path}: {os.strerror(err)}")
-    finally:
-        os.close(fd)
+    if libc.setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns {what}: {os.strerror(err)}")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -57,9 +57,14 @@ def listen_in(child_pid: int, listen: str, join_userns: bool) -> socket.socket:
         code = 1
         try:
             parent.close()
+            net = os.open(f"/proc/{child_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             if join_userns:
-                _setns(f"/proc/{child_pid}/ns/user", CLONE_NEWUSER)
-            _setns(f"/proc/{child_pid}/ns/net", CLONE_NEWNET)
+                # Join the user namespace that *owns* the box's netns. It is not always the child's
+                # own: with --dev, bwrap maps us to root first and later nests a second userns,
+                # where we would lack the capability over the netns (a race, seen in CI).
+                owner = fcntl.ioctl(net, NS_GET_USERNS)
+                _setns(owner, CLONE_NEWUSER, "user namespace owning the box's network")
+            _setns(net, CLONE_NEWNET, f"/proc/{child_pid}/ns/net")
             sock = _bind(host, int(port))
             socket.send_fds(child, [b"L"], [sock.fileno()])
             code = 0
