@@ -53,6 +53,7 @@ class Backend:
     native_unsandboxed: tuple[str, ...]
     deny: tuple[str, ...]
     opt_in: str
+    nested_userns: bool = False
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def _section(value: Any, where: _Where, key: str, allowed: set[str]) -> dict[str
 
 BACKEND_KEYS = {
     "description", "command", "prompt_command", "install", "home", "egress",
-    "env", "native", "deny", "opt_in",
+    "env", "native", "deny", "opt_in", "nested_userns",
 }
 
 
@@ -260,6 +261,8 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
         if not _ENV_NAME.match(opt):
             raise where.fail("opt_in", f"{opt!r} is not an environment variable name", "use LETTERS_DIGITS_")
         values["opt_in"] = opt
+    if "nested_userns" in data:
+        values["nested_userns"] = _bool(data["nested_userns"], where, "nested_userns")
     if base is not None:
         return replace(base, **values)
     defaults: dict[str, Any] = {

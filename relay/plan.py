@@ -339,7 +339,7 @@ def resolve(
     env_pass = tuple(n for n in env_pass if n not in env_set)
 
     limits = Limits(profile.memory, profile.pids, _limit_method(facts))
-    seccomp = policy_for(nested_userns=False, deny_network=tier == "process")
+    seccomp = policy_for(nested_userns=backend.nested_userns, deny_network=tier == "process")
     box_uid = BOX_UID_FOR_ROOT if uid == 0 else None
     interactive = request.prompt is None
     timeout = None if interactive else (request.timeout or DEFAULT_TIMEOUT)

@@ -26,7 +26,8 @@ def policy_key(plan: Plan) -> str:
     """Everything that decides whether the box can start, minus what is unique to one run."""
     run_id = os.path.basename(plan.run_dir or "")
     command = [c.replace(run_id, "RUN") if run_id else c for c in plan.command[: len(plan.command) - len(plan.argv)]]
-    data = [plan.tier, command, plan.limits.memory, plan.limits.pids, plan.limits.method, sorted(plan.fs_rules)]
+    data = [plan.tier, command, plan.limits.memory, plan.limits.pids, plan.limits.method, sorted(plan.fs_rules),
+            list(plan.seccomp)]
     return sha256(json.dumps(data).encode()).hexdigest()[:24]
 
 

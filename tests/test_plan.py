@@ -162,3 +162,13 @@ def test_grant_resolving_into_a_secret_is_skipped(sandbox: Sandbox) -> None:
     plan = plan_for(sandbox, "claude")
     assert any("resolves into denied" in n for n in plan.notes)
     assert not any(m.src and ".ssh" in m.src for m in plan.mounts)
+
+
+def test_nested_userns_is_opt_in_per_backend(sandbox: Sandbox) -> None:
+    cfg = sandbox.home / ".config" / "hive-relay" / "config.yaml"
+    cfg.write_text("backends:\n  shell: {nested_userns: true}\n")
+    proc = sandbox.relay("shell", "--dry-run", "--json")
+    plan = json.loads(proc.stdout)
+    assert not any("unshare" in rule for rule in plan["seccomp"])
+    default = json.loads(sandbox.relay("codex", "--dry-run", "--json").stdout)
+    assert "unshare: EPERM" in default["seccomp"]
