@@ -42,6 +42,10 @@ def contribute(
     matrix = load_matrix(env, workdir=Path(os.path.realpath(request.workdir)))
     mark("config_loaded")
     backend = get_backend(matrix, request.backend)
+    if not dry_run and request.argv_override is None and request.mode == "local":
+        from .install import ensure_cli
+
+        ensure_cli(backend, env)
     facts = probe(env)
     mark("probed")
     plan = resolve(backend, matrix, request, facts, env)

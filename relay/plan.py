@@ -21,6 +21,7 @@ from .digest import sha256
 from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
 from .hosts import HostRule, parse_rule
+from .native import render as render_native
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
@@ -112,9 +113,11 @@ def state_dir(env: dict[str, str]) -> str:
 
 
 def tool_dir(env: dict[str, str]) -> str:
-    """Project-local npm installs of the agent CLIs live here, bound read-only into boxes."""
-    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".cache")
-    return os.path.join(base, "hive-relay", "npm")
+    """Project-local npm installs of the agent CLIs (never `npm -g`), bound read-only into boxes.
+    $HIVE_RELAY_TOOLS overrides it, e.g. to share one install between checkouts."""
+    from .config import PACKAGE_ROOT
+
+    return os.path.realpath(env.get("HIVE_RELAY_TOOLS") or os.path.join(PACKAGE_ROOT, ".cache", "npm"))
 
 
 def _expand_argv(template: tuple[str, ...], *, prompt: str | None, shell: str, workdir: str) -> list[str]:
@@ -285,15 +288,17 @@ def resolve(
     tools = tool_dir(caller_env)
     box_path = caller_env.get("PATH") or SAFE_PATH
     box_path = f"{tools}/node_modules/.bin:{box_path}"
-    native = backend.native_boxed
-    argv = list(request.argv_override or agent_argv(backend, request.prompt, shell, workdir, native))
+    native = render_native(backend.native_boxed, home=home, uid=uid, workdir=workdir, extra_deny=backend.deny,
+                           unsandboxed=False)
+    argv = list(request.argv_override or agent_argv(backend, request.prompt, shell, workdir, tuple(native)))
     cli = shutil.which(argv[0], path=box_path)
     extra_binds: list[Mount] = []
 
     if os.path.isdir(tools):
         extra_binds.append(Mount("ro-bind", tools, tools))
     if cli is None:
-        notes.append(f"{argv[0]} is not installed on this host")
+        notes.append(f"{argv[0]} is not installed yet; a real run installs it first (npm, into {tools})"
+                     if backend.install_npm else f"{argv[0]} is not installed on this host")
     else:
         real_cli = os.path.realpath(cli)
         if (real_cli + "/").startswith(home.rstrip("/") + "/") and not real_cli.startswith(tools + "/"):
@@ -421,7 +426,9 @@ def _unsandboxed_plan(
     notes: list[str],
 ) -> Plan:
     """The opt-in path: the CLI alone, with its own strictest native sandbox and the caller's environment."""
-    argv = agent_argv(backend, request.prompt, shell, workdir, backend.native_unsandboxed)
+    native = render_native(backend.native_unsandboxed, home=facts.home, uid=facts.uid, workdir=workdir,
+                           extra_deny=backend.deny, unsandboxed=True)
+    argv = agent_argv(backend, request.prompt, shell, workdir, tuple(native))
     interactive = request.prompt is None
     return Plan(
         backend=backend.name, mode=request.mode, tier="unsandboxed", profile="none",

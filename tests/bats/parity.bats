@@ -1,0 +1,57 @@
+#!/usr/bin/env bats
+# The shell deny list (bin/denylist.sh) must equal the Python one (relay/denylist.py).
+
+setup() {
+  ROOT="$(cd "$BATS_TEST_DIRNAME/../.." && pwd)"
+  PY="${HIVE_RELAY_PYTHON:-$ROOT/.venv/bin/python}"
+  . "$ROOT/bin/denylist.sh"
+}
+
+py_list() { PYTHONPATH="$ROOT" "$PY" -m relay.denylist "$@"; }
+
+@test "secret paths are identical for every backend, HOME and uid" {
+  for backend in claude codex gemini opencode shell; do
+    for home in /home/alice /root "/home/bob/"; do
+      for uid in 0 1000; do
+        diff <(py_list secrets "$home" "$uid" "$backend") <(hive_secret_paths "$home" "$uid" "$backend") \
+          || { echo "deny lists differ for backend=$backend HOME=$home uid=$uid (< python, > shell)"; return 1; }
+      done
+    done
+  done
+}
+
+@test "the ssh-agent socket is denied by both" {
+  diff <(py_list secrets /home/alice 1000 claude /tmp/ssh-XYZ/agent.1) \
+       <(hive_secret_paths /home/alice 1000 claude /tmp/ssh-XYZ/agent.1)
+  hive_secret_paths /home/alice 1000 claude /tmp/ssh-XYZ/agent.1 | grep -qx /tmp/ssh-XYZ/agent.1
+}
+
+@test "write-protected workdir paths are identical" {
+  diff <(py_list protected /src/hive) <(hive_protected_paths /src/hive)
+}
+
+@test "the parity check itself catches a difference" {
+  HIVE_SECRET_HOME="$HIVE_SECRET_HOME .extra-only-in-shell"
+  run diff <(py_list secrets /home/alice 1000 shell) <(hive_secret_paths /home/alice 1000 shell)
+  [ "$status" -ne 0 ]
+  [[ "$output" == *".extra-only-in-shell"* ]]
+}
+
+@test "the container entrypoint refuses when a denied path is readable" {
+  home="$(mktemp -d)"
+  mkdir -p "$home/.ssh" && echo KEY > "$home/.ssh/id_rsa"
+  run env HOME="$home" "$ROOT/bin/container-entrypoint" echo started
+  rm -rf "$home"
+  [ "$status" -eq 3 ]
+  [[ "$output" == *"deny-listed path readable in the container:"*"/.ssh"* ]]
+}
+
+@test "the container entrypoint starts the agent when nothing denied is readable" {
+  # Where the deny list is masked, as in our box (the host itself shows /etc/shadow to root).
+  work="$(mktemp -d)"
+  cp "$ROOT/bin/container-entrypoint" "$ROOT/bin/denylist.sh" "$work/"
+  run "$ROOT/bin/contribute-hive" shell local --quiet --workdir "$work" --prompt "./container-entrypoint echo started"
+  rm -rf "$work"
+  [ "$status" -eq 0 ]
+  [ "${lines[-1]}" = "started" ]
+}
