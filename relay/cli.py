@@ -45,7 +45,8 @@ def contribute(
     if not dry_run and request.argv_override is None and request.mode == "local":
         from .install import ensure_cli
 
-        ensure_cli(backend, env)
+        template = backend.prompt_command if request.prompt is not None else backend.command
+        ensure_cli(backend, env, template[0])
     facts = probe(env)
     mark("probed")
     plan = resolve(backend, matrix, request, facts, env)

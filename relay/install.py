@@ -28,9 +28,10 @@ def cli_path(backend: Backend, env: Mapping[str, str]) -> str | None:
     return shutil.which(backend.install_bin, path=f"{tools}/node_modules/.bin:{env.get('PATH', os.defpath)}")
 
 
-def ensure_cli(backend: Backend, env: Mapping[str, str]) -> None:
-    """Install the backend's CLI into the tool dir when it is on neither the tool dir nor PATH."""
-    if backend.install_npm is None or cli_path(backend, env):
+def ensure_cli(backend: Backend, env: Mapping[str, str], program: str) -> None:
+    """Install the backend's CLI into the tool dir when the run needs it (`program` is what the
+    argv starts, which user config may have changed) and it is on neither the tool dir nor PATH."""
+    if backend.install_npm is None or program != backend.install_bin or cli_path(backend, env):
         return
     npm = shutil.which("npm", path=env.get("PATH", os.defpath))
     if npm is None:

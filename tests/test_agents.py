@@ -36,7 +36,7 @@ def tools() -> str:
     env = {**os.environ, "HIVE_RELAY_TOOLS": TOOLS}
     backends = load_shipped()
     for name in AGENTS:
-        ensure_cli(backends[name], env)
+        ensure_cli(backends[name], env, backends[name].install_bin or name)
         assert cli_path(backends[name], env), f"{name} CLI missing after install"
     return TOOLS
 
