@@ -85,6 +85,16 @@ def _innermost(path: str, mounts: Iterable[Mount]) -> Mount | None:
     return found
 
 
+def _between(root: str, path: str) -> list[str]:
+    """Directories strictly between `root` and `path`."""
+    rel = path[len(root.rstrip("/")) + 1 :].split("/")[:-1]
+    out, current = [], root.rstrip("/")
+    for part in rel:
+        current = f"{current}/{part}"
+        out.append(current)
+    return out
+
+
 def _first_missing(path: str, root: str, fs: FsView) -> str | None:
     """The shallowest component of `path` below `root` that does not exist, if its parent is a dir."""
     parts = path[len(root.rstrip("/")) + 1 :].split("/")
@@ -144,6 +154,9 @@ def plan_filesystem(
         masked.add(path)
         mounts.append(Mount("mask-dir" if kind == "dir" else "mask-file", path))
 
+    protect_start = len(mounts)
+    # (writable bind root, protected/masked path): the dirs between them must not be renamable.
+    anchors: list[tuple[str, str]] = []
     protected_out: list[str] = []
     for path in protected:
         targets = [path]
@@ -158,12 +171,14 @@ def plan_filesystem(
                     masked.add(target)
                     mounts.append(Mount("ro-bind", target, target))
                 protected_out.append(target)
+                anchors.append((cover.dst, target))
                 continue
             first = _first_missing(target, cover.dst, fs)
             if first:
                 mask(first, "file")
                 placeholders.append(first)
                 protected_out.append(first)
+                anchors.append((cover.dst, first))
 
     denied: list[str] = []
     for path in secrets:
@@ -179,12 +194,21 @@ def plan_filesystem(
             if kind != "missing":
                 mask(target, kind)
                 denied.append(target)
+                if cover.kind == "bind":
+                    anchors.append((cover.dst, target))
             elif cover.kind == "bind":
                 first = _first_missing(target, cover.dst, fs)
                 if first:
                     mask(first, "file")
                     placeholders.append(first)
                     denied.append(first)
+                    anchors.append((cover.dst, first))
+    # A protected path's parents inside a writable bind become mount points of their own (bound
+    # onto themselves), so `mv .git .git2 && mkdir -p .git/hooks` cannot sidestep the protection:
+    # rename and rmdir of a mount point fail with EBUSY.
+    pinned = sorted({d for root, target in anchors for d in _between(root, target) if fs.kind(d) == "dir"},
+                    key=lambda d: (_depth(d), d))
+    mounts[protect_start:protect_start] = [Mount("bind", d, d) for d in pinned]
     return FsPlan(
         mounts=tuple(mounts),
         placeholders=tuple(dict.fromkeys(placeholders)),

@@ -123,8 +123,12 @@ def spawn(state: RunState) -> tuple[int, int]:
                         os.close(fd)
                     except OSError:
                         pass
-            while os.read(r, 1):
-                pass
+            said = b""
+            while chunk := os.read(r, 4096):
+                said += chunk
+            if b"done" not in said.split():
+                # The launcher died without tearing its box down: kill what it told us it started.
+                _kill_box([int(w) for w in said.split() if w.isdigit()])
             messages = teardown(state)
             try:
                 os.write(msg_w, "\n".join(messages).encode())
@@ -141,8 +145,29 @@ def spawn(state: RunState) -> tuple[int, int]:
 _JANITOR_MESSAGES: dict[int, int] = {}
 
 
+def _kill_box(pids: list[int]) -> None:
+    """SIGKILL the box's bwrap processes (checked by cmdline: a pid may have been reused)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv0 = fh.read().split(b"\0")[0]
+            if os.path.basename(argv0) == b"bwrap":
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def tell(lifeline: int, *words: object) -> None:
+    """Tell the janitor about the box (its pids) or that teardown is orderly ("done")."""
+    try:
+        os.write(lifeline, (" ".join(str(w) for w in words) + "\n").encode())
+    except OSError:
+        pass
+
+
 def finish(pid: int, lifeline: int) -> list[str]:
     """Trigger cleanup and wait for it; returns the janitor's messages."""
+    tell(lifeline, "done")
     try:
         os.close(lifeline)
     except OSError:

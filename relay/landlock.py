@@ -20,6 +20,7 @@ REFER, TRUNCATE, IOCTL_DEV = 8192, 16384, 32768
 NET_BIND_TCP, NET_CONNECT_TCP = 1, 2
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1, 2
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
 HIDDEN_TOPS = ("/home", "/root", "/tmp", "/var/tmp", "/run", "/mnt", "/media", "/proc", "/sys", "/dev", "/lost+found")
 READ = EXECUTE | READ_FILE | READ_DIR
 
@@ -89,3 +90,8 @@ def apply(read: list[str], write: list[str], abi: int, deny_network: bool) -> No
             raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
     finally:
         os.close(ruleset)
+
+
+def die_with_parent() -> None:
+    """The process tier has no bwrap to tie the agent to its launcher: SIGKILL it when we die."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)

@@ -172,7 +172,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             if process_tier:
                 proc = _spawn(plan, box_env(plan, caller_env), _process_setup(plan, state, use_rlimits, nofile))
             else:
-                proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile)
+                proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile, lifeline)
             rc, outcome = _wait(proc, plan.timeout, sigs)
             mark("agent_exited")
             if outcome is None and sigs.received:
@@ -245,7 +245,8 @@ def _read_child_pid(info: int, proc: BoxProcess) -> int | None:
 
 
 def _start_supervised(
-    plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int]
+    plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int],
+    lifeline: int,
 ) -> tuple[BoxProcess, EgressProxy | None]:
     """Spawn bwrap blocked, put it in its cgroup (or rlimits), open the proxy listener in its network
     namespace, start the proxy, then unblock it: the agent's first request finds the proxy serving."""
@@ -265,12 +266,14 @@ def _start_supervised(
         for fd in [seccomp_fd, info_w, block_r] + [fd for _, fd in high]:
             os.close(fd)
     proc = BoxProcess(pid)
+    janitor.tell(lifeline, pid)
     proxy = None
     try:
         mark("spawned")
         child = _read_child_pid(info_r, proc)
         if child is None:
             return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
+        janitor.tell(lifeline, child)
         if state.cgroup is not None:
             for pid_ in (proc.pid, child):
                 limits.join(state.cgroup, pid_)
@@ -308,6 +311,7 @@ def _process_setup(plan: Plan, state: janitor.RunState, use_rlimits: bool, nofil
 
     def setup() -> None:
         limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
+        landlock.die_with_parent()
         landlock.apply(read, write, abi, deny_network=True)
         flt.load()
 

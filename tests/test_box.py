@@ -293,6 +293,25 @@ def test_kill_9_of_launcher_leaves_nothing(box_sandbox: Sandbox) -> None:
     assert _leftovers(s) == []
 
 
+def test_kill_9_of_launcher_while_the_agent_runs_leaves_nothing(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "--quiet", "--prompt", "sleep 301; true"],
+                                cwd=s.workdir, env=s.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and "sleep 301 " not in _cmdlines():
+            time.sleep(0.05)
+        assert "sleep 301 " in _cmdlines(), "the agent never started"
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and ("sleep 301 " in _cmdlines() or _leftovers(s)):
+        time.sleep(0.05)
+    assert "sleep 301 " not in _cmdlines()
+    assert _leftovers(s) == []
+
+
 def _box_procs(marker: str) -> list[str]:
     """Processes of the box itself (the launcher's own argv also carries the marker)."""
     return [c for c in _cmdlines() if marker in c and not c.startswith(sys.executable)]
