@@ -15,7 +15,7 @@ def mount_args(mounts: Iterable[Mount]) -> list[str]:
         elif m.kind in ("bind", "private-bind"):
             args += ["--bind", m.src or m.dst, m.dst]
         elif m.kind == "tmpfs":
-            args += ["--tmpfs", m.dst]
+            args += (["--size", str(m.size)] if m.size else []) + ["--tmpfs", m.dst]
         elif m.kind == "mask-dir":
             args += ["--perms", "0555", "--tmpfs", m.dst, "--remount-ro", m.dst]
         elif m.kind == "mask-file":

@@ -30,7 +30,7 @@ def build(
     args = [engine, "run", "--rm", "-i"]
     if interactive and tty:
         args.append("-t")
-    args += ["--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+    args += ["--read-only", "--tmpfs", f"/tmp:size={limits.memory // 4}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
              "--network", "none", "--pids-limit", str(limits.pids), "--memory", str(limits.memory),
              "--label", f"hive-relay.backend={backend}", "--workdir", workdir]
     for m in mounts:

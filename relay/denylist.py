@@ -54,6 +54,26 @@ def protected_paths(workdir: str) -> list[str]:
     return [os.path.join(workdir, rel) for rel in PROTECT_WORKDIR]
 
 
+def nested_git_paths(workdir: str) -> list[str]:
+    """Hooks and config of existing submodules and linked worktrees under .git: they run on the host
+    too. (A repo the agent creates from scratch is not protected; see the README threat model.)"""
+    found: list[str] = []
+    git = os.path.join(workdir, ".git")
+    for sub in ("modules", "worktrees"):
+        base = os.path.join(git, sub)
+        if not os.path.isdir(base):
+            continue
+        for root, dirs, _files in os.walk(base):
+            if "objects" in dirs:
+                dirs.remove("objects")
+            if os.path.basename(root) != sub and ("HEAD" in _files or "config" in _files or "commondir" in _files):
+                found += [os.path.join(root, "hooks"), os.path.join(root, "config"),
+                          os.path.join(root, "config.worktree")]
+            if len(found) > 3000:
+                return found
+    return found
+
+
 def main(argv: list[str]) -> int:
     """`python -m relay.denylist secrets HOME UID BACKEND [SOCK]` / `protected WORKDIR`: one path per
     line, for the bats parity test against bin/denylist.sh."""

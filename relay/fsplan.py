@@ -26,6 +26,7 @@ class Mount:
     kind: str
     dst: str
     src: str | None = None
+    size: int | None = None  # tmpfs only: bytes, so a disk fill cannot eat the host's memory
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ def plan_filesystem(
     protected: Iterable[str],
     extra_binds: Iterable[Mount] = (),
     fs: FsView | None = None,
+    tmpfs_size: int | None = None,
 ) -> FsPlan:
     """Turn grants and deny lists into ordered mounts; `home_source` replaces the $HOME tmpfs."""
     fs = fs or FsView()
@@ -127,8 +129,8 @@ def plan_filesystem(
     secret_reals = {os.path.normpath(s) for s in secrets} | {fs.realpath(s) for s in secrets}
 
     mounts: list[Mount] = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc")]
-    mounts += [Mount("tmpfs", d) for d in PRIVATE_DIRS if fs.kind(d) == "dir"]
-    mounts.append(Mount("private-bind", home, home_source) if home_source else Mount("tmpfs", home))
+    mounts += [Mount("tmpfs", d, size=tmpfs_size) for d in PRIVATE_DIRS if fs.kind(d) == "dir"]
+    mounts.append(Mount("private-bind", home, home_source) if home_source else Mount("tmpfs", home, size=tmpfs_size))
 
     binds: list[tuple[int, int, Mount]] = []
     for grant in grants:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from . import bwrap_argv, container_argv
 from .config import Backend, Matrix
-from .denylist import expand, protected_paths, secret_paths
+from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
 from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
@@ -312,9 +312,11 @@ def resolve(
         home_source=os.path.join(run_dir, "home") if (sync and run_dir) else None,
         grants=grants,
         secrets=secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
-        protected=protected_paths(workdir),
+        protected=protected_paths(workdir) + nested_git_paths(workdir),
         extra_binds=extra_binds,
         fs=fs,
+        # Box-private tmpfs (/tmp, /var/tmp, /run, $HOME) is memory: cap each at a quarter of the limit.
+        tmpfs_size=profile.memory // 4,
     )
     notes += fsplan.notes
 

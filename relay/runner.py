@@ -115,7 +115,15 @@ def _finish(outcome: str | None, rc: int, plan: Plan) -> int:
         if signum != signal.SIGINT:
             emit([f"hive-relay: stopped by {signal.Signals(signum).name}; the box was killed"])
             return 128 + signum
-    return _exit_code(rc)
+    code = _exit_code(rc)
+    if 128 < code < 128 + 65 and not plan.interactive:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            name = None
+        if name and name not in ("SIGINT", "SIGPIPE"):
+            emit([f"hive-relay: the agent exited with {code}: it was killed by {name}"])
+    return code
 
 
 def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
