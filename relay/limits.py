@@ -1,8 +1,10 @@
 """Resource limits for the box: a cgroup where we can create one, rlimits otherwise.
 
-The cgroup is joined by the box's first process before it execs bwrap (see `child_setup`),
-so nothing the box forks escapes it. rlimits are the fallback: RLIMIT_AS per process and
-RLIMIT_NPROC per uid, which is weaker (and root is exempt from NPROC), and the plan says so.
+The launcher moves the blocked box into its cgroup before it runs anything, so nothing the box
+forks escapes it. rlimits are the fallback: RLIMIT_DATA per process and RLIMIT_NPROC per uid,
+which is weaker (and root is exempt from NPROC), and the plan says so. RLIMIT_DATA, not
+RLIMIT_AS: node reserves ~10 GiB of PROT_NONE address space per WebAssembly instance (gemini's
+HTTP parser), which RLIMIT_AS counts and RLIMIT_DATA, like real memory use, does not.
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ def apply_to(pid: int, memory: int, pids: int, use_rlimits: bool, nofile: tuple[
     cgroup is writable. The fd limit goes back to what the caller had (the launcher raised its own)."""
     resource.prlimit(pid, resource.RLIMIT_NOFILE, nofile)
     if use_rlimits:
-        resource.prlimit(pid, resource.RLIMIT_AS, (memory, memory))
+        resource.prlimit(pid, resource.RLIMIT_DATA, (memory, memory))
         resource.prlimit(pid, resource.RLIMIT_NPROC, (pids, pids))
 
 
@@ -179,5 +181,5 @@ def child_setup(group: Cgroup | None, memory: int, pids: int, use_rlimits: bool,
         for path in group.procs_files():
             _write(path, "0")
     if use_rlimits:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
         resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))

@@ -349,5 +349,16 @@ def _leftovers(s: Sandbox) -> list[str]:
     for controller in ("memory", "pids"):
         base = Path("/sys/fs/cgroup") / controller
         if base.is_dir():
-            found += [str(p) for p in base.glob("hive-relay-*")]
+            found += [str(p) for p in base.glob("hive-relay-*") if _abandoned(p)]
     return found
+
+
+def _abandoned(cgroup: Path) -> bool:
+    """A leaked cgroup is empty and its launcher is gone (other boxes may run concurrently)."""
+    try:
+        if (cgroup / "cgroup.procs").read_text().strip():
+            return False
+    except OSError:
+        return False
+    owner = cgroup.name.removeprefix("hive-relay-").split("-")[0]
+    return not (owner.isdigit() and Path(f"/proc/{owner}").exists())
