@@ -1,0 +1,84 @@
+"""Load: 10 concurrent boxes, each with 20 concurrent tunnels (200 in all) through their proxies, for
+a bounded amount of work. Every request completes or is refused cleanly, and nothing leaks:
+processes, file descriptors, temp files and cgroups are counted before and after."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..conftest import Sandbox
+from ..servers import start_echo
+from ..test_box import _leftovers
+
+CLIENT = r'''
+import socket, sys, threading
+port = int(sys.argv[1]); ok = []; refused = []; errors = []
+def one(i):
+    for j in range(10):
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+            host = "echo.test" if (i + j) % 5 else "denied.test"
+            s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\n\r\n".encode())
+            status = s.recv(4096).split(b"\r\n")[0]
+            if b" 403 " in status:
+                refused.append(1); s.close(); continue
+            msg = (f"{i}-{j}-" * 500).encode(); s.sendall(msg); s.shutdown(socket.SHUT_WR)
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+            (ok if got == msg else errors).append(1)
+            s.close()
+        except Exception as e:
+            errors.append(repr(e))
+ts = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("OK", len(ok), "REFUSED", len(refused), "ERRORS", len(errors))
+'''
+
+
+def census() -> dict[str, int]:
+    procs = [p for p in os.listdir("/proc") if p.isdigit()]
+    names = []
+    for p in procs:
+        try:
+            names.append(Path(f"/proc/{p}/cmdline").read_bytes())
+        except OSError:
+            pass
+    return {
+        "relay processes": sum(b"bwrap" in n or b"-m\x00relay" in n for n in names),
+        "test fds": len(os.listdir("/proc/self/fd")),
+        "tmp hive-relay entries": len([n for n in os.listdir("/tmp") if n.startswith("hive-relay-")]),
+    }
+
+
+def test_ten_boxes_two_hundred_tunnels(box: Sandbox, report) -> None:
+    before = census()
+    echo, port = start_echo()
+    (box.workdir / "client.py").write_text(CLIENT)
+    try:
+        launchers = [subprocess.Popen(
+            [sys.executable, "-m", "relay", "shell", "--quiet", "--timeout", "120", "--allow-host",
+             f"echo.test:{port}=127.0.0.1:{port}", "--prompt", f"/usr/bin/python3 client.py {port}"],
+            cwd=box.workdir, env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(10)]
+        results = [p.communicate(timeout=300) for p in launchers]
+    finally:
+        echo.close()
+    totals = {"OK": 0, "REFUSED": 0, "ERRORS": 0}
+    for out, _err in results:
+        words = out.split()
+        for key in totals:
+            if key in words:
+                totals[key] += int(words[words.index(key) + 1])
+    deadline = time.time() + 10
+    while time.time() < deadline and (census() != before or _leftovers(box)):
+        time.sleep(0.1)
+    after = census()
+    held = (all(p.returncode == 0 for p in launchers) and totals["ERRORS"] == 0
+            and totals["OK"] + totals["REFUSED"] == 10 * 20 * 10 and totals["REFUSED"] == 400
+            and after == before and not _leftovers(box))
+    report.load(held)
+    assert held, (totals, before, after, _leftovers(box), [p.returncode for p in launchers])
