@@ -54,6 +54,7 @@ class Backend:
     deny: tuple[str, ...]
     opt_in: str
     nested_userns: bool = False
+    home_guard: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,8 +238,8 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
             values["install_npm"] = _str(inst.get("npm"), where, "install.npm")
             values["install_bin"] = _str(inst.get("bin"), where, "install.bin")
     if "home" in data:
-        home = _section(data["home"], where, "home", {"ro", "rw", "sync"})
-        for part in ("ro", "rw", "sync"):
+        home = _section(data["home"], where, "home", {"ro", "rw", "sync", "guard"})
+        for part in ("ro", "rw", "sync", "guard"):
             if part in home:
                 values[f"home_{part}"] = _paths(home[part], where, f"home.{part}")
     if "egress" in data:
@@ -442,6 +443,7 @@ def apply_repo(backends: dict[str, Backend], path: Path, cache: Path | None = No
         if checked.env_set != base.env_set:
             raise bwhere.fail("env.set", "repo config cannot set variables", "remove env.set")
         values["deny"] = tuple(dict.fromkeys(base.deny + checked.deny))
+        values["home_guard"] = tuple(dict.fromkeys(base.home_guard + checked.home_guard))
         merged[name] = replace(base, **values)
     return merged
 

@@ -15,7 +15,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from . import limits
+from . import guard, limits
 from .digest import sha256
 from .placeholders import Registry
 
@@ -27,6 +27,7 @@ class RunState:
     sync: dict[str, str | None] = field(default_factory=dict)  # host path -> sha256 at copy-in (None: absent)
     placeholders: tuple[str, ...] = ()
     registry: Registry | None = None
+    guarded: dict[str, bytes | None] = field(default_factory=dict)
     owner: int = 0
     cgroup: limits.Cgroup | None = None
     lock_dir: str | None = None
@@ -90,6 +91,10 @@ def teardown(state: RunState) -> list[str]:
     messages: list[str] = []
     if state.cgroup is not None:
         state.cgroup.remove()
+    for path, before in state.guarded.items():
+        message = guard.enforce(path, before)
+        if message:
+            messages.append(message)
     if state.registry is not None:
         try:
             state.registry.release(state.owner)

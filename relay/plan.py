@@ -92,6 +92,7 @@ class Plan:
     run_dir: str | None
     seccomp_policy: SeccompPolicy | None = None
     fs_rules: tuple[tuple[str, str], ...] = ()
+    guarded_files: tuple[str, ...] = ()
     unsandboxed: bool = False
     notes: tuple[str, ...] = field(default=())
 
@@ -274,10 +275,12 @@ def resolve(
 
     grants: list[Grant] = []
     sync: list[str] = []
+    guarded: list[str] = []
     if profile.backend_home:
         grants += [Grant(expand(p, home, uid), False) for p in backend.home_ro]
         grants += [Grant(expand(p, home, uid), True) for p in backend.home_rw]
         sync = [expand(p, home, uid) for p in backend.home_sync]
+        guarded = [expand(p, home, uid) for p in backend.home_guard]
     if profile.toolchain:
         grants += [Grant(expand(p, home, uid), False) for p in TOOLCHAIN_GRANTS]
     grants += [Grant(expand(p, home, uid), False) for p in profile.home_ro]
@@ -388,7 +391,7 @@ def resolve(
         ) + argv
 
     policy = {
-        "tier": tier, "grants": [asdict(g) for g in grants], "sync": sync, "denied": fsplan.denied,
+        "tier": tier, "grants": [asdict(g) for g in grants], "sync": sync, "guard": guarded, "denied": fsplan.denied,
         "protected": fsplan.protected, "egress": egress, "env": sorted(env_pass), "limits": asdict(limits),
         "seccomp": seccomp.summary(), "fs_rules": fs_rules,
     }
@@ -417,6 +420,7 @@ def resolve(
         fs_rules=fs_rules,
         box_uid=box_uid,
         sync_files=tuple(sync) if tier != "process" else (),
+        guarded_files=tuple(guarded),
         log_path=log_path if proxy_listen else None,
         run_dir=run_dir,
         notes=tuple(notes),

@@ -11,7 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import janitor, limits
+from . import guard, janitor, limits
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
 from .netns import listen_in
@@ -162,6 +162,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             state.registry.claim(os.getpid(), plan.placeholders, plan.protected + plan.denied)
         except OSError as err:
             raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
+    state.guarded = {path: guard.snapshot(path) for path in plan.guarded_files}
     try:
         janitor.prepare(state, plan.sync_files, with_tmp=process_tier)
     except OSError as err:
