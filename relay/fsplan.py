@@ -156,6 +156,16 @@ def plan_filesystem(
         masked.add(path)
         mounts.append(Mount("mask-dir" if kind == "dir" else "mask-file", path))
 
+    def mask_missing(target: str, cover: Mount) -> str | None:
+        """Keep a missing path from being created under a writable bind: mask its first missing
+        component (bwrap leaves an empty placeholder file there for the box's lifetime)."""
+        first = _first_missing(target, cover.dst, fs)
+        if first:
+            mask(first, "file")
+            placeholders.append(first)
+            anchors.append((cover.dst, first))
+        return first
+
     protect_start = len(mounts)
     # (writable bind root, protected/masked path): the dirs between them must not be renamable.
     anchors: list[tuple[str, str]] = []
@@ -175,12 +185,9 @@ def plan_filesystem(
                 protected_out.append(target)
                 anchors.append((cover.dst, target))
                 continue
-            first = _first_missing(target, cover.dst, fs)
+            first = mask_missing(target, cover)
             if first:
-                mask(first, "file")
-                placeholders.append(first)
                 protected_out.append(first)
-                anchors.append((cover.dst, first))
 
     denied: list[str] = []
     for path in secrets:
@@ -199,12 +206,9 @@ def plan_filesystem(
                 if cover.kind == "bind":
                     anchors.append((cover.dst, target))
             elif cover.kind == "bind":
-                first = _first_missing(target, cover.dst, fs)
+                first = mask_missing(target, cover)
                 if first:
-                    mask(first, "file")
-                    placeholders.append(first)
                     denied.append(first)
-                    anchors.append((cover.dst, first))
     # A protected path's parents inside a writable bind become mount points of their own (bound
     # onto themselves), so `mv .git .git2 && mkdir -p .git/hooks` cannot sidestep the protection:
     # rename and rmdir of a mount point fail with EBUSY.

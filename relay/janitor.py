@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from . import guard, limits
 from .digest import sha256
 from .placeholders import Registry
+from .procs import pid_alive
 
 
 @dataclass
@@ -208,14 +209,7 @@ def sweep_stale_run_dirs(base: str) -> None:
         return
     for name in names:
         owner = name[len("hive-relay-"):].split("-")[0]
-        if not owner.isdigit():
-            continue
-        try:
-            os.kill(int(owner), 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        if not owner.isdigit() or pid_alive(int(owner)):
             continue
         path = os.path.join(base, name)
         try:

@@ -15,6 +15,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from .procs import pid_alive
+
 CGROUP_ROOT = "/sys/fs/cgroup"
 PREFIX = "hive-relay-"
 
@@ -122,7 +124,7 @@ def sweep_stale() -> int:
             continue
         for name in names:
             owner = name[len(PREFIX):].split("-")[0]
-            if owner.isdigit() and _alive(int(owner)):
+            if owner.isdigit() and pid_alive(int(owner)):
                 continue
             try:
                 os.rmdir(os.path.join(base, name))
@@ -130,16 +132,6 @@ def sweep_stale() -> int:
             except OSError:
                 pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def raise_nofile() -> tuple[int, int]:

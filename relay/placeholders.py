@@ -18,15 +18,7 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+from .procs import pid_alive
 
 
 class Registry:
@@ -80,7 +72,7 @@ class Registry:
 
 def _prune(data: dict[str, list[int]]) -> None:
     for path in list(data):
-        data[path] = [p for p in data[path] if isinstance(p, int) and _alive(p)]
+        data[path] = [p for p in data[path] if isinstance(p, int) and pid_alive(p)]
         if data[path]:
             continue
         del data[path]
