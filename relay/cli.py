@@ -58,7 +58,7 @@ def contribute(
             print(render_plan(plan))
         return 0
     if plan.tier == "container":
-        raise RelayError("container mode is planned but not runnable yet; use local mode")
+        raise RefusedError("container mode is not available yet (--dry-run shows its plan); fix: use local mode")
     from .runner import run
     from .verify import verify
 
