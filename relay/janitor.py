@@ -48,12 +48,17 @@ def box_copy_path(state: RunState, host_path: str) -> str:
     return os.path.join(state.run_dir, "home", rel)
 
 
-def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False) -> None:
-    """Create the private run dir, its tmp (process tier) and copies of synced files."""
+def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False,
+            git_excludes: str | None = None) -> None:
+    """Create the private run dir, its tmp (process tier), the box's git excludes file and copies
+    of synced files."""
     if state.run_dir is None:
         return
     os.makedirs(state.run_dir, mode=0o700)
     os.makedirs(os.path.join(state.run_dir, "home"), mode=0o700)
+    if git_excludes is not None:
+        with open(os.path.join(state.run_dir, "git-excludes"), "w") as fh:
+            fh.write(git_excludes)
     if with_tmp:
         os.makedirs(os.path.join(state.run_dir, "tmp"), mode=0o700)
     for host_path in sync_files:

@@ -35,6 +35,7 @@ DEFAULT_TIMEOUT = 1800
 MODES = ("local", "container")
 ISOLATIONS = ("auto", "process", "supervised", "container")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+BOX_GIT_EXCLUDES = "/run/hive-relay/git-excludes"
 
 
 
@@ -93,6 +94,7 @@ class Plan:
     seccomp_policy: SeccompPolicy | None = None
     fs_rules: tuple[tuple[str, str], ...] = ()
     guarded_files: tuple[str, ...] = ()
+    git_excludes: tuple[str, ...] = ()
     unsandboxed: bool = False
     notes: tuple[str, ...] = field(default=())
 
@@ -322,6 +324,14 @@ def resolve(
         tmpfs_size=profile.memory // 4,
     )
     notes += fsplan.notes
+    # Placeholders would show up in the agent's `git status`; a box-only excludes file hides them.
+    git_excludes = tuple(sorted("/" + os.path.relpath(p, workdir) for p in fsplan.placeholders
+                                if p.startswith(workdir.rstrip("/") + "/")))
+    if git_excludes and run_dir and tier == "supervised":
+        fsplan = replace(fsplan, mounts=fsplan.mounts + (
+            Mount("ro-bind", BOX_GIT_EXCLUDES, os.path.join(run_dir, "git-excludes")),))
+    else:
+        git_excludes = ()
 
     egress: tuple[str, ...] = ()
     proxy_listen = None
@@ -344,6 +354,8 @@ def resolve(
         env_set["PATH"] = SAFE_PATH
     if profile.backend_home:
         env_set.update(dict(backend.env_set))
+    if git_excludes:
+        env_set.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.excludesFile", GIT_CONFIG_VALUE_0=BOX_GIT_EXCLUDES)
     if proxy_listen:
         env_set.update(proxy_env(proxy_listen))
     env_pass = tuple(n for n in env_pass if n not in env_set)
@@ -421,6 +433,7 @@ def resolve(
         box_uid=box_uid,
         sync_files=tuple(sync) if tier != "process" else (),
         guarded_files=tuple(guarded),
+        git_excludes=git_excludes,
         log_path=log_path if proxy_listen else None,
         run_dir=run_dir,
         notes=tuple(notes),

@@ -153,7 +153,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if plan.limits.method.startswith("cgroup"):
         limits.sweep_stale()
     process_tier = plan.tier == "process"
-    needs_run_dir = bool(plan.sync_files) or process_tier
+    needs_run_dir = bool(plan.sync_files) or process_tier or bool(plan.git_excludes)
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid())
     if plan.placeholders or plan.protected or plan.denied:
@@ -164,7 +164,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
     state.guarded = {path: guard.snapshot(path) for path in plan.guarded_files}
     try:
-        janitor.prepare(state, plan.sync_files, with_tmp=process_tier)
+        janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
+                        git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)
     except OSError as err:
         raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
@@ -200,6 +201,18 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         summary.append(f"the egress log could not be fully written ({proxy.log.write_errors} errors): {plan.log_path}")
     emit([f"hive-relay: {line}" for line in summary + messages])
     return _finish(outcome, rc, plan)
+
+
+def _git_excludes(plan: Plan, caller_env: Mapping[str, str]) -> str:
+    """The user's own global git excludes (XDG default location) plus the box's placeholders."""
+    base = caller_env.get("XDG_CONFIG_HOME") or os.path.join(caller_env.get("HOME", "/"), ".config")
+    try:
+        with open(os.path.join(base, "git", "ignore"), encoding="utf-8", errors="replace") as fh:
+            own = fh.read()
+    except OSError:
+        own = ""
+    ours = "# hive relay: placeholders that keep protected paths from being created\n" + "\n".join(plan.git_excludes)
+    return (own.rstrip("\n") + "\n" if own else "") + ours + "\n"
 
 
 class BoxProcess:

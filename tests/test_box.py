@@ -362,3 +362,17 @@ def _abandoned(cgroup: Path) -> bool:
         return False
     owner = cgroup.name.removeprefix("hive-relay-").split("-")[0]
     return not (owner.isdigit() and Path(f"/proc/{owner}").exists())
+
+
+def test_placeholders_stay_out_of_git_status(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    subprocess.run(["git", "init", "-q", str(s.workdir)], check=True)
+    ignore = s.home / ".config" / "git" / "ignore"
+    ignore.parent.mkdir(parents=True, exist_ok=True)
+    ignore.write_text("*.log\n")
+    (s.workdir / "debug.log").write_text("x")
+    out = ok(s.box("git status --short --untracked-files=all; echo new > new.txt; git status --short"))
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert "?? README.md" in lines and "?? new.txt" in lines
+    assert not any(name in out for name in (".vscode", ".mcp.json", ".bashrc", ".envrc")), out
+    assert "debug.log" not in out  # the user's own global excludes still apply
