@@ -65,6 +65,8 @@ class FsPlan:
 
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/run")
+DIR_LIKE = frozenset({".git", ".vscode", ".idea", ".claude", ".gemini", ".codex", "hooks", "commands", "agents",
+                      "modules", "worktrees"})
 # Mount kinds that show the box nothing of the host's persistent files.
 PRIVATE_KINDS = ("tmpfs", "private-bind", "dev", "proc", "mask-file", "mask-dir")
 
@@ -161,7 +163,10 @@ def plan_filesystem(
         component (bwrap leaves an empty placeholder file there for the box's lifetime)."""
         first = _first_missing(target, cover.dst, fs)
         if first:
-            mask(first, "file")
+            # An ancestor (or a dir by nature) is masked as an empty read-only dir, so tools that
+            # look inside it see "no such file" rather than "not a directory".
+            is_dir = first != target or os.path.basename(first) in DIR_LIKE
+            mask(first, "dir" if is_dir else "file")
             placeholders.append(first)
             anchors.append((cover.dst, first))
         return first

@@ -42,15 +42,18 @@ class Registry:
             tmp.write_text(json.dumps(data))
             os.replace(tmp, self.path)
 
-    def claim(self, pid: int, missing: Iterable[str], existing: Iterable[str]) -> None:
-        """Create the missing placeholders (empty files) and take a reference on them, plus on any
-        existing path that is already a registered placeholder of another live box."""
+    def claim(self, pid: int, missing: Iterable[tuple[str, bool]], existing: Iterable[str]) -> None:
+        """Create the missing placeholders (empty files, or empty dirs where `is_dir`) and take a
+        reference on them, plus on any existing path that is a registered placeholder of another box."""
         with self._locked() as data:
             _prune(data)
-            for path in missing:
+            for path, is_dir in missing:
                 try:
-                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o444)
-                    os.close(fd)
+                    if is_dir:
+                        os.mkdir(path, 0o755)
+                    else:
+                        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o444)
+                        os.close(fd)
                 except FileExistsError:
                     if path not in data:
                         continue  # a real file appeared meanwhile: bwrap binds /dev/null over it
@@ -80,5 +83,7 @@ def _prune(data: dict[str, list[int]]) -> None:
             st = os.lstat(path)
             if stat.S_ISREG(st.st_mode) and st.st_size == 0:
                 os.unlink(path)
+            elif stat.S_ISDIR(st.st_mode):
+                os.rmdir(path)  # only succeeds when empty
         except OSError:
             pass

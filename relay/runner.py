@@ -159,7 +159,9 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if plan.placeholders or plan.protected or plan.denied:
         state.registry = Registry(state_dir(dict(caller_env)))
         try:
-            state.registry.claim(os.getpid(), plan.placeholders, plan.protected + plan.denied)
+            kinds = {m.dst: m.kind for m in plan.mounts}
+            missing = [(p, kinds.get(p) == "mask-dir") for p in plan.placeholders]
+            state.registry.claim(os.getpid(), missing, plan.protected + plan.denied)
         except OSError as err:
             raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
     state.guarded = {path: guard.snapshot(path) for path in plan.guarded_files}

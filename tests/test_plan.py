@@ -85,7 +85,7 @@ def test_secrets_are_names_only(sandbox: Sandbox) -> None:
 def test_prompt_run_has_timeout_and_noninteractive_argv(sandbox: Sandbox) -> None:
     plan = plan_for(sandbox, "codex", prompt="fix it", timeout=42)
     assert plan.interactive is False and plan.timeout == 42
-    assert plan.argv[0] == "codex" and plan.argv[-2:] == ("exec", "fix it")
+    assert plan.argv[0] == "codex" and plan.argv[-3:] == ("exec", "--skip-git-repo-check", "fix it")
     assert plan.argv[1:3] == ("--sandbox", "danger-full-access")  # our box is codex's sandbox
 
 
