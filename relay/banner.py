@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 from .plan import Plan
@@ -57,7 +56,3 @@ def emit(lines: list[str]) -> None:
             sys.stderr.flush()
         except OSError:
             pass
-
-
-def home_of(env: dict[str, str] | os._Environ) -> str:
-    return env.get("HOME", "")

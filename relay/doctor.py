@@ -28,8 +28,8 @@ def components(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, s
     rows.append(("tty injection sysctl", True,
                  {True: "legacy_tiocsti=1: TIOCSTI is live, seccomp blocks it in the box",
                   False: "legacy_tiocsti=0: the kernel blocks TIOCSTI", None: "unknown"}[facts.legacy_tiocsti]))
-    rows.append(("box python", facts.box_python is not None,
-                 facts.box_python or "no python3 outside $HOME; fix: apt-get install python3"))
+    rows.append(("selftest python", facts.box_python is not None,
+                 facts.box_python or "no python3 outside $HOME (only `invoke selftest` needs one); fix: apt-get install python3"))
     rows.append(("podman", facts.podman is not None, facts.podman or "missing; fix: apt-get install podman (container mode)"))
     rows.append(("docker", facts.docker is not None, facts.docker or "missing (podman is preferred)"))
     path = f"{tool_dir(env)}/node_modules/.bin:{env.get('PATH', '')}"

@@ -240,9 +240,7 @@ def _missing_supervised(facts: HostFacts) -> str:
         fix = ("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or add an AppArmor profile for bwrap"
                if facts.userns_restricted else "check that user namespaces are enabled (sysctl user.max_user_namespaces)")
         return f"{facts.bwrap_error}; fix: {fix}"
-    if not facts.seccomp:
-        return facts.seccomp_error or "seccomp is unavailable"
-    return "no python3 outside $HOME for the in-box init; fix: apt-get install python3"
+    return facts.seccomp_error or "seccomp is unavailable"
 
 
 def resolve(

@@ -64,7 +64,7 @@ class HostFacts:
 
     @property
     def supervised_ok(self) -> bool:
-        return self.bwrap_ok and self.seccomp and self.box_python is not None
+        return self.bwrap_ok and self.seccomp
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -148,12 +148,18 @@ def _answers(child: pexpect.spawn, line: str, expected: object, tries: int = 10)
     return False
 
 
-def test_sigint_storm_on_a_prompt_run(box: Sandbox, report) -> None:
-    launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "--quiet", "--prompt", "sleep 303"],
+def _launch_sleeper(box: Sandbox, backend: str, seconds: int) -> subprocess.Popen:
+    """A --prompt run whose agent is `sleep N`; returns once that sleep runs in the box."""
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", backend, "--quiet", "--prompt", f"sleep {seconds}"],
                                 cwd=box.workdir, env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 20
-    while "sleep 303 " not in _cmdlines() and time.time() < deadline:
+    while f"sleep {seconds} " not in _cmdlines() and time.time() < deadline:
         time.sleep(0.05)
+    return launcher
+
+
+def test_sigint_storm_on_a_prompt_run(box: Sandbox, report) -> None:
+    launcher = _launch_sleeper(box, "shell", 303)
     for _ in range(50):
         try:
             launcher.send_signal(signal.SIGINT)
@@ -172,11 +178,7 @@ def test_sigint_storm_on_a_prompt_run(box: Sandbox, report) -> None:
 
 
 def test_sigterm_to_the_launcher(box: Sandbox, report) -> None:
-    launcher = subprocess.Popen([sys.executable, "-m", "relay", "claude", "--quiet", "--prompt", "sleep 304"],
-                                cwd=box.workdir, env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 20
-    while "sleep 304 " not in _cmdlines() and time.time() < deadline:
-        time.sleep(0.05)
+    launcher = _launch_sleeper(box, "claude", 304)
     launcher.terminate()
     _, err = launcher.communicate(timeout=60)
     ok = launcher.returncode == 143 and "stopped by SIGTERM" in err and wait_gone("sleep 304", box)
