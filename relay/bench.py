@@ -163,11 +163,14 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False) -> int:
                                **{k: statistics.median(v) for k, v in phases.items()}}
 
         # 2. Proxy throughput: the same download direct on loopback and through the proxy.
-        reps = 3
+        # Interleaved rounds (direct, plain, CONNECT) so that drift on a shared machine hits all three alike;
+        # the direct baseline is the same Python client on the host, straight to the server on loopback.
         client = [sys.executable, os.path.join(work, "client.py")]
-        direct = _box_json([*client, "get", "bench.test", str(port), str(reps)], env, work)
-        plain = _box_json(_relay(*box, f"/usr/bin/python3 client.py get bench.test {port} {reps} 127.0.0.1:3128"), env, work)
-        tunnel = _box_json(_relay(*box, f"/usr/bin/python3 client.py connect bench.test {port} {reps} 127.0.0.1:3128"), env, work)
+        direct, plain, tunnel = [], [], []
+        for _ in range(2 if quick else 5):
+            direct += _box_json([*client, "get", "bench.test", str(port), "1"], env, work)
+            plain += _box_json(_relay(*box, f"/usr/bin/python3 client.py get bench.test {port} 1 127.0.0.1:3128"), env, work)
+            tunnel += _box_json(_relay(*box, f"/usr/bin/python3 client.py connect bench.test {port} 1 127.0.0.1:3128"), env, work)
 
         def mbps(samples: list) -> float:
             return statistics.median(b / s for b, s in samples) / MB
@@ -235,8 +238,11 @@ def report(r: dict) -> int:
     mem = r["memory"]
     busy_key = next(k for k in mem if "tunnels" in k)
     targets = {
-        "launch ≤ 0.6× srt true": (f"{full / launch['srt true (peer)']:.2f}×" if "srt true (peer)" in launch else "srt not installed (--with-peers)",
-                                   "srt true (peer)" in launch and full <= 0.6 * launch["srt true (peer)"]),
+        # ./bin/contribute-hive runs the relay entry; invoke's own import is reported beside it.
+        "launch ≤ 0.6× srt true (bin/contribute-hive)": (
+            f"{entry / launch['srt true (peer)']:.2f}× (invoke contribute-hive {full / launch['srt true (peer)']:.2f}×)"
+            if "srt true (peer)" in launch else "srt not installed (--with-peers)",
+            "srt true (peer)" in launch and entry <= 0.6 * launch["srt true (peer)"]),
         "relay entry within 60 ms of bare bwrap": (f"+{(entry - launch['bare bwrap']) * 1000:.0f} ms",
                                                    entry - launch["bare bwrap"] <= 0.060),
         "proxy throughput ≥ 0.8× direct": (f"{min(tp['proxy plain HTTP'], tp['proxy CONNECT']) / tp['direct']:.2f}×",
