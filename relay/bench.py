@@ -17,8 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import PACKAGE_ROOT
-from .probe import cache_dir
+from .paths import PACKAGE_ROOT, cache_dir
 
 BENCH = PACKAGE_ROOT / "bench"
 RESULTS = BENCH / "results"

@@ -20,12 +20,12 @@ from pathlib import Path
 from .digest import sha256
 from .errors import ConfigError, UsageError
 from .hosts import parse_rule
+from .paths import PACKAGE_ROOT, cache_dir, config_home
 
 TYPE_CHECKING = False  # importing typing costs ~4 ms per launch; annotations are strings anyway
 if TYPE_CHECKING:
     from typing import Any
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_CONFIG = PACKAGE_ROOT / "config" / "backends.yaml"
 REPO_CONFIG_NAME = ".hive-relay.yaml"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -379,8 +379,7 @@ def load_shipped(path: Path = SHIPPED_CONFIG, cache: Path | None = None) -> dict
 def user_config_path(env: Mapping[str, str]) -> Path:
     if env.get("HIVE_RELAY_CONFIG"):
         return Path(env["HIVE_RELAY_CONFIG"])
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", "/"), ".config")
-    return Path(base) / "hive-relay" / "config.yaml"
+    return Path(config_home(env)) / "hive-relay" / "config.yaml"
 
 
 def apply_user(
@@ -450,8 +449,7 @@ def apply_repo(backends: dict[str, Backend], path: Path, cache: Path | None = No
 
 def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SHIPPED_CONFIG) -> Matrix:
     """All three layers, strictly; a missing optional layer is simply absent."""
-    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME", "/nonexistent"), ".cache")
-    cache = Path(base) / "hive-relay"
+    cache = cache_dir(env)
     backends = load_shipped(shipped, cache)
     sources = [str(shipped)]
     profiles: dict[str, ProfileSpec] = {}

@@ -7,7 +7,7 @@ import os
 import shutil
 
 from .config import load_shipped
-from .plan import tool_dir
+from .paths import tool_dir
 from .probe import HostFacts, probe
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from .config import Backend
 from .errors import RelayError
-from .plan import tool_dir
+from .paths import tool_dir
 
 EXIT_MISSING = 127
 

@@ -22,6 +22,7 @@ from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
 from .hosts import HostRule, parse_rule
 from .native import render as render_native
+from .paths import state_dir, tool_dir
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
@@ -108,19 +109,6 @@ class Plan:
         data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
         data["command_line"] = shlex.join(self.command)
         return data
-
-
-def state_dir(env: dict[str, str]) -> str:
-    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state")
-    return os.path.join(base, "hive-relay")
-
-
-def tool_dir(env: dict[str, str]) -> str:
-    """Project-local npm installs of the agent CLIs (never `npm -g`), bound read-only into boxes.
-    $HIVE_RELAY_TOOLS overrides it, e.g. to share one install between checkouts."""
-    from .config import PACKAGE_ROOT
-
-    return os.path.realpath(env.get("HIVE_RELAY_TOOLS") or os.path.join(PACKAGE_ROOT, ".cache", "npm"))
 
 
 def _expand_argv(template: tuple[str, ...], *, prompt: str | None, shell: str, workdir: str) -> list[str]:

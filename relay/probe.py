@@ -12,9 +12,9 @@ import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from . import __version__
+from .paths import cache_dir
 
 CACHE_VERSION = 3
 
@@ -68,11 +68,6 @@ class HostFacts:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def cache_dir(env: dict[str, str] | os._Environ) -> Path:
-    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".cache")
-    return Path(base) / "hive-relay"
 
 
 def _read(path: str) -> str | None:

@@ -15,9 +15,9 @@ from . import guard, janitor, limits
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
 from .netns import listen_in
+from .paths import cache_dir, config_home, state_dir
 from .placeholders import Registry
-from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan, state_dir
-from .probe import cache_dir
+from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan
 from .proxy import DecisionLog, EgressProxy
 from .seccomp_policy import build_filter, compile_to_memfd, policy_for
 
@@ -207,9 +207,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
 
 def _git_excludes(plan: Plan, caller_env: Mapping[str, str]) -> str:
     """The user's own global git excludes (XDG default location) plus the box's placeholders."""
-    base = caller_env.get("XDG_CONFIG_HOME") or os.path.join(caller_env.get("HOME", "/"), ".config")
     try:
-        with open(os.path.join(base, "git", "ignore"), encoding="utf-8", errors="replace") as fh:
+        with open(os.path.join(config_home(caller_env), "git", "ignore"), encoding="utf-8", errors="replace") as fh:
             own = fh.read()
     except OSError:
         own = ""

@@ -22,9 +22,11 @@ from .cli import new_run_id
 from .config import get_backend, load_matrix
 from .denylist import expand
 from .errors import RelayError
+from .paths import cache_dir
 from .plan import PROXY_LISTEN, Plan, Request, resolve
-from .probe import cache_dir, probe
+from .probe import probe
 from .runner import run
+from .stdio import redirected
 
 PROBES = Path(__file__).with_name("boxprobes.py")
 ALLOWED_NAME = "selftest.hive-relay.test"
@@ -82,13 +84,8 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix) -> 
         if plan.unsandboxed:
             return [Row(backend, plan.tier, plan.profile, "box enforced", "attack", False, "runs unsandboxed (opt-in)")]
         with tempfile.TemporaryFile() as out:
-            saved = os.dup(1)
-            os.dup2(out.fileno(), 1)
-            try:
+            with redirected({1: out.fileno()}):
                 code = run(plan, env, quiet=True)
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
             out.seek(0)
             lines = out.read().decode(errors="replace").splitlines()
         rows = []

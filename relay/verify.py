@@ -15,8 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from .digest import sha256
+from .paths import cache_dir
 from .plan import Plan
-from .probe import cache_dir
+from .stdio import redirected
 
 MEMO_LIMIT = 200
 TRUE = "/bin/true" if os.path.exists("/bin/true") else "/usr/bin/true"
@@ -78,22 +79,14 @@ def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
         notes=(),
         run_dir=run_dir,
     )
-    with tempfile.TemporaryFile() as err:
-        saved_out, saved_err = os.dup(1), os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(err.fileno(), 2)
+    with tempfile.TemporaryFile() as err, open(os.devnull, "wb") as devnull:
         try:
-            code = run(probe_plan, env, quiet=True)
+            with redirected({1: devnull.fileno(), 2: err.fileno()}):
+                code = run(probe_plan, env, quiet=True)
         except Exception as exc:  # noqa: BLE001 - any failure means "not enforceable"
             code, reason = -1, str(exc)
         else:
             reason = ""
-        finally:
-            os.dup2(saved_out, 1)
-            os.dup2(saved_err, 2)
-            for fd in (saved_out, saved_err, devnull):
-                os.close(fd)
         err.seek(0)
         lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
     if code == 0:
