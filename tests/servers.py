@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -99,24 +100,32 @@ def start_http(tls_dir: Path | None = None) -> tuple[Server, int, Path | None]:
     return server, server.server_address[1], cert
 
 
-def start_echo() -> tuple[socket.socket, int]:
-    """A raw TCP echo server: each connection echoes until EOF."""
+def start_tcp(handle: Callable[[socket.socket, int], None]) -> tuple[socket.socket, int]:
+    """A raw TCP server on loopback: `handle(conn, n)` runs in its own thread for the n-th connection."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(512)
 
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            while data := conn.recv(65536):
-                conn.sendall(data)
-
     def loop() -> None:
+        n = 0
         while True:
             try:
                 conn, _ = sock.accept()
             except OSError:
                 return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+            n += 1
+            threading.Thread(target=handle, args=(conn, n), daemon=True).start()
 
     threading.Thread(target=loop, daemon=True).start()
     return sock, sock.getsockname()[1]
+
+
+def start_echo() -> tuple[socket.socket, int]:
+    """Each connection echoes until EOF."""
+
+    def echo(conn: socket.socket, _n: int) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    return start_tcp(echo)

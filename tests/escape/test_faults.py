@@ -10,13 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pexpect
 
 from ..conftest import Sandbox
+from ..servers import start_tcp
 from ..test_box import _cmdlines, _leftovers
 
 PY = "/usr/bin/python3"
@@ -53,28 +53,16 @@ def test_agent_crash_is_reported(box: Sandbox, report) -> None:
 
 def _dying_upstream() -> tuple[socket.socket, int]:
     """Sends half a response, then drops the connection; a second connection gets a full answer."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    count = {"n": 0}
 
-    def loop() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            count["n"] += 1
+    def handle(conn: socket.socket, n: int) -> None:
+        with conn:
             conn.recv(65536)
-            if count["n"] == 1:
+            if n == 1:
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000)
-                conn.close()
             else:
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
-                conn.close()
 
-    threading.Thread(target=loop, daemon=True).start()
-    return sock, sock.getsockname()[1]
+    return start_tcp(handle)
 
 
 def test_upstream_dying_mid_stream(box: Sandbox, report) -> None:
