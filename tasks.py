@@ -82,6 +82,23 @@ def doctor(c: Context, json: bool = False) -> None:
     _exit(guarded(run_doctor, as_json=json))
 
 
+@task(help={
+    "base": "base image (default: localhost/hive-relay-base:bookworm, built offline with debootstrap + Node from npm; "
+            "any image with node 20+, npm and git works)",
+    "rebuild": "rebuild without the engine's layer cache even if the image is up to date",
+    "base_only": "only make sure the base image exists",
+    "save_base": "also save the base image to FILE (root builds it once; users load it with --base-archive)",
+    "base_archive": "load a missing base image from FILE (made by --save-base) instead of building it",
+})
+def build_image(c: Context, base: str | None = None, rebuild: bool = False, base_only: bool = False,
+                save_base: str | None = None, base_archive: str | None = None) -> None:
+    """Build the container-mode image (Dockerfile.contributor) for your uid; cached by content."""
+    from relay.cli import build_image as run_build_image
+
+    _exit(guarded(run_build_image, base=base, rebuild=rebuild, base_only=base_only, save_base=save_base,
+                  base_archive=base_archive))
+
+
 @task(help={"args": "extra arguments for pytest, e.g. '-k proxy -x'"})
 def test(c: Context, args: str = "") -> None:
     """Run the whole test suite (pytest, then the bats shell tests)."""

@@ -57,9 +57,13 @@ def contribute(
         else:
             print(render_plan(plan))
         return 0
-    if plan.tier == "container":
-        raise RefusedError("container mode is not available yet (--dry-run shows its plan); fix: use local mode")
     from .runner import run
+
+    if plan.container is not None:
+        from .engine import ensure_ready
+
+        ensure_ready(plan.container, matrix, env)
+        return run(plan, env, quiet=quiet)
     from .verify import verify
 
     problem = verify(plan, env)
@@ -74,12 +78,47 @@ def contribute(
     return run(plan, env, quiet=quiet)
 
 
+def build_image(*, base: str | None = None, rebuild: bool = False, base_only: bool = False,
+                save_base: str | None = None, base_archive: str | None = None,
+                env: Mapping[str, str] | None = None) -> int:
+    """`invoke build-image`: the container-mode image for this user, built once and cached by content."""
+    from . import image
+    from .engine import info
+    from .plan import choose_engine
+
+    env = dict(os.environ if env is None else env)
+    if base:
+        env["HIVE_RELAY_BASE_IMAGE"] = base
+    if base_archive:
+        if not os.path.isfile(base_archive):
+            raise UsageError(f"--base-archive {base_archive}: no such file; fix: make it with --save-base FILE")
+        env["HIVE_RELAY_BASE_ARCHIVE"] = os.path.abspath(base_archive)
+    engine = choose_engine(probe(env), env)
+    found = info(engine)
+    if found.error:
+        raise RefusedError(f"cannot build the image: {found.error}; fix: `invoke doctor` shows the engine's state")
+    image.say(f"engine: {found.kind} {found.version or ''} ({'rootless' if found.rootless else 'rootful'})")
+    for line in found.notes():
+        image.say(f"note: {line}")
+    matrix = load_matrix(env, workdir=None)
+    spec = image.spec_from_env(matrix.backends, os.getuid(), os.getgid(), env)
+    image.ensure_base([engine], spec.base, env)
+    if save_base:
+        image.save_base([engine], spec.base, save_base)
+        image.say(f"saved the base image {spec.base} to {save_base}")
+    if not base_only:
+        print(image.build([engine], spec, env, rebuild=rebuild))
+    return 0
+
+
 def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import light
     data = plan.to_json()
     lines = [f"backend  {plan.backend}   mode {plan.mode}   tier {plan.tier}   profile {plan.profile} ({plan.profile_digest})",
              f"workdir  {plan.workdir}",
              f"argv     {' '.join(plan.argv)}",
              f"limits   {plan.limits.memory} bytes memory, {plan.limits.pids} processes via {plan.limits.method}",
+             *([f"engine   {c.kind} {'rootless' if c.rootless else 'rootful'} ({c.engine}), image {c.image}, "
+                f"user {c.user}, container {c.name}"] if (c := plan.container) else []),
              f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
              f"egress   {', '.join(plan.egress) if plan.proxy_listen else 'no network'}",
              f"log      {plan.log_path or '-'}",
@@ -160,7 +199,25 @@ def guarded(fn, *args, **kwargs) -> int:  # noqa: ANN001
         return 130
 
 
+def _build_image_main(argv: Sequence[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="contribute-hive build-image",
+                                     description="Build the container-mode image for your uid (cached by content).")
+    parser.add_argument("--base", help="base image with node 20+, npm and git (default: built offline)")
+    parser.add_argument("--rebuild", action="store_true", help="ignore the layer cache")
+    parser.add_argument("--base-only", action="store_true", help="only make sure the base image exists")
+    parser.add_argument("--save-base", metavar="FILE", help="also save the base image to FILE")
+    parser.add_argument("--base-archive", metavar="FILE", help="load a missing base image from FILE")
+    ns = parser.parse_args(argv)
+    return guarded(build_image, base=ns.base, rebuild=ns.rebuild, base_only=ns.base_only, save_base=ns.save_base,
+                   base_archive=ns.base_archive)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["build-image"]:
+        return _build_image_main(argv[1:])
     ns = build_parser().parse_args(argv)
     def go() -> int:
         request = request_from(

@@ -1,8 +1,17 @@
-"""Render a plan into a podman/docker `run` argv for container mode (nothing is run here)."""
+"""Render a plan into a podman/docker `run` argv for container mode (nothing is run here).
+
+Same policy as the local box, expressed in the engine's terms: the image's root read-only, the
+host visible only through the plan's binds (workdir, home grants, protected paths read-only,
+deny-listed paths masked), no capabilities, no network but the egress listener the launcher opens
+inside the container's namespace, the box's seccomp rules merged into the engine's default
+profile, and pids/memory limits.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .fsplan import Mount
 
@@ -10,40 +19,121 @@ TYPE_CHECKING = False  # avoids importing typing (5 ms) at launch
 if TYPE_CHECKING:
     from .plan import Limits
 
-IMAGE = "localhost/hive-relay-contributor:latest"
+CTL_DIR = "/run/hive-relay/ctl"  # in the container: the go FIFO the entrypoint waits on
+ENTRYPOINT = "/opt/hive-relay/bin/container-entrypoint"
+IMAGE_PATH = "/opt/hive-relay/npm/node_modules/.bin:/usr/local/bin:/usr/bin:/bin"
+HOST_KINDS = ("bind", "ro-bind", "private-bind")
+# Binds the container does not get: the host root, and the kernel filesystems the engine provides.
+SKIPPED_KINDS = ("dev", "proc")
+
+
+@dataclass(frozen=True)
+class ContainerRun:
+    """The engine-facing facts of one container launch (in the plan, so --dry-run shows them)."""
+
+    engine: str
+    kind: str  # podman | docker
+    rootless: bool
+    name: str
+    image: str
+    user: str
+    pidfile: str | None
+    ctl_dir: str | None
+    seccomp_profile: str | None
+    limit_flags: tuple[str, ...]
+
+    def rm_argv(self) -> list[str]:
+        return [self.engine, "rm", "-f", "-t", "0", self.name] if self.kind == "podman" else \
+            [self.engine, "rm", "-f", self.name]
+
+
+def engine_kind(path: str) -> str:
+    return "docker" if os.path.basename(path).startswith("docker") else "podman"
+
+
+def limit_flags(kind: str, rootless: bool, cgroup: str | None, limits: Limits, nofile: int) -> tuple[tuple[str, ...], str]:
+    """(flags, method). Engines enforce pids/memory with cgroups; rootless podman cannot on cgroup
+    v1 (it ignores the flags with a warning), so there the same numbers become rlimits."""
+    flags = ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={limits.pids}:{limits.pids}"]
+    if kind == "podman" and rootless and cgroup != "v2":
+        flags += ["--ulimit", f"data={limits.memory}:{limits.memory}"]
+        return tuple(flags), "rlimit (podman --ulimit)"
+    flags += ["--pids-limit", str(limits.pids), "--memory", str(limits.memory), "--memory-swap", str(limits.memory)]
+    return tuple(flags), f"cgroup ({kind})"
+
+
+def _covering(path: str, mounts: list[Mount]) -> Mount | None:
+    best = None
+    for m in mounts:
+        if (path == m.dst or path.startswith(m.dst.rstrip("/") + "/")) and (best is None or len(m.dst) >= len(best.dst)):
+            best = m
+    return best
+
+
+def host_visible(path: str, mounts: Iterable[Mount]) -> bool:
+    """Whether `path` is under one of the host binds a container gets (else it is the image's)."""
+    host = [m for m in mounts if m.kind in HOST_KINDS and m.src and m.dst != "/"]
+    return _covering(path, host) is not None
+
+
+def volume_args(mounts: Iterable[Mount], home: str) -> list[str]:
+    """Host binds become volumes; masks apply only where host paths are visible (the image's own
+    files are not the host's secrets); private dirs become sized tmpfs."""
+    mounts = [m for m in mounts if m.kind not in SKIPPED_KINDS and not (m.kind == "ro-bind" and m.dst == "/")]
+    args: list[str] = []
+    host = [m for m in mounts if m.kind in HOST_KINDS]
+    for m in mounts:
+        if m.kind in HOST_KINDS and m.src:
+            suffix = "ro" if m.kind == "ro-bind" else "rw"
+            args += ["--volume", f"{m.src}:{m.dst}:{suffix}"]
+        elif m.kind == "tmpfs":
+            size = f",size={m.size}" if m.size else ""
+            mode = "mode=0700,U" if m.dst == home else "mode=1777"
+            args += ["--tmpfs", f"{m.dst}:rw,nosuid,nodev{size},{mode}"]
+        elif m.kind in ("mask-file", "mask-dir") and _covering(m.dst, host) is not None:
+            if m.kind == "mask-file":
+                args += ["--volume", f"/dev/null:{m.dst}:ro"]
+            else:
+                args += ["--tmpfs", f"{m.dst}:ro,nosuid,nodev,size=4k,mode=0555"]
+    return args
 
 
 def build(
     *,
-    engine: str,
+    run: ContainerRun,
     backend: str,
     workdir: str,
+    home: str,
     mounts: Iterable[Mount],
     env_set: dict[str, str],
     env_pass: Iterable[str],
-    limits: Limits,
     interactive: bool,
     tty: bool,
     argv: list[str],
 ) -> list[str]:
     """Read-only root, no capabilities, no network but our proxy, the same binds as local mode."""
-    args = [engine, "run", "--rm", "-i"]
+    args = [run.engine, "run", "--rm", "-i", "--name", run.name]
     if interactive and tty:
         args.append("-t")
-    args += ["--read-only", "--tmpfs", f"/tmp:size={limits.memory // 4}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-             "--network", "none", "--pids-limit", str(limits.pids), "--memory", str(limits.memory),
-             "--label", f"hive-relay.backend={backend}", "--workdir", workdir]
-    for m in mounts:
-        if m.kind in ("bind", "ro-bind", "private-bind") and m.dst != "/" and m.src:
-            suffix = "rw" if m.kind == "bind" else "ro"
-            args += ["--volume", f"{m.src}:{m.dst}:{suffix}"]
-        elif m.kind == "mask-file":
-            args += ["--volume", f"/dev/null:{m.dst}:ro"]
-        elif m.kind == "mask-dir":
-            args += ["--tmpfs", f"{m.dst}:ro"]
+    args += ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--network", "none",
+             "--ipc", "private", "--user", run.user, "--workdir", workdir,
+             "--label", f"hive-relay.backend={backend}", "--entrypoint", ENTRYPOINT]
+    if run.kind == "podman":
+        # --http-proxy: podman copies the host's proxy variables in by default; the box's own win.
+        args += ["--http-proxy=false", "--read-only-tmpfs=false"]
+        if run.rootless:
+            args += ["--userns", "keep-id"]
+        if run.pidfile:
+            args += ["--pidfile", run.pidfile]
+    if run.seccomp_profile:
+        args += ["--security-opt", f"seccomp={run.seccomp_profile}"]
+    args += list(run.limit_flags)
+    args += volume_args(mounts, home)
+    if run.ctl_dir:
+        args += ["--volume", f"{run.ctl_dir}:{CTL_DIR}:ro"]
     for name in sorted(env_set):
         args += ["--env", f"{name}={env_set[name]}"]
     for name in env_pass:
         args += ["--env", name]
-    args += [IMAGE, *argv]
+    args += [run.image, *argv]
     return args

@@ -7,6 +7,7 @@ import os
 import shutil
 
 from .config import load_shipped
+from .errors import RelayError
 from .paths import tool_dir
 from .probe import HostFacts, probe
 
@@ -30,14 +31,39 @@ def components(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, s
                   False: "legacy_tiocsti=0: the kernel blocks TIOCSTI", None: "unknown"}[facts.legacy_tiocsti]))
     rows.append(("selftest python", facts.box_python is not None,
                  facts.box_python or "no python3 outside $HOME (only `invoke selftest` needs one); fix: apt-get install python3"))
-    rows.append(("podman", facts.podman is not None, facts.podman or "missing; fix: apt-get install podman (container mode)"))
-    rows.append(("docker", facts.docker is not None, facts.docker or "missing (podman is preferred)"))
+    engines = engine_rows(facts, env)
+    rows += engines
     path = f"{tool_dir(env)}/node_modules/.bin:{env.get('PATH', '')}"
     for name, backend in sorted(load_shipped().items()):
         if backend.install_bin:
             found = shutil.which(backend.install_bin, path=path)
             rows.append((f"cli {name}", found is not None,
                          found or f"not installed; fix: npm install --prefix {tool_dir(env)} {backend.install_npm}"))
+    return rows
+
+
+def engine_rows(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, str]]:
+    """podman and docker, each asked whether it answers, and whether it runs rootless."""
+    from .engine import info
+    from .plan import choose_engine
+
+    rows: list[tuple[str, bool, str]] = []
+    try:
+        chosen: str | None = choose_engine(facts, env)
+    except RelayError:
+        chosen = None
+    for name, path, fix in (("podman", facts.podman, "apt-get install podman (container mode)"),
+                            ("docker", facts.docker, "podman is preferred")):
+        if path is None:
+            rows.append((name, name == "docker" and facts.podman is not None, f"missing ({fix})"))
+            continue
+        found = info(path)
+        if found.error:
+            rows.append((name, False, f"{path}: {found.error}"))
+            continue
+        detail = (f"{path} {found.version or ''}: {'rootless' if found.rootless else 'rootful'}, "
+                  f"storage {found.storage_driver}{'; used for container mode' if path == chosen else ''}")
+        rows.append((name, True, "; ".join([detail, *found.notes()])))
     return rows
 
 
@@ -52,10 +78,26 @@ def enforceable(facts: HostFacts) -> dict[str, str]:
         "supervised/default": supervised,
         "process/default": process,
         "process/agent": "never: the process tier cannot enforce egress",
-        "container": "planned: container mode is not runnable yet (dry-run plans only)",
+        "container": _container_state(facts),
         "auto pick": ("agent at supervised" if facts.supervised_ok else
                       "default at process (with a note)" if facts.process_ok else "refused (exit 3)"),
     }
+
+
+def _container_state(facts: HostFacts) -> str:
+    from .engine import info
+    from .plan import choose_engine
+
+    try:
+        engine = choose_engine(facts, dict(os.environ))
+    except RelayError as err:
+        return f"NOT enforceable: {err.message}"
+    found = info(engine)
+    if found.error:
+        return f"NOT enforceable: {found.error}"
+    limits = ("rlimits (rootless podman on cgroup v1)" if found.kind == "podman" and found.rootless and facts.cgroup != "v2"
+              else f"cgroup limits ({found.kind})")
+    return f"enforceable with {found.kind} ({'rootless' if found.rootless else 'rootful'}), {limits}"
 
 
 def doctor(as_json: bool = False) -> int:

@@ -99,7 +99,12 @@ def dockerfile_defaults() -> dict[str, str]:
 Progress = Callable[[str], None]
 
 
-def _say(line: str) -> None:
+def spec_from_env(backends: Mapping[str, Backend], uid: int, gid: int, env: Mapping[str, str]) -> ImageSpec:
+    """$HIVE_RELAY_BASE_IMAGE replaces the default offline base (any image with node 20+, npm, git)."""
+    return spec_for(backends, uid, gid, env.get("HIVE_RELAY_BASE_IMAGE") or DEFAULT_BASE)
+
+
+def say(line: str) -> None:
     print(f"hive-relay: {line}", file=sys.stderr, flush=True)
 
 
@@ -111,8 +116,9 @@ def exists(engine: list[str], ref: str) -> bool:
 
 def _run(argv: list[str], step: str, fix: str, **kw: object) -> None:
     try:
-        proc = subprocess.run(argv, stdin=kw.pop("stdin", subprocess.DEVNULL), stdout=sys.stderr, stderr=sys.stderr,
-                              **kw)  # type: ignore[call-overload]
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        kw.setdefault("stdout", sys.stderr)
+        proc = subprocess.run(argv, stderr=sys.stderr, **kw)  # type: ignore[call-overload]
     except FileNotFoundError:
         raise ImageError(f"{step}: {argv[0]} is not installed; fix: {fix}") from None
     if proc.returncode != 0:
@@ -177,7 +183,7 @@ def _extract_package(tarball: str, target: str) -> None:
                     os.chmod(os.path.join(target, member.name), 0o755 if member.mode & 0o111 else 0o644)
 
 
-def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Progress = _say,
+def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Progress = say,
                    node_version: str = NODE_VERSION, npm_version: str = NPM_VERSION) -> None:
     """debootstrap a minimal Debian, add Node and npm from the npm registry, import it as `tag`."""
     if os.geteuid() != 0:
@@ -219,7 +225,7 @@ def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Pro
         say(f"[base 3/3] import as {tag}")
         tar = subprocess.Popen(["tar", "-C", root, "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
         try:
-            _run([*engine, "import", "--change", "ENV PATH=/usr/local/bin:/usr/bin:/bin", "-", tag],
+            _run([*engine, "import", "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "-", tag],
                  "image import", "check the container engine (invoke doctor)", stdin=tar.stdout)
         finally:
             if tar.stdout:
@@ -252,7 +258,7 @@ def _npm_registry(env: Mapping[str, str]) -> str:
     return out if out.startswith(("http://", "https://")) else ""
 
 
-def ensure_base(engine: list[str], base: str, env: Mapping[str, str], say: Progress = _say) -> None:
+def ensure_base(engine: list[str], base: str, env: Mapping[str, str], say: Progress = say) -> None:
     if exists(engine, base):
         return
     archive = env.get("HIVE_RELAY_BASE_ARCHIVE")
@@ -269,7 +275,7 @@ def ensure_base(engine: list[str], base: str, env: Mapping[str, str], say: Progr
 
 
 def build(engine: list[str], spec: ImageSpec, env: Mapping[str, str], *, rebuild: bool = False,
-          say: Progress = _say) -> str:
+          say: Progress = say) -> str:
     """Make sure the image for `spec` exists; returns its tag. Progress goes to stderr."""
     tag = spec.tag
     if not rebuild and exists(engine, tag):

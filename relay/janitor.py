@@ -32,6 +32,7 @@ class RunState:
     owner: int = 0
     cgroup: limits.Cgroup | None = None
     lock_dir: str | None = None
+    container_rm: list[str] | None = None  # argv that force-removes this run's container
 
 
 def _sha(path: str) -> str | None:
@@ -139,7 +140,11 @@ def spawn(state: RunState) -> tuple[int, int]:
                 said += chunk
             if b"done" not in said.split():
                 # The launcher died without tearing its box down: kill what it told us it started.
-                _kill_box([int(w) for w in said.split() if w.isdigit()])
+                words = said.split()
+                clients = [int(words[i + 1]) for i, w in enumerate(words[:-1]) if w == b"client" and words[i + 1].isdigit()]
+                _kill_box([int(w) for i, w in enumerate(words) if w.isdigit() and (i == 0 or words[i - 1] != b"client")])
+                if state.container_rm:
+                    _remove_container(state.container_rm, clients)
             messages = teardown(state)
             try:
                 os.write(msg_w, "\n".join(messages).encode())
@@ -166,6 +171,37 @@ def _kill_box(pids: list[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _remove_container(rm_argv: list[str], clients: list[int], patience: float = 60.0) -> None:
+    """Force-remove the run's container until its engine client is gone: a launcher killed while
+    the engine was still creating the container must not leave one behind a moment later."""
+    import subprocess
+
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            subprocess.run(rm_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if not any(_running(pid) for pid in clients) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for pid in clients:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphaned client may wait a while for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def tell(lifeline: int, *words: object) -> None:

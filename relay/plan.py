@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from . import bwrap_argv, container_argv
 from .config import Backend, Matrix
+from .container_argv import ContainerRun
 from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
 from .errors import RefusedError, UsageError
@@ -97,6 +98,7 @@ class Plan:
     guarded_files: tuple[str, ...] = ()
     git_excludes: tuple[str, ...] = ()
     unsandboxed: bool = False
+    container: ContainerRun | None = None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -285,9 +287,13 @@ def resolve(
     cli = shutil.which(argv[0], path=box_path)
     extra_binds: list[Mount] = []
 
-    if os.path.isdir(tools):
+    if tier == "container":
+        pass  # the CLIs come from the image, not from the host
+    elif os.path.isdir(tools):
         extra_binds.append(Mount("ro-bind", tools, tools))
-    if cli is None:
+    if tier == "container":
+        pass
+    elif cli is None:
         notes.append(f"{argv[0]} is not installed yet; a real run installs it first (npm, into {tools})"
                      if backend.install_npm else f"{argv[0]} is not installed on this host")
     else:
@@ -313,7 +319,7 @@ def resolve(
     # Placeholders would show up in the agent's `git status`; a box-only excludes file hides them.
     git_excludes = tuple(sorted("/" + os.path.relpath(p, workdir) for p in fsplan.placeholders
                                 if p.startswith(workdir.rstrip("/") + "/")))
-    if git_excludes and run_dir and tier == "supervised":
+    if git_excludes and run_dir and tier in ("supervised", "container"):
         fsplan = replace(fsplan, mounts=fsplan.mounts + (
             Mount("ro-bind", BOX_GIT_EXCLUDES, os.path.join(run_dir, "git-excludes")),))
     else:
@@ -333,7 +339,11 @@ def resolve(
 
     env_set: dict[str, str] = {"HOME": home, "TMPDIR": "/tmp", "HIVE_RELAY": "1", "HIVE_RELAY_BACKEND": backend.name}
     env_pass = _env_names(profile, backend, caller_env)
-    if "PATH" in env_pass:
+    if tier == "container":
+        caller_path = caller_env.get("PATH") if "PATH" in env_pass else None
+        env_set["PATH"] = container_argv.IMAGE_PATH + (f":{caller_path}" if caller_path else "")
+        env_pass = tuple(n for n in env_pass if n != "PATH")
+    elif "PATH" in env_pass:
         env_set["PATH"] = box_path
         env_pass = tuple(n for n in env_pass if n != "PATH")
     else:
@@ -357,6 +367,7 @@ def resolve(
     log_path = os.path.join(state_dir(caller_env), "logs", f"{stamp}-{backend.name}-{request.run_id or 'dry'}.jsonl")
 
     fs_rules: tuple[tuple[str, str], ...] = ()
+    container: _ContainerChoice | None = None
     if tier == "process":
         if run_dir is None:
             raise UsageError("internal: the process tier needs a run id")
@@ -372,10 +383,15 @@ def resolve(
         if proxy_listen:
             raise RefusedError("the process tier cannot enforce egress; internal error in profile choice")
     elif tier == "container":
+        container = _container_run(backend, matrix, request, facts, caller_env, limits, run_dir)
+        limits = replace(limits, method=container.limit_method)
+        if container.run.ctl_dir:
+            env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
+        # Deny-listed paths outside the host binds are the image's own files, not the host's.
+        fsplan = replace(fsplan, denied=tuple(d for d in fsplan.denied if container_argv.host_visible(d, fsplan.mounts)))
         command = container_argv.build(
-            engine=facts.podman or facts.docker or "podman",
-            backend=backend.name, workdir=workdir, mounts=fsplan.mounts, env_set=env_set, env_pass=env_pass,
-            limits=limits, interactive=interactive, tty=facts.tty, argv=argv,
+            run=container.run, backend=backend.name, workdir=workdir, home=home, mounts=fsplan.mounts,
+            env_set=env_set, env_pass=env_pass, interactive=interactive, tty=facts.tty, argv=argv,
         )
     else:
         command = bwrap_argv.build(
@@ -422,6 +438,7 @@ def resolve(
         git_excludes=git_excludes,
         log_path=log_path if proxy_listen else None,
         run_dir=run_dir,
+        container=container.run if container else None,
         notes=tuple(notes),
     )
 
@@ -444,6 +461,50 @@ def _unsandboxed_plan(
         limits=Limits(0, 0, "none"), seccomp=(), box_uid=None, sync_files=(), log_path=None, run_dir=None,
         unsandboxed=True, notes=tuple(notes),
     )
+
+
+@dataclass(frozen=True)
+class _ContainerChoice:
+    run: ContainerRun
+    limit_method: str
+
+
+def choose_engine(facts: HostFacts, caller_env: dict[str, str]) -> str:
+    """podman first (rootless, daemonless), docker otherwise; $HIVE_RELAY_ENGINE picks one."""
+    wanted = caller_env.get("HIVE_RELAY_ENGINE")
+    if wanted:
+        path = {"podman": facts.podman, "docker": facts.docker}.get(wanted) if "/" not in wanted else wanted
+        if not path:
+            raise RefusedError(f"HIVE_RELAY_ENGINE={wanted}: not installed; fix: install it or unset HIVE_RELAY_ENGINE")
+        return path
+    if facts.podman:
+        return facts.podman
+    if facts.docker:
+        return facts.docker
+    raise RefusedError("container mode needs podman or docker; fix: apt-get install podman (or use local mode)")
+
+
+def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: HostFacts, caller_env: dict[str, str],
+                   limits: Limits, run_dir: str | None) -> _ContainerChoice:
+    import resource
+
+    from .image import spec_from_env
+
+    engine = choose_engine(facts, caller_env)
+    kind = container_argv.engine_kind(engine)
+    rootless = kind == "podman" and facts.uid != 0
+    nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
+    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, nofile)
+    spec = spec_from_env(matrix.backends, facts.uid, facts.gid, caller_env)
+    run = ContainerRun(
+        engine=engine, kind=kind, rootless=rootless, name=f"hive-relay-{request.run_id or 'dry-run'}",
+        image=spec.tag, user="0:0" if facts.uid == 0 else f"{facts.uid}:{facts.gid}",
+        pidfile=os.path.join(run_dir, "pid") if run_dir and kind == "podman" else None,
+        ctl_dir=os.path.join(run_dir, "ctl") if run_dir else None,
+        seccomp_profile=os.path.join(run_dir, "seccomp.json") if run_dir else None,
+        limit_flags=flags,
+    )
+    return _ContainerChoice(run, method)
 
 
 def _limit_method(facts: HostFacts) -> str:

@@ -21,6 +21,10 @@ from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan
 from .proxy import DecisionLog, EgressProxy
 from .seccomp_policy import build_filter, compile_to_memfd, policy_for
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .container_runner import ContainerProcess
+
 HANDSHAKE_TIMEOUT = 30.0
 # Benchmark phase marks (perf_counter), written as JSON to $HIVE_RELAY_TRACE when set.
 TRACE: dict[str, float] = {}
@@ -77,7 +81,7 @@ class _Signals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def _wait(proc: subprocess.Popen | BoxProcess, timeout: int | None, sigs: _Signals) -> tuple[int, str | None]:
+def _wait(proc: subprocess.Popen | BoxProcess | ContainerProcess, timeout: int | None, sigs: _Signals) -> tuple[int, str | None]:
     deadline = None if timeout is None else time.monotonic() + timeout
     forwarded = False
     while True:
@@ -153,7 +157,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if plan.limits.method.startswith("cgroup"):
         limits.sweep_stale()
     process_tier = plan.tier == "process"
-    needs_run_dir = bool(plan.sync_files) or process_tier or bool(plan.git_excludes)
+    container = plan.container
+    needs_run_dir = bool(plan.sync_files) or process_tier or bool(plan.git_excludes) or container is not None
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid())
     if plan.placeholders or plan.protected or plan.denied:
@@ -170,6 +175,15 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
                         git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)
     except OSError as err:
         raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
+    go_fd = None
+    if container is not None:
+        from . import container_runner
+
+        state.container_rm = container.rm_argv()
+        try:
+            go_fd = container_runner.prepare(plan)
+        except OSError as err:
+            raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
     state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids)
     use_rlimits = state.cgroup is None
@@ -183,6 +197,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         with _Signals(plan.interactive) as sigs:
             if process_tier:
                 proc = _spawn(plan, box_env(plan, caller_env), _process_setup(plan, state, use_rlimits, nofile))
+            elif container is not None and go_fd is not None:
+                proc, proxy = container_runner.start(plan, caller_env, go_fd, lifeline, HINT)
             else:
                 proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile, lifeline)
             rc, outcome = _wait(proc, plan.timeout, sigs)
@@ -195,6 +211,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             proc.wait()
         if proxy is not None:
             proxy.stop()
+        if go_fd is not None:
+            os.close(go_fd)
         messages = janitor.finish(jpid, lifeline)
         mark("torn_down")
         _dump_trace(caller_env)

@@ -1,0 +1,131 @@
+"""Start a container-mode plan: the engine runs the image attached to the caller's terminal; the
+launcher opens the egress listener inside the container's network namespace, then says go.
+
+The container's entrypoint checks the deny list and then blocks on a FIFO in a read-only control
+dir; the launcher writes to it only once the proxy serves. No AF_UNIX socket crosses into the
+container and no code of ours runs in it besides the POSIX entrypoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+
+from . import janitor
+from .container_argv import ContainerRun
+from .errors import RefusedError, RelayError
+from .netns import listen_in
+from .plan import Plan
+from .proxy import DecisionLog, EgressProxy
+from .seccomp_oci import default_profile, render
+from .seccomp_policy import policy_for
+
+START_TIMEOUT = 120.0  # a rootless engine's first run of an image re-maps its layers (seconds)
+
+
+class ContainerProcess:
+    """The engine client (`podman run`), Popen-like; kill() removes the container, not just the client."""
+
+    def __init__(self, proc: subprocess.Popen, run: ContainerRun) -> None:
+        self.proc = proc
+        self.run = run
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        remove(self.run)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def remove(run: ContainerRun) -> None:
+    subprocess.run(run.rm_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def prepare(plan: Plan) -> int:
+    """Write the seccomp profile and create the go FIFO; returns the FIFO's fd (held open by us,
+    read-write so that neither side's open blocks)."""
+    run = plan.container
+    assert run is not None and run.ctl_dir and plan.seccomp_policy is not None
+    os.makedirs(run.ctl_dir, mode=0o755)
+    if run.seccomp_profile:
+        base, _ = default_profile()
+        with open(run.seccomp_profile, "w") as fh:
+            json.dump(render(plan.seccomp_policy or policy_for(False), base), fh)
+    fifo = os.path.join(run.ctl_dir, "go")
+    os.mkfifo(fifo, 0o644)
+    return os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+
+
+def _engine_env(caller_env: Mapping[str, str]) -> dict[str, str]:
+    """The engine client gets the caller's environment: `--env NAME` copies values by name from it."""
+    return dict(caller_env)
+
+
+def _container_pid(plan: Plan, proc: subprocess.Popen) -> int | None:
+    """Wait until the container's first process exists; None if the engine exited first."""
+    run = plan.container
+    assert run is not None
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None
+        if run.pidfile:
+            try:
+                with open(run.pidfile) as fh:
+                    text = fh.read().strip()
+                if text.isdigit() and int(text) > 0:
+                    return int(text)
+            except OSError:
+                pass
+        else:
+            out = subprocess.run([run.engine, "inspect", "-f", "{{.State.Pid}}", run.name], capture_output=True,
+                                 text=True, stdin=subprocess.DEVNULL).stdout.strip()
+            if out.isdigit() and int(out) > 0:
+                return int(out)
+        time.sleep(0.01)
+    raise RelayError(f"the container did not start within {START_TIMEOUT:.0f} s; see `{run.engine} logs {run.name}`")
+
+
+def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
+          hint: str) -> tuple[ContainerProcess, EgressProxy | None]:
+    run = plan.container
+    assert run is not None
+    try:
+        popen = subprocess.Popen(list(plan.command), env=_engine_env(caller_env), cwd=plan.workdir, close_fds=True)
+    except OSError as err:
+        raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
+    janitor.tell(lifeline, "client", popen.pid)
+    proc = ContainerProcess(popen, run)
+    pid = _container_pid(plan, popen)
+    if pid is None:
+        return proc, None  # the engine failed (and said why on stderr); its exit code is passed on
+    proxy = None
+    if plan.proxy_listen:
+        try:
+            listener = listen_in(pid, plan.proxy_listen, join_userns=run.rootless)
+        except OSError as err:
+            proc.kill()
+            if run.kind == "docker" and os.getuid() != 0:
+                raise RefusedError(f"{err}: a docker container's network namespace belongs to the daemon's root; "
+                                   "fix: use podman (rootless works), or run as root") from None
+            raise RelayError(str(err)) from None
+        proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=hint)
+        proxy.start()
+    try:
+        os.write(go_fd, b"go\n")
+    except OSError:
+        pass
+    return proc, proxy
