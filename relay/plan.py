@@ -387,8 +387,6 @@ def resolve(
         limits = replace(limits, method=container.limit_method)
         if container.run.ctl_dir:
             env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
-        # Deny-listed paths outside the host binds are the image's own files, not the host's.
-        fsplan = replace(fsplan, denied=tuple(d for d in fsplan.denied if container_argv.host_visible(d, fsplan.mounts)))
         command = container_argv.build(
             run=container.run, backend=backend.name, workdir=workdir, home=home, mounts=fsplan.mounts,
             env_set=env_set, env_pass=env_pass, interactive=interactive, tty=facts.tty, argv=argv,

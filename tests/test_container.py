@@ -1,0 +1,282 @@
+"""Container mode with the real engine (podman here) and the real image built from
+Dockerfile.contributor on an offline base: the same policy as the local box, checked from inside.
+
+The image is built once per session (`python -m relay build-image`, cached by content in the
+engine's storage, so later sessions reuse it). As an unprivileged user the base image comes from
+$HIVE_RELAY_BASE_ARCHIVE (CI saves root's base there), since debootstrap needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, Sandbox
+from .servers import start_http
+
+pytestmark = pytest.mark.container
+
+UID = os.getuid()
+PODMAN = "podman"
+
+
+def _stable_runtime_dir() -> str:
+    """One runtime dir per user for every container test: rootless podman keys its pause process
+    and run state on it, so a per-test dir would start a new user namespace each time."""
+    path = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/hive-relay-test-run-{UID}"
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _podman_env() -> dict[str, str]:
+    return {**os.environ, "XDG_RUNTIME_DIR": _stable_runtime_dir()}
+
+
+def _require_podman() -> None:
+    problem = None
+    try:
+        proc = subprocess.run([PODMAN, "info", "--format", "json"], capture_output=True, text=True, env=_podman_env(),
+                              timeout=120)
+        if proc.returncode != 0:
+            problem = proc.stderr.strip()[-300:]
+    except (OSError, subprocess.TimeoutExpired) as err:
+        problem = str(err)
+    if problem is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the container tests, but podman does not work: {problem}")
+    pytest.skip(f"LOUD SKIP: podman does not work here: {problem}")
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """Build (or find) this user's image once; returns its tag."""
+    _require_podman()
+    proc = subprocess.run([sys.executable, "-m", "relay", "build-image"], cwd=REPO, env=_podman_env(),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    tag = proc.stdout.strip().splitlines()[-1]
+    assert tag.startswith("localhost/hive-relay-contributor:") and tag.endswith(f"-u{UID or 1000}")
+    return tag
+
+
+def _storage_conf() -> str | None:
+    """Rootless podman finds its storage through $HOME; the sandbox has a fake HOME, so point it
+    at the real user's storage (where the image was built)."""
+    if UID == 0:
+        return None
+    proc = subprocess.run([PODMAN, "info", "--format", "{{.Store.GraphRoot}}\n{{.Store.RunRoot}}\n{{.Store.GraphDriverName}}"],
+                          capture_output=True, text=True, env=_podman_env())
+    graph, run, driver = proc.stdout.split("\n")[:3]
+    return f'[storage]\ndriver = "{driver}"\ngraphroot = "{graph}"\nrunroot = "{run}"\n'
+
+
+@pytest.fixture
+def csandbox(sandbox: Sandbox, image: str) -> Sandbox:
+    conf = _storage_conf()
+    if conf:
+        path = sandbox.home / ".config" / "containers" / "storage.conf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(conf)
+    sandbox.env["XDG_RUNTIME_DIR"] = _stable_runtime_dir()
+    return sandbox
+
+
+def cbox(s: Sandbox, script: str, backend: str = "shell", *args: str, **kw) -> subprocess.CompletedProcess:
+    return s.relay(backend, "container", "--quiet", "--prompt", script, *args, **kw)
+
+
+def containers(label: str = "hive-relay.backend") -> list[str]:
+    out = subprocess.run([PODMAN, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"],
+                         capture_output=True, text=True, env=_podman_env()).stdout
+    return [n for n in out.split() if n.startswith("hive-relay-")]
+
+
+def test_shell_runs_in_the_container_with_the_caller_uid_and_the_workdir(csandbox: Sandbox) -> None:
+    s = csandbox
+    before = containers()
+    proc = cbox(s, "id -u; cat README.md; echo made > made.txt; pwd; cat /etc/os-release | head -1; "
+                   "test -w /usr && echo USR-WRITABLE; echo x > /usr/x 2>/dev/null || echo USR-READONLY")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == str(UID)  # rootless: keep-id; root callers: uid 0 without capabilities
+    assert "hello from the workdir" in proc.stdout and str(s.workdir) in lines
+    assert "USR-READONLY" in proc.stdout and "USR-WRITABLE" not in proc.stdout
+    assert (s.workdir / "made.txt").read_text() == "made\n"
+    # Nothing left: no container, no run dir, no placeholder files in the checkout.
+    assert containers() == before
+    assert sorted(p.name for p in s.workdir.iterdir()) == ["README.md", "made.txt"]
+
+
+def test_home_is_private_and_secrets_are_not_there_but_grants_are(csandbox: Sandbox) -> None:
+    s = csandbox
+    proc = cbox(s, 'cat ~/.ssh/id_rsa 2>&1 || echo SSH-REFUSED; cat ~/.aws/credentials 2>&1 || echo AWS-REFUSED; '
+                   'cat ~/notes.txt 2>&1 || echo NOTES-HIDDEN; cat ~/.codex/auth.json; git config user.name; '
+                   'echo x > ~/scratch && echo HOME-WRITABLE; wc -c < /etc/shadow', "codex")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "PRIVATE-KEY" not in out and "SSH-REFUSED" in out
+    assert "SECRET" not in out and "AWS-REFUSED" in out and "NOTES-HIDDEN" in out
+    assert "sk-test" in out and "Test User" in out  # codex's own grant and the git identity
+    assert "HOME-WRITABLE" in out and out.splitlines()[-1].strip() == "0"
+    assert not (s.home / "scratch").exists()
+
+
+def test_protected_paths_are_read_only_and_created_paths_do_not_leak(csandbox: Sandbox) -> None:
+    s = csandbox
+    subprocess.run(["git", "init", "-q", str(s.workdir)], check=True)
+    proc = cbox(s, "echo evil > .git/hooks/pre-commit 2>/dev/null || echo HOOK-REFUSED; "
+                   "echo '[core]' >> .git/config 2>/dev/null || echo CONFIG-REFUSED; "
+                   "echo x > .envrc; echo envrc=$(wc -c < .envrc); echo ok > kept.txt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for word in ("HOOK-REFUSED", "CONFIG-REFUSED", "envrc=0"):  # .envrc is /dev/null, as in local mode
+        assert word in proc.stdout
+    assert not (s.workdir / ".git" / "hooks" / "pre-commit").exists()
+    assert not (s.workdir / ".envrc").exists()
+    assert (s.workdir / "kept.txt").exists()
+
+
+def test_exit_code_passes_through_and_the_timeout_kills_the_container(csandbox: Sandbox) -> None:
+    s = csandbox
+    before = containers()
+    assert cbox(s, "exit 7").returncode == 7
+    started = time.monotonic()
+    proc = cbox(s, "sleep 60", "shell", "--timeout", "3")
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    assert "timed out after 3 s" in proc.stderr
+    assert time.monotonic() - started < 45
+    assert containers() == before
+
+
+@pytest.mark.parametrize("mode", ["local", "container"])
+def test_egress_rules_are_the_same_in_both_modes(csandbox: Sandbox, mode: str) -> None:
+    """One allowed pinned host reached through the proxy; other hosts 403; no direct route."""
+    s = csandbox
+    server, port, _ = start_http()
+    try:
+        script = (f"curl -s http://allowed.test:{port}/x; echo; "
+                  f"curl -s -o /dev/null -w 'other=%{{http_code}}\\n' http://other.test:{port}/x; "
+                  "curl -s -o /dev/null -w 'tls=%{http_connect}\\n' https://example.com/; "
+                  f"curl -s --noproxy '*' -m 3 http://127.0.0.1:{port}/x || echo DIRECT-FAILED")
+        proc = s.relay("shell", mode, "--quiet", "--prompt", script, "--allow-host",
+                       f"allowed.test:{port}=127.0.0.1:{port}")
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "hello from the fake upstream" in out
+    assert "other=403" in out and "tls=403" in out and "DIRECT-FAILED" in out
+    logs = sorted((s.home / ".local" / "state" / "hive-relay" / "logs").glob("*.jsonl"))
+    entries = [json.loads(line) for p in logs for line in p.read_text().splitlines()]
+    decisions = {(e["host"], e["decision"]) for e in entries}
+    assert ("allowed.test", "allow") in decisions
+    assert ("other.test", "deny") in decisions and ("example.com", "deny") in decisions
+
+
+SECCOMP_PROBE = r"""
+use Socket;
+socket(my $u, AF_UNIX, SOCK_STREAM, 0) ? print "unix=ok\n" : print "unix=$!\n";
+socket(my $i, AF_INET, SOCK_STREAM, 0) ? print "inet=ok\n" : print "inet=$!\n";
+socketpair(my $a, my $b, AF_UNIX, SOCK_STREAM, 0) ? print "pair=ok\n" : print "pair=$!\n";
+open(my $t, "+<", "/dev/tty") or die "no tty: $!";
+my $c = "x"; ioctl($t, 0x5412, $c) ? print "tiocsti=ok\n" : print "tiocsti=$!\n";
+my $w = " " x 8; ioctl($t, 0x5413, $w) ? print "winsz=ok\n" : print "winsz=$!\n";
+"""
+
+
+def test_seccomp_refuses_af_unix_and_tiocsti_while_their_twins_work(csandbox: Sandbox) -> None:
+    """Needs a tty for the TIOCSTI pair: the container gets -t only from a terminal, so run under pexpect."""
+    pexpect = pytest.importorskip("pexpect")
+    s = csandbox
+    (s.workdir / "probe.pl").write_text(SECCOMP_PROBE)
+    env = {**s.env}
+    child = pexpect.spawn(sys.executable, ["-m", "relay", "shell", "container", "--quiet"], cwd=str(s.workdir),
+                          env=env, encoding="utf-8", timeout=120, dimensions=(30, 100))
+    try:
+        child.sendline("perl probe.pl; unshare -U true 2>/dev/null && echo userns=ok || echo userns=refused; exit 0")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    out = child.before
+    assert "unix=Operation not permitted" in out and "inet=ok" in out and "pair=ok" in out
+    assert "tiocsti=Operation not permitted" in out and "winsz=ok" in out
+    assert "userns=refused" in out
+
+
+FORKS = """my @kids; for (1..150) { my $p = fork(); last unless defined $p; if ($p == 0) { sleep 30; exit 0 } push @kids, $p }
+print "started=" . scalar(@kids) . "\\n"; kill 'KILL', @kids; waitpid($_, 0) for @kids;
+"""
+
+
+def test_limits_are_enforced(csandbox: Sandbox) -> None:
+    """The tight profile: 64 processes and 256 MiB. Within them works, beyond them fails."""
+    s = csandbox
+    ok = cbox(s, "for i in $(seq 10); do sleep 1 & done; wait; echo TEN-OK; "
+                 "node -e 'const b = Buffer.alloc(64 << 20, 1); console.log(\"SMALL-OK\", b.length)'",
+              "shell", "--profile", "tight")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "TEN-OK" in ok.stdout and "SMALL-OK" in ok.stdout
+    (s.workdir / "forks.pl").write_text(FORKS)
+    forks = cbox(s, "perl forks.pl", "shell", "--profile", "tight")
+    assert "started=" in forks.stdout, forks.stderr[-2000:]
+    started = int(forks.stdout.split("started=")[1].split()[0])
+    assert 10 < started < 64, forks.stdout
+    big = cbox(s, "node -e 'const a = []; for (let i = 0; i < 40; i++) a.push(Buffer.alloc(32 << 20, 1)); "
+                  "console.log(\"BIG-OK\")'", "shell", "--profile", "tight")
+    assert big.returncode != 0 and "BIG-OK" not in big.stdout
+
+
+def test_the_entrypoint_guard_trips_when_a_denied_path_is_mounted(csandbox: Sandbox, image: str) -> None:
+    """Run the image directly, as a careless hand-written `podman run -v ~/.ssh:...` would."""
+    s = csandbox
+    home = "/home/contributor"
+    base = [PODMAN, "run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=512:512",
+            "-e", f"HOME={home}", "-e", "HIVE_RELAY_BACKEND=shell"]
+    if UID:
+        base += ["--userns", "keep-id"]
+    env = _podman_env()
+    leaked = s.root / "leaked-ssh"  # readable by the container user, as a careless copy would be
+    leaked.mkdir(mode=0o755)
+    (leaked / "id_ed25519").write_text("PRIVATE\n")
+    (leaked / "id_ed25519").chmod(0o644)
+    tripped = subprocess.run([*base, "-v", f"{leaked}:{home}/.ssh:ro", image, "true"],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert tripped.returncode == 3, tripped.stderr
+    assert f"deny-listed path readable in the container: {home}/.ssh" in tripped.stderr
+    clean = subprocess.run([*base, "-v", f"{s.workdir}:/work:rw", image, "sh", "-c", "cat /work/README.md"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert clean.returncode == 0, clean.stderr
+    assert "hello from the workdir" in clean.stdout
+
+
+def test_kill_9_of_the_launcher_leaves_no_container(csandbox: Sandbox) -> None:
+    s = csandbox
+    before = containers()
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "container", "--quiet", "--prompt",
+                                 "echo STARTED > started.txt; sleep 120"], cwd=s.workdir, env=s.env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (s.workdir / "started.txt").exists():
+        assert launcher.poll() is None, launcher.stderr.read().decode()[-2000:] if launcher.stderr else ""
+        assert time.monotonic() < deadline, "the container never started"
+        time.sleep(0.1)
+    assert len(containers()) == len(before) + 1
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while containers() != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert containers() == before, "the container outlived its launcher"
+    run_dirs = [p for p in Path(s.env["XDG_RUNTIME_DIR"]).glob("hive-relay-*") if p.name.startswith(f"hive-relay-{launcher.pid}-")]
+    deadline = time.monotonic() + 30
+    while run_dirs and any(p.exists() for p in run_dirs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(p.exists() for p in run_dirs)
+    assert sorted(p.name for p in s.workdir.iterdir()) == ["README.md", "started.txt"]
