@@ -56,9 +56,16 @@ def agent(sandbox: Sandbox, tools: str, api):
     server.requests.clear()
     server.headers_seen.clear()
     server.tool_command = None
+    sandbox.env.update(HIVE_RELAY_TOOLS=tools)
+    setup_agent_home(sandbox, port)
+    return sandbox, server, port
+
+
+def setup_agent_home(sandbox: Sandbox, port: int) -> None:
+    """Each CLI's config pointed at the fake API (also used by the container-mode tests)."""
     (sandbox.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
     base = f"http://fake-api.test:{port}"
-    sandbox.env.update(HIVE_RELAY_TOOLS=tools, ANTHROPIC_API_KEY="sk-ant-fake", ANTHROPIC_BASE_URL=base,
+    sandbox.env.update(ANTHROPIC_API_KEY="sk-ant-fake", ANTHROPIC_BASE_URL=base,
                        GEMINI_API_KEY="gemini-fake", GOOGLE_GEMINI_BASE_URL=base)
     (sandbox.home / ".claude" / "settings.json").write_text(json.dumps({"permissions": {"allow": ["Bash"]}}))
     (sandbox.home / ".codex" / "config.toml").write_text(
@@ -72,7 +79,6 @@ def agent(sandbox: Sandbox, tools: str, api):
     opencode.chmod(0o644)
     sandbox.env["OPENCODE_CONFIG"] = str(opencode)
     (sandbox.workdir / "probe.sh").write_text(PROBE)
-    return sandbox, server, port
 
 
 def run(s: Sandbox, backend: str, port: int, prompt: str = "say the answer") -> subprocess.CompletedProcess:

@@ -280,3 +280,30 @@ def test_kill_9_of_the_launcher_leaves_no_container(csandbox: Sandbox) -> None:
         time.sleep(0.2)
     assert not any(p.exists() for p in run_dirs)
     assert sorted(p.name for p in s.workdir.iterdir()) == ["README.md", "started.txt"]
+
+
+@pytest.mark.parametrize("backend", ["codex", "claude"])
+def test_real_cli_completes_a_turn_in_the_container(csandbox: Sandbox, backend: str) -> None:
+    """The image's own pinned CLI, through the fake API pinned with --allow-host, with a tool call
+    that probes the box from the agent's side."""
+    from .fake_api import ANSWER, start
+    from .test_agents import PROBE, setup_agent_home
+
+    s = csandbox
+    server, port = start()
+    try:
+        setup_agent_home(s, port)
+        server.tool_command = "sh probe.sh"
+        proc = s.relay(backend, "container", "--prompt", "run the probe", "--allow-host",
+                       f"fake-api.test:{port}=127.0.0.1:{port}", "--timeout", "240", timeout=300)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"{backend} · container · container · profile agent" in proc.stderr
+    assert ANSWER in proc.stdout
+    bodies = "\n".join(r["body"] for r in server.requests)
+    assert PROBE and "WORKDIR-WRITE-OK" in bodies and (s.workdir / "made-by-agent.txt").exists()
+    assert "OUTSIDE-WRITE-REFUSED" in bodies and "SSH-REFUSED" in bodies
+    assert "PRIVATE-KEY-DO-NOT-LEAK" not in bodies
+    assert "example.com connect=403" in bodies
+    assert any(r["auth"] for r in server.requests)
