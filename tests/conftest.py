@@ -135,3 +135,70 @@ def require_tool(tool: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI must have {tool} installed (.ci/run installs it)")
     pytest.skip(f"LOUD SKIP: {tool} is not installed")
+
+
+# Container mode: one image per user per session, built by the real relay with the real engine.
+UID = os.getuid()
+PODMAN = "podman"
+
+
+def _stable_runtime_dir() -> str:
+    """One runtime dir per user for every container test: rootless podman keys its pause process
+    and run state on it, so a per-test dir would start a new user namespace each time."""
+    path = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/hive-relay-test-run-{UID}"
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def podman_env() -> dict[str, str]:
+    return {**os.environ, "XDG_RUNTIME_DIR": _stable_runtime_dir()}
+
+
+def _require_podman() -> None:
+    problem = None
+    try:
+        proc = subprocess.run([PODMAN, "info", "--format", "json"], capture_output=True, text=True, env=podman_env(),
+                              timeout=120)
+        if proc.returncode != 0:
+            problem = proc.stderr.strip()[-300:]
+    except (OSError, subprocess.TimeoutExpired) as err:
+        problem = str(err)
+    if problem is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the container tests, but podman does not work: {problem}")
+    pytest.skip(f"LOUD SKIP: podman does not work here: {problem}")
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """Build (or find) this user's image once; returns its tag."""
+    _require_podman()
+    proc = subprocess.run([sys.executable, "-m", "relay", "build-image"], cwd=REPO, env=podman_env(),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    tag = proc.stdout.strip().splitlines()[-1]
+    assert tag.startswith("localhost/hive-relay-contributor:") and tag.endswith(f"-u{UID or 1000}")
+    return tag
+
+
+def _storage_conf() -> str | None:
+    """Rootless podman finds its storage through $HOME; the sandbox has a fake HOME, so point it
+    at the real user's storage (where the image was built)."""
+    if UID == 0:
+        return None
+    proc = subprocess.run([PODMAN, "info", "--format", "{{.Store.GraphRoot}}\n{{.Store.RunRoot}}\n{{.Store.GraphDriverName}}"],
+                          capture_output=True, text=True, env=podman_env())
+    graph, run, driver = proc.stdout.split("\n")[:3]
+    return f'[storage]\ndriver = "{driver}"\ngraphroot = "{graph}"\nrunroot = "{run}"\n'
+
+
+@pytest.fixture
+def csandbox(sandbox: Sandbox, image: str) -> Sandbox:
+    conf = _storage_conf()
+    if conf:
+        path = sandbox.home / ".config" / "containers" / "storage.conf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(conf)
+    sandbox.env["XDG_RUNTIME_DIR"] = _stable_runtime_dir()
+    return sandbox

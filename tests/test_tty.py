@@ -14,9 +14,17 @@ from .conftest import Sandbox
 pytestmark = [pytest.mark.box, pytest.mark.tty]
 
 
-def spawn(s: Sandbox, *args: str) -> pexpect.spawn:
-    child = pexpect.spawn(sys.executable, ["-m", "relay", "shell", "local", "--quiet", *args], cwd=str(s.workdir),
-                          env=s.env, encoding="utf-8", timeout=30, dimensions=(24, 80))
+@pytest.fixture(params=["local", "container"])
+def tty_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
+    """The same terminal behaviour in both modes: local mode shares the caller's tty, container
+    mode gets the engine's pty (`-t`) proxied to it."""
+    mode = request.param
+    return request.getfixturevalue("box_sandbox" if mode == "local" else "csandbox"), mode
+
+
+def spawn(s: Sandbox, *args: str, mode: str = "local") -> pexpect.spawn:
+    child = pexpect.spawn(sys.executable, ["-m", "relay", "shell", mode, "--quiet", *args], cwd=str(s.workdir),
+                          env=s.env, encoding="utf-8", timeout=60, dimensions=(24, 80))
     say(child, "echo READY$((40+2))")
     child.expect("READY42")
     return child
@@ -54,8 +62,8 @@ def check(child: pexpect.spawn, command: str, marker: str) -> str:
     return child.before
 
 
-def test_tty_and_term_are_the_callers(box_sandbox: Sandbox) -> None:
-    child = spawn(box_sandbox)
+def test_tty_and_term_are_the_callers(tty_box: tuple[Sandbox, str]) -> None:
+    child = spawn(*tty_box[:1], mode=tty_box[1])
     out = check(child, "tty >/dev/null && echo tty-ok; echo term=$TERM", "T")
     assert "tty-ok" in out and "not a tty" not in out
     assert "term=xterm-256color" in out
@@ -65,8 +73,8 @@ def test_tty_and_term_are_the_callers(box_sandbox: Sandbox) -> None:
     assert child.exitstatus == 3
 
 
-def test_job_control_works(box_sandbox: Sandbox) -> None:
-    child = spawn(box_sandbox)
+def test_job_control_works(tty_box: tuple[Sandbox, str]) -> None:
+    child = spawn(*tty_box[:1], mode=tty_box[1])
     out = check(child, "sleep 100 & jobs", "J")
     assert "Running" in out and "sleep 100" in out
     say(child, "fg")
@@ -90,8 +98,8 @@ def test_job_control_works(box_sandbox: Sandbox) -> None:
     assert child.exitstatus == 0
 
 
-def test_ctrl_c_interrupts_the_work_not_the_launcher(box_sandbox: Sandbox) -> None:
-    child = spawn(box_sandbox)
+def test_ctrl_c_interrupts_the_work_not_the_launcher(tty_box: tuple[Sandbox, str]) -> None:
+    child = spawn(*tty_box[:1], mode=tty_box[1])
     say(child, "sleep 100")
     child.expect("sleep 100")
     wait_for_process("sleep 100", foreground=True)  # an earlier Ctrl-C would hit the shell, not the work
@@ -104,8 +112,8 @@ def test_ctrl_c_interrupts_the_work_not_the_launcher(box_sandbox: Sandbox) -> No
     child.expect(pexpect.EOF)
 
 
-def test_window_resize_reaches_the_box(box_sandbox: Sandbox) -> None:
-    child = spawn(box_sandbox)
+def test_window_resize_reaches_the_box(tty_box: tuple[Sandbox, str]) -> None:
+    child = spawn(*tty_box[:1], mode=tty_box[1])
     out = check(child, "stty size", "S")
     assert "24 80" in out
     say(child, "trap 'echo GOT-WINCH' WINCH; sleep 5 & wait")
