@@ -209,6 +209,9 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False) -> int:
             memory["srt idle MiB (peer)"] = rss_srt / MB
         results["memory"] = memory
 
+        # 5. Container mode, when the engine answers and this user's image is built (bench never builds it).
+        results["container"] = _bench_container(env, work, runs, port, blob_mb)
+
         # 4. Ten boxes at once.
         start = time.perf_counter()
         procs = [subprocess.Popen(_relay(*box, "echo started"), env=env, cwd=work, stdout=subprocess.PIPE,
@@ -226,6 +229,57 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False) -> int:
             server.wait()
         shutil.rmtree(work, ignore_errors=True)
     return report(results)
+
+
+def _container_image(env: dict[str, str]) -> tuple[str, str] | str:
+    """(engine, image tag) for this user's container runs, or why container mode is not measured."""
+    from .config import load_matrix
+    from .engine import info
+    from .image import exists, spec_from_env
+    from .plan import choose_engine
+    from .probe import probe
+
+    try:
+        engine = choose_engine(probe(env), env)
+    except Exception as err:  # noqa: BLE001 - any reason is a note in the report
+        return str(err)
+    if info(engine).error:
+        return f"{engine} does not answer"
+    tag = spec_from_env(load_matrix(env, workdir=None).backends, os.getuid(), os.getgid(), env).tag
+    return (engine, tag) if exists([engine], tag) else f"image {tag} not built (invoke build-image)"
+
+
+def _curl_mbps(argv: list[str], env: dict[str, str], cwd: str) -> float:
+    out = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True).stdout
+    size, seconds = out.split()[-2:]
+    return float(size) / float(seconds) / MB
+
+
+def _bench_container(env: dict[str, str], work: str, runs: int, port: int, blob_mb: int) -> dict:
+    found = _container_image(env)
+    if isinstance(found, str):
+        return {"skipped": found}
+    engine, tag = found
+    box = ["shell", "container", "-q", "--workdir", work, "--allow-host", f"bench.test:{port}=127.0.0.1:{port}",
+           "--prompt"]
+    subprocess.run(_relay(*box, "true"), env=env, cwd=work, check=True)  # first run maps the image's layers
+    limits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=512:512"]
+    bare = [engine, "--log-level=error", "run", "--rm", "--network", "none", "--read-only", *limits]
+    if os.getuid():
+        bare += ["--userns", "keep-id"]
+    launch = {
+        f"bare {os.path.basename(engine)} run true": _median_time([*bare, tag, "true"], runs, env, work),
+        "relay shell container true": _median_time(_relay(*box, "true"), runs, env, work),
+    }
+    curl = "curl -s -o /dev/null -w '%{size_download} %{time_total}'"
+    direct, proxied = [], []
+    for _ in range(3):
+        direct.append(_curl_mbps(["sh", "-c", f"{curl} http://127.0.0.1:{port}/big"], env, work))
+        proxied.append(_curl_mbps(_relay(*box, f"{curl} http://bench.test:{port}/big"), env, work))
+    return {"launch": {k: {"median_s": v[0], "failures": v[1]} for k, v in launch.items()},
+            "throughput_MBps": {"direct curl": statistics.median(direct),
+                                "container curl via proxy": statistics.median(proxied)},
+            "blob_mb": blob_mb}
 
 
 def report(r: dict) -> int:
@@ -266,6 +320,18 @@ def report(r: dict) -> int:
         lines.append(f"| memory: {name} | {v:.1f} MiB | |")
     tb = r["ten_boxes"]
     lines.append(f"| 10 boxes at once | {tb['all_done_s'] * 1000:.0f} ms until all done | {tb['all_done_s'] / tb['single_box_s']:.1f}× one box, {tb['failures']} failures |")
+    c = r.get("container", {})
+    if "skipped" in c:
+        lines.append(f"| container mode | not measured | {c['skipped']} |")
+    elif c:
+        times = {k: v["median_s"] for k, v in c["launch"].items()}
+        bare = next(v for k, v in times.items() if k.startswith("bare"))
+        for name, t in times.items():
+            lines.append(f"| container launch: {name} | {t * 1000:.0f} ms | {t / bare:.2f}× bare engine run |")
+        ctp = c["throughput_MBps"]
+        for name, v in ctp.items():
+            lines.append(f"| container throughput ({c['blob_mb']} MB): {name} | {v:.0f} MB/s | "
+                         f"{v / ctp['direct curl']:.2f}× direct curl |")
     lines += ["", "| target | value | met |", "|---|---|---|"]
     for name, t in r["targets"].items():
         lines.append(f"| {name} | {t['value']} | {'yes' if t['met'] else 'NO'} |")

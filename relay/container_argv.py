@@ -97,7 +97,9 @@ def build(
     argv: list[str],
 ) -> list[str]:
     """Read-only root, no capabilities, no network but our proxy, the same binds as local mode."""
-    args = [run.engine, "run", "--rm", "-i", "--name", run.name]
+    # Engine warnings (e.g. rootless podman's "/ is not a shared mount") would land in the agent's
+    # terminal on every launch; errors still do.
+    args = [run.engine, "--log-level=error", "run", "--rm", "-i", "--name", run.name]
     if interactive and tty:
         args.append("-t")
     args += ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--network", "none",

@@ -240,3 +240,23 @@ def test_real_cli_completes_a_turn_in_the_container(csandbox: Sandbox, backend: 
     assert "PRIVATE-KEY-DO-NOT-LEAK" not in bodies
     assert "example.com connect=403" in bodies
     assert any(r["auth"] for r in server.requests)
+
+
+def test_an_engine_that_does_not_answer_is_one_line_and_leaves_nothing(sandbox: Sandbox) -> None:
+    """The real docker client with no daemon behind it (this machine type has exactly that)."""
+    from .conftest import require_tool
+
+    require_tool("docker")
+    run_dir = Path(sandbox.env["XDG_RUNTIME_DIR"])
+    proc = sandbox.relay("shell", "container", "--prompt", "true", extra_env={"HIVE_RELAY_ENGINE": "docker"})
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "docker does not answer" in lines[0] and "fix:" in lines[0]
+    assert list(run_dir.iterdir()) == [] and sorted(p.name for p in sandbox.workdir.iterdir()) == ["README.md"]
+
+
+def test_build_image_bad_archive_is_a_usage_error(sandbox: Sandbox) -> None:
+    proc = sandbox.relay("build-image", "--base-archive", str(sandbox.root / "nope.tar"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"hive-relay: error: --base-archive {sandbox.root / 'nope.tar'}: no such file; "
+                                   "fix: make it with --save-base FILE")

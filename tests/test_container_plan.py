@@ -109,3 +109,25 @@ def test_dockerfile_pins_match_the_config_and_the_tag_follows_them() -> None:
     assert spec_for(bumped, 1000, 1000).tag != spec.tag
     assert spec_for(backends, 1001, 1001).tag.endswith("-u1001")
     assert json.dumps(dict(spec.build_args))  # plain strings only
+
+
+def test_docker_gets_the_same_policy_without_podman_only_flags(sandbox: Sandbox) -> None:
+    facts = replace(FACTS, podman=None, docker="/usr/bin/docker", cgroup="v2")
+    plan = plan_for(sandbox, "shell", "container", facts=facts)
+    argv = list(plan.command)
+    assert argv[:3] == ["/usr/bin/docker", "--log-level=error", "run"]
+    for flag in ("--userns", "--pidfile", "--http-proxy=false"):
+        assert flag not in argv
+    assert "--pids-limit" in argv and argv[argv.index("--network") + 1] == "none"
+    assert plan.container is not None and plan.container.rm_argv()[:3] == ["/usr/bin/docker", "rm", "-f"]
+
+
+def test_engine_choice_honours_hive_relay_engine(sandbox: Sandbox) -> None:
+    from relay.errors import RefusedError
+    from relay.plan import choose_engine
+
+    both = replace(FACTS, docker="/usr/bin/docker")
+    assert choose_engine(both, {}) == "/usr/bin/podman"
+    assert choose_engine(both, {"HIVE_RELAY_ENGINE": "docker"}) == "/usr/bin/docker"
+    with pytest.raises(RefusedError, match="HIVE_RELAY_ENGINE=docker: not installed"):
+        choose_engine(FACTS, {"HIVE_RELAY_ENGINE": "docker"})

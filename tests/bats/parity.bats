@@ -55,3 +55,21 @@ py_list() { PYTHONPATH="$ROOT" "$PY" -m relay.denylist "$@"; }
   [ "$status" -eq 0 ]
   [ "${lines[-1]}" = "started" ]
 }
+
+@test "the container entrypoint waits for go, and stops when the launcher goes away" {
+  # In the local box, as above, so the deny list is masked; the FIFO lives in the workdir.
+  work="$(mktemp -d)"
+  cp "$ROOT/bin/container-entrypoint" "$ROOT/bin/denylist.sh" "$work/"
+  run "$ROOT/bin/contribute-hive" shell local --quiet --workdir "$work" --prompt \
+    'mkfifo go; (sleep 0.3; echo go > go) & HIVE_RELAY_GO=./go ./container-entrypoint sh -c "echo started; echo go=\${HIVE_RELAY_GO:-unset}"'
+  [ "$status" -eq 0 ]
+  [ "${lines[-2]}" = "started" ]
+  [ "${lines[-1]}" = "go=unset" ]
+  rm -f "$work/go"
+  run "$ROOT/bin/contribute-hive" shell local --quiet --workdir "$work" --prompt \
+    'mkfifo go; (sleep 0.3; : > go) & HIVE_RELAY_GO=./go ./container-entrypoint echo started'
+  rm -rf "$work"
+  [ "$status" -eq 70 ]
+  [[ "$output" == *"the launcher went away before the box was ready"* ]]
+  [[ "$output" != *"started"* ]]
+}
