@@ -5,7 +5,7 @@ base, CLI versions, contributor uid), so a changed pin or entrypoint is a new ta
 existing tag never needs rebuilding. The engine's layer cache makes rebuilds after a pin bump
 reuse the base and user layers.
 
-The default base is built here, without any registry: debootstrap from the host's own Debian
+The default base is built here, without any registry: mmdebstrap from the host's own Debian
 mirror (read from apt's sources), plus Node and npm from the npm registry, `import`ed as an image.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .config import Backend
 from .digest import sha256
-from .errors import RefusedError, RelayError
+from .errors import RelayError
 from .paths import PACKAGE_ROOT
 
 IMAGE_REPO = "localhost/hive-relay-contributor"
@@ -73,7 +73,7 @@ def split_npm_spec(spec: str) -> tuple[str, str | None]:
 def default_base() -> str:
     """Our offline base, tagged by its recipe: a changed package list or Node pin is a new base
     (and so a new image tag), never a stale cache hit."""
-    recipe = repr((debian_suite(), BASE_PACKAGES, NODE_PACKAGE, NODE_VERSION, NPM_VERSION)).encode()
+    recipe = repr(("mmdebstrap", debian_suite(), BASE_PACKAGES, NODE_PACKAGE, NODE_VERSION, NPM_VERSION)).encode()
     return f"{BASE_REPO}:{debian_suite()}-{sha256(recipe).hexdigest()[:8]}"
 
 
@@ -190,54 +190,48 @@ def _extract_package(tarball: str, target: str) -> None:
                     os.chmod(os.path.join(target, member.name), 0o755 if member.mode & 0o111 else 0o644)
 
 
+def _stage_node(work: str, env: Mapping[str, str], node_version: str, npm_version: str) -> str:
+    """/usr/local with Node and npm from the npm registry, laid out in `work`; returns its path."""
+    node_tgz = _npm_fetch(f"{NODE_PACKAGE}@{node_version}", work, env)
+    npm_tgz = _npm_fetch(f"npm@{npm_version}", work, env)
+    unpacked = os.path.join(work, "node-package")
+    _extract_package(node_tgz, unpacked)
+    local = os.path.join(work, "local")
+    os.makedirs(os.path.join(local, "bin"))
+    shutil.copy2(os.path.join(unpacked, "bin", "node"), os.path.join(local, "bin", "node"))
+    os.chmod(os.path.join(local, "bin", "node"), 0o755)
+    _extract_package(npm_tgz, os.path.join(local, "lib", "node_modules", "npm"))
+    for name in ("npm", "npx"):
+        os.symlink(f"../lib/node_modules/npm/bin/{name}-cli.js", os.path.join(local, "bin", name))
+    return local
+
+
 def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Progress = say,
                    node_version: str = NODE_VERSION, npm_version: str = NPM_VERSION) -> None:
-    """debootstrap a minimal Debian, add Node and npm from the npm registry, import it as `tag`."""
-    if os.geteuid() != 0:
-        raise RefusedError(
-            f"the base image {tag} is missing and building it needs root (debootstrap); fix: run "
-            f"`sudo invoke build-image --save-base FILE` once and then `invoke build-image --base-archive FILE`, "
-            f"or pass --base with an image that has node 20+, npm and git")
-    debootstrap = shutil.which("debootstrap", path=env.get("PATH", os.defpath) + ":/usr/sbin:/sbin")
-    if debootstrap is None:
-        raise ImageError("building the base needs debootstrap; fix: apt-get install debootstrap")
+    """A minimal Debian from the host's own mirror (mmdebstrap: as root, or rootless in a user
+    namespace), plus Node and npm from the npm registry, imported as `tag`."""
+    mmdebstrap = shutil.which("mmdebstrap", path=env.get("PATH", os.defpath) + ":/usr/sbin:/sbin")
+    if mmdebstrap is None:
+        raise ImageError(f"the base image {tag} is missing and building it needs mmdebstrap; fix: apt-get install "
+                         "mmdebstrap, or pass --base with an image that has node 20+, npm and git")
     mirror = debian_mirror()
     if mirror is None:
         raise ImageError("no Debian mirror found in /etc/apt/sources.list*; fix: pass --base IMAGE")
     work = tempfile.mkdtemp(prefix="hive-relay-base-")
     try:
-        root = os.path.join(work, "rootfs")
         suite = debian_suite()
-        say(f"[base 1/3] debootstrap {suite} (minbase + {', '.join(BASE_PACKAGES)}) from the host's Debian mirror")
-        _run([debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, root, mirror],
-             "debootstrap", "check access to the Debian mirror in /etc/apt/sources.list*",
-             stdout=subprocess.DEVNULL if not env.get("HIVE_RELAY_VERBOSE") else sys.stderr)
-        say(f"[base 2/3] Node {node_version} and npm {npm_version} from the npm registry")
-        node_tgz = _npm_fetch(f"{NODE_PACKAGE}@{node_version}", work, env)
-        npm_tgz = _npm_fetch(f"npm@{npm_version}", work, env)
-        staging = os.path.join(work, "node")
-        _extract_package(node_tgz, staging)
-        local = os.path.join(root, "usr", "local")
-        os.makedirs(os.path.join(local, "bin"), exist_ok=True)
-        shutil.copy2(os.path.join(staging, "bin", "node"), os.path.join(local, "bin", "node"))
-        os.chmod(os.path.join(local, "bin", "node"), 0o755)
-        _extract_package(npm_tgz, os.path.join(local, "lib", "node_modules", "npm"))
-        for name in ("npm", "npx"):
-            link = os.path.join(local, "bin", name)
-            if os.path.lexists(link):
-                os.unlink(link)
-            os.symlink(f"../lib/node_modules/npm/bin/{name}-cli.js", link)
-        shutil.rmtree(os.path.join(root, "var", "cache", "apt", "archives"), ignore_errors=True)
-        os.makedirs(os.path.join(root, "var", "cache", "apt", "archives", "partial"), exist_ok=True)
+        say(f"[base 1/3] Node {node_version} and npm {npm_version} from the npm registry")
+        local = _stage_node(work, env, node_version, npm_version)
+        say(f"[base 2/3] mmdebstrap {suite} (minbase + {', '.join(BASE_PACKAGES)}) from the host's Debian mirror")
+        rootfs = os.path.join(work, "rootfs.tar")
+        _run([mmdebstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "--quiet",
+              f"--customize-hook=sync-in {local} /usr/local", "--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/*",
+              suite, rootfs, mirror],
+             "mmdebstrap", "check access to the Debian mirror in /etc/apt/sources.list* (and /etc/subuid for "
+             "your user when not root)", env={**env, "TMPDIR": work})
         say(f"[base 3/3] import as {tag}")
-        tar = subprocess.Popen(["tar", "-C", root, "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
-        try:
-            _run([*engine, "import", "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "-", tag],
-                 "image import", "check the container engine (invoke doctor)", stdin=tar.stdout)
-        finally:
-            if tar.stdout:
-                tar.stdout.close()
-            tar.wait()
+        _run([*engine, "import", "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              rootfs, tag], "image import", "check the container engine (invoke doctor)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

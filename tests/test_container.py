@@ -2,8 +2,7 @@
 Dockerfile.contributor on an offline base: the same policy as the local box, checked from inside.
 
 The image is built once per session (`python -m relay build-image`, cached by content in the
-engine's storage, so later sessions reuse it). As an unprivileged user the base image comes from
-$HIVE_RELAY_BASE_ARCHIVE (CI saves root's base there), since debootstrap needs root.
+engine's storage, so later sessions reuse it); an unprivileged user builds the base rootless.
 """
 
 from __future__ import annotations

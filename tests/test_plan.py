@@ -50,7 +50,7 @@ def test_dry_run_json_for_every_backend_and_mode(sandbox: Sandbox, backend: str,
         assert "--new-session" not in command  # interactive sessions keep the caller's terminal
         assert command[-len(plan["argv"]):] == plan["argv"]
     else:
-        assert command[:2] in (["podman", "run"], ["/usr/bin/podman", "run"]) or command[1] == "run"
+        assert "run" in command[:3] and command[0].endswith(("podman", "docker"))
         assert "--network" in command and "none" in command
     # The ssh dir exists in the fake HOME but is never bound in.
     assert not any(".ssh" in (m.get("src") or "") for m in plan["mounts"])
