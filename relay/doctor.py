@@ -59,7 +59,9 @@ def engine_rows(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, 
             continue
         found = info(path)
         if found.error:
-            rows.append((name, False, f"{path}: {found.error}"))
+            # An engine that does not answer only matters if it is the one container mode would use.
+            rows.append((name, path != chosen, f"{path}: {found.error}" + ("" if path == chosen else
+                                                                          f" (not used: {chosen} is)")))
             continue
         detail = (f"{path} {found.version or ''}: {'rootless' if found.rootless else 'rootful'}, "
                   f"storage {found.storage_driver}{'; used for container mode' if path == chosen else ''}")

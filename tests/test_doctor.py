@@ -18,7 +18,7 @@ def invoke(s: Sandbox, *args: str, timeout: float = 300) -> subprocess.Completed
 
 def test_invoke_list_has_a_help_line_for_every_task(sandbox: Sandbox) -> None:
     out = invoke(sandbox, "--list").stdout
-    for name in ("contribute-hive", "doctor", "selftest", "test", "bench"):
+    for name in ("contribute-hive", "doctor", "selftest", "test", "bench", "build-image"):
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(name + " ")), "")
         assert line.strip() != name and len(line.split()) > 2, f"{name} has no help line:\n{out}"
 
@@ -53,3 +53,20 @@ def test_selftest_is_green_for_every_backend(box_sandbox: Sandbox) -> None:
 def test_selftest_fails_loudly_for_an_unknown_backend(sandbox: Sandbox) -> None:
     proc = invoke(sandbox, "selftest", "--backend", "nope")
     assert proc.returncode == 2 and "unknown backend 'nope'" in proc.stderr
+
+
+@pytest.mark.container
+def test_doctor_reports_the_container_engine_and_whether_it_is_rootless(csandbox: Sandbox) -> None:
+    import os
+
+    data = json.loads(invoke(csandbox, "doctor", "--json").stdout)
+    podman = next(c for c in data["components"] if c["name"] == "podman")
+    assert podman["ok"] and ("rootless" if os.getuid() else "rootful") in podman["detail"]
+    assert "used for container mode" in podman["detail"] and "storage overlay" in podman["detail"]
+    assert data["enforceable"]["container"].startswith("enforceable with podman")
+
+
+def test_build_image_help_explains_itself(sandbox: Sandbox) -> None:
+    out = invoke(sandbox, "build-image", "--help").stdout
+    for flag in ("--base", "--rebuild", "--base-only", "--save-base", "--base-archive"):
+        assert flag in out
