@@ -259,3 +259,34 @@ def test_build_image_bad_archive_is_a_usage_error(sandbox: Sandbox) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"hive-relay: error: --base-archive {sandbox.root / 'nope.tar'}: no such file; "
                                    "fix: make it with --save-base FILE")
+
+
+ESCAPES = r"""
+ls /proc | grep -c '^[0-9]' | sed 's/^/pids=/'
+cat /proc/1/root/etc/hostname >/dev/null 2>&1 && echo proc1root=readable
+ls /proc/1/root"$HOME"/.ssh 2>/dev/null && echo HOST-SSH-VISIBLE
+echo x > /etc/evil 2>/dev/null || echo etc=refused
+mkdir -p /tmp/m && (mount -t tmpfs none /tmp/m 2>/dev/null && echo MOUNTED || echo mount=refused)
+curl -s -m 3 --noproxy '*' http://169.254.169.254/ >/dev/null 2>&1 || echo metadata=unreachable
+getent hosts example.com >/dev/null 2>&1 && echo DNS-WORKS || echo dns=none
+cat /sys/class/net/*/address 2>/dev/null | grep -v 00:00:00:00:00:00 | grep -q . && echo HAS-NIC || echo nic=loopback-only
+grep -q 'CapEff:\s*0000000000000000' /proc/self/status && echo caps=none
+grep -q 'NoNewPrivs:\s*1' /proc/self/status && echo nnp=on
+grep -q 'Seccomp:\s*2' /proc/self/status && echo seccomp=filter
+echo twin > /tmp/ok && cat /tmp/ok
+"""
+
+
+def test_escape_attempts_fail_in_the_container_and_their_twins_work(csandbox: Sandbox) -> None:
+    s = csandbox
+    (s.workdir / "escapes.sh").write_text(ESCAPES)
+    proc = cbox(s, "sh escapes.sh")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    pids = int(out.split("pids=")[1].split()[0])
+    assert pids < 10, out  # a pid namespace: the host's processes are not there
+    for word in ("etc=refused", "mount=refused", "metadata=unreachable", "dns=none", "nic=loopback-only",
+                 "caps=none", "nnp=on", "seccomp=filter", "twin"):
+        assert word in out, out
+    for word in ("HOST-SSH-VISIBLE", "MOUNTED", "DNS-WORKS", "HAS-NIC"):
+        assert word not in out
