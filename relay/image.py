@@ -218,6 +218,8 @@ def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Pro
     if mirror is None:
         raise ImageError("no Debian mirror found in /etc/apt/sources.list*; fix: pass --base IMAGE")
     work = tempfile.mkdtemp(prefix="hive-relay-base-")
+    # Rootless mmdebstrap works as a subordinate uid in a user namespace: it must be able to enter here.
+    os.chmod(work, 0o755)
     try:
         suite = debian_suite()
         say(f"[base 1/3] Node {node_version} and npm {npm_version} from the npm registry")
@@ -228,7 +230,7 @@ def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Pro
               f"--customize-hook=sync-in {local} /usr/local", "--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/*",
               suite, rootfs, mirror],
              "mmdebstrap", "check access to the Debian mirror in /etc/apt/sources.list* (and /etc/subuid for "
-             "your user when not root)", env={**env, "TMPDIR": work})
+             "your user when not root)", env=dict(env))
         say(f"[base 3/3] import as {tag}")
         _run([*engine, "import", "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
               rootfs, tag], "image import", "check the container engine (invoke doctor)")

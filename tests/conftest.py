@@ -170,13 +170,21 @@ def _require_podman() -> None:
     pytest.skip(f"LOUD SKIP: podman does not work here: {problem}")
 
 
+_IMAGE_FAILURE: list[str] = []
+
+
 @pytest.fixture(scope="session")
 def image() -> str:
-    """Build (or find) this user's image once; returns its tag."""
+    """Build (or find) this user's image once; returns its tag. A failed build fails every
+    container test at once instead of being retried by each."""
     _require_podman()
+    if _IMAGE_FAILURE:
+        pytest.fail(f"the image build failed earlier in this session:\n{_IMAGE_FAILURE[0]}")
     proc = subprocess.run([sys.executable, "-m", "relay", "build-image"], cwd=REPO, env=podman_env(),
                           capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    if proc.returncode != 0:
+        _IMAGE_FAILURE.append(proc.stdout[-2000:] + proc.stderr[-4000:])
+        pytest.fail(f"build-image failed (exit {proc.returncode}):\n{_IMAGE_FAILURE[0]}")
     tag = proc.stdout.strip().splitlines()[-1]
     assert tag.startswith("localhost/hive-relay-contributor:") and tag.endswith(f"-u{UID or 1000}")
     return tag
