@@ -62,7 +62,7 @@ def limit_flags(kind: str, rootless: bool, cgroup: str | None, limits: Limits, n
     return tuple(flags), f"cgroup ({kind})"
 
 
-def volume_args(mounts: Iterable[Mount], home: str) -> list[str]:
+def volume_args(mounts: Iterable[Mount], home: str, kind: str = "podman") -> list[str]:
     """Host binds become volumes, private dirs sized tmpfs. Deny-list masks apply everywhere, as
     in local mode: over the host binds they hide secrets, over the image's own files (its
     /etc/shadow) they keep the entrypoint's guard meaningful for every path."""
@@ -74,7 +74,8 @@ def volume_args(mounts: Iterable[Mount], home: str) -> list[str]:
             args += ["--volume", f"{m.src}:{m.dst}:{suffix}"]
         elif m.kind == "tmpfs":
             size = f",size={m.size}" if m.size else ""
-            mode = "mode=0700,U" if m.dst == home else "mode=1777"
+            # podman's U makes $HOME the container user's; docker has no U, so its $HOME is sticky 1777.
+            mode = ("mode=0700,U" if kind == "podman" else "mode=1777") if m.dst == home else "mode=1777"
             args += ["--tmpfs", f"{m.dst}:rw,nosuid,nodev{size},{mode}"]
         elif m.kind == "mask-file":
             args += ["--volume", f"/dev/null:{m.dst}:ro"]
@@ -115,7 +116,7 @@ def build(
     if run.seccomp_profile:
         args += ["--security-opt", f"seccomp={run.seccomp_profile}"]
     args += list(run.limit_flags)
-    args += volume_args(mounts, home)
+    args += volume_args(mounts, home, run.kind)
     if run.ctl_dir:
         args += ["--volume", f"{run.ctl_dir}:{CTL_DIR}:ro"]
     for name in sorted(env_set):

@@ -21,7 +21,6 @@ from .netns import listen_in
 from .plan import Plan
 from .proxy import DecisionLog, EgressProxy
 from .seccomp_oci import default_profile, render
-from .seccomp_policy import policy_for
 
 START_TIMEOUT = 120.0  # a rootless engine's first run of an image re-maps its layers (seconds)
 
@@ -63,15 +62,10 @@ def prepare(plan: Plan) -> int:
     if run.seccomp_profile:
         base, _ = default_profile()
         with open(run.seccomp_profile, "w") as fh:
-            json.dump(render(plan.seccomp_policy or policy_for(False), base), fh)
+            json.dump(render(plan.seccomp_policy, base), fh)
     fifo = os.path.join(run.ctl_dir, "go")
     os.mkfifo(fifo, 0o644)
     return os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
-
-
-def _engine_env(caller_env: Mapping[str, str]) -> dict[str, str]:
-    """The engine client gets the caller's environment: `--env NAME` copies values by name from it."""
-    return dict(caller_env)
 
 
 def _container_pid(plan: Plan, proc: subprocess.Popen) -> int | None:
@@ -104,7 +98,8 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
     run = plan.container
     assert run is not None
     try:
-        popen = subprocess.Popen(list(plan.command), env=_engine_env(caller_env), cwd=plan.workdir, close_fds=True)
+        # The engine client gets the caller's environment: `--env NAME` copies values by name from it.
+        popen = subprocess.Popen(list(plan.command), env=dict(caller_env), cwd=plan.workdir, close_fds=True)
     except OSError as err:
         raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
     janitor.tell(lifeline, "client", popen.pid)

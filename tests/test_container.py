@@ -239,6 +239,11 @@ def test_real_cli_completes_a_turn_in_the_container(csandbox: Sandbox, backend: 
     assert "PRIVATE-KEY-DO-NOT-LEAK" not in bodies
     assert "example.com connect=403" in bodies
     assert any(r["auth"] for r in server.requests)
+    if backend == "claude":  # ~/.claude.json is a copy in the run dir, synced back at exit
+        assert json.loads((s.home / ".claude.json").read_text()).get("numStartups", 0) >= 1
+        assert (s.home / ".claude.json").read_text() != '{"numStartups": 1}\n'
+    else:  # codex keeps its sessions in its granted ~/.codex
+        assert list((s.home / ".codex" / "sessions").rglob("*.jsonl"))
 
 
 def test_an_engine_that_does_not_answer_is_one_line_and_leaves_nothing(sandbox: Sandbox) -> None:

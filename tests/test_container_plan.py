@@ -119,6 +119,7 @@ def test_docker_gets_the_same_policy_without_podman_only_flags(sandbox: Sandbox)
     for flag in ("--userns", "--pidfile", "--http-proxy=false"):
         assert flag not in argv
     assert "--pids-limit" in argv and argv[argv.index("--network") + 1] == "none"
+    assert not any(a.endswith(",U") for a in argv)  # docker's --tmpfs has no U option
     assert plan.container is not None and plan.container.rm_argv()[:3] == ["/usr/bin/docker", "rm", "-f"]
 
 
