@@ -271,13 +271,18 @@ def _bench_container(env: dict[str, str], work: str, runs: int, port: int, blob_
         f"bare {os.path.basename(engine)} run true": _median_time([*bare, tag, "true"], runs, env, work),
         "relay shell container true": _median_time(_relay(*box, "true"), runs, env, work),
     }
+    # The same curl download direct, through the local box's proxy and through the container's
+    # (interleaved rounds): the proxy is the same code, so the two proxied figures should match.
     curl = "curl -s -o /dev/null -w '%{size_download} %{time_total}'"
-    direct, proxied = [], []
+    local_box = ["shell", "local", *box[2:]]
+    direct, local, proxied = [], [], []
     for _ in range(3):
         direct.append(_curl_mbps(["sh", "-c", f"{curl} http://127.0.0.1:{port}/big"], env, work))
+        local.append(_curl_mbps(_relay(*local_box, f"{curl} http://bench.test:{port}/big"), env, work))
         proxied.append(_curl_mbps(_relay(*box, f"{curl} http://bench.test:{port}/big"), env, work))
     return {"launch": {k: {"median_s": v[0], "failures": v[1]} for k, v in launch.items()},
             "throughput_MBps": {"direct curl": statistics.median(direct),
+                                "local box curl via proxy": statistics.median(local),
                                 "container curl via proxy": statistics.median(proxied)},
             "blob_mb": blob_mb}
 

@@ -20,6 +20,7 @@ from .errors import RefusedError, RelayError
 from .netns import listen_in
 from .plan import Plan
 from .proxy import DecisionLog, EgressProxy
+from .runner import mark
 from .seccomp_oci import default_profile, render
 
 START_TIMEOUT = 120.0  # a rootless engine's first run of an image re-maps its layers (seconds)
@@ -103,8 +104,10 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
     except OSError as err:
         raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
     janitor.tell(lifeline, "client", popen.pid)
+    mark("spawned")
     proc = ContainerProcess(popen, run)
     pid = _container_pid(plan, popen)
+    mark("box_ready")
     if pid is None:
         return proc, None  # the engine failed (and said why on stderr); its exit code is passed on
     proxy = None
@@ -119,6 +122,7 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
             raise RelayError(str(err)) from None
         proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=hint)
         proxy.start()
+    mark("proxy_started")
     try:
         os.write(go_fd, b"go\n")
     except OSError:

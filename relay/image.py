@@ -116,7 +116,10 @@ def say(line: str) -> None:
 
 
 def exists(engine: list[str], ref: str) -> bool:
-    probe = subprocess.run([*engine, "image", "inspect", "--format", "{{.Id}}", ref],
+    # podman's `image exists` answers in ~50 ms, a third of `image inspect`.
+    check = ["image", "exists", ref] if os.path.basename(engine[0]).startswith("podman") else \
+        ["image", "inspect", "--format", "{{.Id}}", ref]
+    probe = subprocess.run([*engine, *check],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return probe.returncode == 0
 
