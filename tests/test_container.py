@@ -188,9 +188,7 @@ def test_the_entrypoint_guard_trips_when_a_denied_path_is_mounted(csandbox: Sand
     assert "hello from the workdir" in clean.stdout
 
 
-def test_kill_9_of_the_launcher_leaves_no_container(csandbox: Sandbox) -> None:
-    s = csandbox
-    before = containers()
+def _start_sleeper(s: Sandbox) -> subprocess.Popen:
     launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "container", "--quiet", "--prompt",
                                  "echo STARTED > started.txt; sleep 120"], cwd=s.workdir, env=s.env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -199,18 +197,39 @@ def test_kill_9_of_the_launcher_leaves_no_container(csandbox: Sandbox) -> None:
         assert launcher.poll() is None, launcher.stderr.read().decode()[-2000:] if launcher.stderr else ""
         assert time.monotonic() < deadline, "the container never started"
         time.sleep(0.1)
+    return launcher
+
+
+def test_sigterm_to_the_launcher_removes_the_container(csandbox: Sandbox) -> None:
+    s = csandbox
+    before = containers()
+    launcher = _start_sleeper(s)
     assert len(containers()) == len(before) + 1
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err.decode()
+    assert containers() == before
+
+
+def test_kill_9_of_the_launcher_leaves_no_container(csandbox: Sandbox) -> None:
+    s = csandbox
+    before = containers()
+    launcher = _start_sleeper(s)
+    assert len(containers()) == len(before) + 1
+    base = Path(s.env["XDG_RUNTIME_DIR"])
+
+    def run_dirs() -> list[Path]:
+        return [p for p in base.iterdir() if p.name.startswith(f"hive-relay-{launcher.pid}-")]
+
+    assert run_dirs(), "the run dir was not where the test looks"
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
     deadline = time.monotonic() + 60
-    while containers() != before and time.monotonic() < deadline:
+    while (containers() != before or run_dirs()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert containers() == before, "the container outlived its launcher"
-    run_dirs = [p for p in Path(s.env["XDG_RUNTIME_DIR"]).glob("hive-relay-*") if p.name.startswith(f"hive-relay-{launcher.pid}-")]
-    deadline = time.monotonic() + 30
-    while run_dirs and any(p.exists() for p in run_dirs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(p.exists() for p in run_dirs)
+    assert not run_dirs()
     assert sorted(p.name for p in s.workdir.iterdir()) == ["README.md", "started.txt"]
 
 
