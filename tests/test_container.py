@@ -314,3 +314,28 @@ def test_escape_attempts_fail_in_the_container_and_their_twins_work(csandbox: Sa
         assert word in out, out
     for word in ("HOST-SSH-VISIBLE", "MOUNTED", "DNS-WORKS", "HAS-NIC"):
         assert word not in out
+
+
+def test_kill_9_while_the_engine_is_still_creating_the_container(csandbox: Sandbox) -> None:
+    """The launcher dies right after starting the engine client: the janitor keeps removing the
+    container until that client is gone, so one created a moment later does not survive."""
+    s = csandbox
+    before = containers()
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "container", "--quiet", "--prompt",
+                                 "sleep 120"], cwd=s.workdir, env=s.env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pidfile = None
+    deadline = time.monotonic() + 60
+    while pidfile is None and time.monotonic() < deadline:  # the run dir and its seccomp profile exist
+        found = list(Path(s.env["XDG_RUNTIME_DIR"]).glob(f"hive-relay-{launcher.pid}-*/seccomp.json"))
+        pidfile = found[0] if found else None
+        time.sleep(0.005)
+    assert pidfile is not None and not (pidfile.parent / "pid").exists(), "too late: the container already ran"
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 90
+    while containers() != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # a container created after the janitor's first removal would show up by now
+    assert containers() == before
+    assert not pidfile.parent.exists()
