@@ -19,8 +19,8 @@ from .container_argv import ContainerRun
 from .errors import RefusedError, RelayError
 from .netns import listen_in
 from .plan import Plan
-from .proxy import DecisionLog, EgressProxy
-from .runner import mark
+from .proxy import EgressProxy
+from .runner import mark, release, start_proxy
 from .seccomp_oci import default_profile, render
 
 START_TIMEOUT = 120.0  # a rootless engine's first run of an image re-maps its layers (seconds)
@@ -94,8 +94,7 @@ def _container_pid(plan: Plan, proc: subprocess.Popen) -> int | None:
     raise RelayError(f"the container did not start within {START_TIMEOUT:.0f} s; see `{run.engine} logs {run.name}`")
 
 
-def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
-          hint: str) -> tuple[ContainerProcess, EgressProxy | None]:
+def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) -> tuple[ContainerProcess, EgressProxy | None]:
     run = plan.container
     assert run is not None
     try:
@@ -120,11 +119,7 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
                 raise RefusedError(f"{err}: a docker container's network namespace belongs to the daemon's root; "
                                    "fix: use podman (rootless works), or run as root") from None
             raise RelayError(str(err)) from None
-        proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=hint)
-        proxy.start()
+        proxy = start_proxy(plan, listener)
     mark("proxy_started")
-    try:
-        os.write(go_fd, b"go\n")
-    except OSError:
-        pass
+    release(go_fd, b"go\n")
     return proc, proxy

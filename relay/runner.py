@@ -7,6 +7,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -198,7 +199,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             if process_tier:
                 proc = _spawn(plan, box_env(plan, caller_env), _process_setup(plan, state, use_rlimits, nofile))
             elif container is not None and go_fd is not None:
-                proc, proxy = container_runner.start(plan, caller_env, go_fd, lifeline, HINT)
+                proc, proxy = container_runner.start(plan, caller_env, go_fd, lifeline)
             else:
                 proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile, lifeline)
             rc, outcome = _wait(proc, plan.timeout, sigs)
@@ -285,6 +286,22 @@ def _read_child_pid(info: int, proc: BoxProcess) -> int | None:
     raise RelayError("the box did not start within 30 s")
 
 
+def start_proxy(plan: Plan, listener: socket.socket) -> EgressProxy:
+    """The host-side proxy on a listener that lives in the box's network namespace."""
+    proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT)
+    proxy.start()
+    return proxy
+
+
+def release(fd: int, word: bytes) -> None:
+    """Let the waiting box go (bwrap's --block-fd, the container entrypoint's FIFO); a box that
+    already died has closed its end, which is not our error."""
+    try:
+        os.write(fd, word)
+    except OSError:
+        pass
+
+
 def _start_supervised(
     plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int],
     lifeline: int,
@@ -327,13 +344,9 @@ def _start_supervised(
                     return proc, None
                 raise RelayError(str(err)) from None
             mark("box_ready")
-            proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT)
-            proxy.start()
+            proxy = start_proxy(plan, listener)
         mark("proxy_started")
-        try:
-            os.write(block_w, b"x")
-        except OSError:
-            pass
+        release(block_w, b"x")
     finally:
         os.close(block_w)
         os.close(info_r)
