@@ -339,3 +339,40 @@ def test_kill_9_while_the_engine_is_still_creating_the_container(csandbox: Sandb
     time.sleep(2)  # a container created after the janitor's first removal would show up by now
     assert containers() == before
     assert not pidfile.parent.exists()
+
+
+def test_codex_tui_works_interactively_in_the_container(csandbox: Sandbox) -> None:
+    """The issue's finish line: `contribute-hive codex container` in a real terminal: the TUI
+    renders, the trust dialog and a turn against the fake API work, Ctrl-C ends it with 0."""
+    import pexpect
+
+    from .fake_api import ANSWER, start
+    from .test_agents import setup_agent_home
+
+    s = csandbox
+    server, port = start()
+    seen: list[str] = []
+    try:
+        setup_agent_home(s, port)
+        child = pexpect.spawn(sys.executable, ["-m", "relay", "codex", "container", "--quiet", "--allow-host",
+                                               f"fake-api.test:{port}=127.0.0.1:{port}"],
+                              cwd=str(s.workdir), env=s.env, encoding="utf-8", timeout=90, dimensions=(40, 120))
+        child.logfile_read = type("Tee", (), {"write": lambda self, d: seen.append(d), "flush": lambda self: None})()
+        child.expect("Trust this folder|Trust and continue")
+        child.send("\r")
+        child.expect("Ask Codex")
+        child.send("say the answer")
+        child.expect("answer")
+        child.send("\r")
+        child.expect(ANSWER)
+        # Ctrl-C first ends a turn still wrapping up, then exits (codex's own behaviour).
+        for _ in range(3):
+            child.sendcontrol("c")
+            if child.expect([pexpect.EOF, pexpect.TIMEOUT], timeout=10) == 0:
+                break
+        child.close()
+    finally:
+        server.shutdown()
+    assert child.exitstatus == 0, "".join(seen)[-2000:]
+    assert any("/v1/responses" in r["path"] for r in server.requests)
+    assert containers("hive-relay.backend=codex") == []
