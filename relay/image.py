@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .config import Backend
 from .digest import sha256
-from .errors import RelayError
+from .install import MissingToolError
 from .paths import PACKAGE_ROOT
 
 IMAGE_REPO = "localhost/hive-relay-contributor"
@@ -39,8 +39,9 @@ VERSION_ARGS = {"claude": "CLAUDE_VERSION", "codex": "CODEX_VERSION", "gemini": 
                 "opencode": "OPENCODE_VERSION"}
 
 
-class ImageError(RelayError):
-    """The image could not be built (a tool failed); the message says which step and the fix."""
+class ImageError(MissingToolError):
+    """The image (the container's copy of the CLIs) could not be built: exit 127, as when npm
+    cannot install a CLI for local mode. The message says which step failed and the fix."""
 
 
 @dataclass(frozen=True)
