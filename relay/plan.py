@@ -180,6 +180,8 @@ def choose_tier(
     if request.mode == "container" or isolation == "container":
         if request.mode == "local" and isolation == "container":
             raise UsageError("--isolation container needs --mode container")
+        if isolation in ("process", "supervised"):
+            raise UsageError(f"--isolation {isolation} is a local-mode tier; fix: drop it, or use --mode local")
         return TierChoice("container", request.profile or "agent")
 
     def needs_network(name: str) -> bool:

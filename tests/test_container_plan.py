@@ -132,3 +132,11 @@ def test_engine_choice_honours_hive_relay_engine(sandbox: Sandbox) -> None:
     assert choose_engine(both, {"HIVE_RELAY_ENGINE": "docker"}) == "/usr/bin/docker"
     with pytest.raises(RefusedError, match="HIVE_RELAY_ENGINE=docker: not installed"):
         choose_engine(FACTS, {"HIVE_RELAY_ENGINE": "docker"})
+
+
+@pytest.mark.parametrize("isolation", ["process", "supervised"])
+def test_a_local_tier_with_container_mode_is_a_usage_error(sandbox: Sandbox, isolation: str) -> None:
+    proc = sandbox.relay("shell", "container", "--isolation", isolation, "--dry-run")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"hive-relay: error: --isolation {isolation} is a local-mode tier; "
+                                   "fix: drop it, or use --mode local")
