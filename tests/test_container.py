@@ -96,7 +96,9 @@ def test_egress_rules_are_the_same_in_both_modes(csandbox: Sandbox, mode: str) -
         script = (f"curl -s http://allowed.test:{port}/x; echo; "
                   f"curl -s -o /dev/null -w 'other=%{{http_code}}\\n' http://other.test:{port}/x; "
                   "curl -s -o /dev/null -w 'tls=%{http_connect}\\n' https://example.com/; "
-                  f"curl -s --noproxy '*' -m 3 http://127.0.0.1:{port}/x || echo DIRECT-FAILED")
+                  f"curl -s --noproxy '*' -m 3 http://127.0.0.1:{port}/x || echo DIRECT-FAILED; "
+                  f"curl -s --noproxy '' -o /dev/null -w 'ipliteral=%{{http_code}}\\n' http://127.0.0.1:{port}/x; "
+                  f"curl -s -o /dev/null -w 'otherport=%{{http_code}}\\n' http://allowed.test:{port + 1}/x")
         proc = s.relay("shell", mode, "--quiet", "--prompt", script, "--allow-host",
                        f"allowed.test:{port}=127.0.0.1:{port}")
     finally:
@@ -105,6 +107,7 @@ def test_egress_rules_are_the_same_in_both_modes(csandbox: Sandbox, mode: str) -
     out = proc.stdout
     assert "hello from the fake upstream" in out
     assert "other=403" in out and "tls=403" in out and "DIRECT-FAILED" in out
+    assert "ipliteral=403" in out and "otherport=403" in out
     logs = sorted((s.home / ".local" / "state" / "hive-relay" / "logs").glob("*.jsonl"))
     entries = [json.loads(line) for p in logs for line in p.read_text().splitlines()]
     decisions = {(e["host"], e["decision"]) for e in entries}

@@ -140,3 +140,17 @@ def test_a_local_tier_with_container_mode_is_a_usage_error(sandbox: Sandbox, iso
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"hive-relay: error: --isolation {isolation} is a local-mode tier; "
                                    "fix: drop it, or use --mode local")
+
+
+@pytest.mark.parametrize("backend", ["claude", "codex", "gemini", "opencode", "shell"])
+def test_egress_rules_are_the_same_plan_in_both_modes(sandbox: Sandbox, backend: str) -> None:
+    (sandbox.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    extra = ("pinned.test:8443=127.0.0.1:8443", "*.example.org")
+    local = plan_for(sandbox, backend, "local", allow_hosts=extra)
+    (sandbox.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    container = plan_for(sandbox, backend, "container", allow_hosts=extra)
+    assert local.egress == container.egress and local.egress
+    assert local.proxy_listen == container.proxy_listen == "127.0.0.1:3128"
+    assert local.rules == container.rules
+    proxy_env = {k: v for k, v in local.env_set if "proxy" in k.lower()}
+    assert proxy_env and proxy_env == {k: v for k, v in container.env_set if "proxy" in k.lower()}
