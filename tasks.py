@@ -108,12 +108,13 @@ def test(c: Context, args: str = "") -> None:
     _exit(subprocess.call(["./bin/test", *shlex.split(args)]))
 
 
-@task(help={"backend": "only this backend (default: all)", "json": "print the results as JSON"}, iterable=["backend"])
-def selftest(c: Context, backend: list[str] | None = None, json: bool = False) -> None:
+@task(help={"backend": "only this backend (default: all)", "json": "print the results as JSON",
+            "mode": "local (bubblewrap box, default) or container (podman/docker)"}, iterable=["backend"])
+def selftest(c: Context, backend: list[str] | None = None, json: bool = False, mode: str = "local") -> None:
     """Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."""
     from relay.selftest import selftest as run_selftest
 
-    _exit(guarded(run_selftest, list(backend or []) or None, as_json=json))
+    _exit(guarded(run_selftest, list(backend or []) or None, as_json=json, mode=mode))
 
 
 @task(help={"runs": "repetitions per timing (median is reported)", "with_peers": "install and compare srt (npm)",

@@ -21,7 +21,7 @@ from pathlib import Path
 from .cli import new_run_id
 from .config import get_backend, load_matrix
 from .denylist import expand
-from .errors import RelayError
+from .errors import RelayError, UsageError
 from .paths import cache_dir
 from .plan import PROXY_LISTEN, Plan, Request, resolve
 from .probe import probe
@@ -55,9 +55,11 @@ def _upstream() -> tuple[socketserver.TCPServer, int]:
     return server, server.server_address[1]
 
 
-def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, matrix) -> Plan:  # noqa: ANN001
+def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, matrix,  # noqa: ANN001
+          mode: str = "local") -> Plan:
     b = get_backend(matrix, backend)
-    base = Request(backend=backend, prompt="selftest", workdir=workdir, run_id=new_run_id(), argv_override=("true",))
+    base = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
+                   argv_override=("true",))
     first = resolve(b, matrix, base, facts, env)
     allow = (f"{ALLOWED_NAME}:{port}=127.0.0.1:{port}",) if first.proxy_listen else ()
     grants = [expand(p, facts.home, facts.uid) for p in b.home_rw + b.home_ro] if first.profile != "default" else []
@@ -65,14 +67,15 @@ def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, mat
     probe_args = [f"launcher={os.getpid()}", f"grants={','.join(grants)}"]
     if first.proxy_listen:
         probe_args += [f"proxy={PROXY_LISTEN}", f"allowed={ALLOWED_NAME}:{port}", "denied=example.com:443"]
-    python = facts.box_python or "/usr/bin/python3"
+    python = "/usr/bin/python3" if mode == "container" else (facts.box_python or "/usr/bin/python3")
     argv = (python, "-I", "-S", "-c", PROBES.read_text(), *probe_args)
-    request = Request(backend=backend, prompt="selftest", workdir=workdir, run_id=new_run_id(),
+    request = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
                       allow_hosts=allow, argv_override=argv)
     return resolve(b, matrix, request, facts, env)
 
 
-def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix) -> list[Row]:  # noqa: ANN001
+def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # noqa: ANN001
+                mode: str = "local") -> list[Row]:
     # Under the cache dir (not /tmp) so that the workdir's parent is a real host directory.
     base = Path(cache_dir(env))
     base.mkdir(parents=True, exist_ok=True)
@@ -80,7 +83,11 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix) -> 
     workdir = os.path.join(scratch, "work")
     os.mkdir(workdir)
     try:
-        plan = _plan(backend, env, workdir, port, facts, matrix)
+        plan = _plan(backend, env, workdir, port, facts, matrix, mode)
+        if plan.container is not None:
+            from .engine import ensure_ready
+
+            ensure_ready(plan.container, matrix, env)
         if plan.unsandboxed:
             return [Row(backend, plan.tier, plan.profile, "box enforced", "attack", False, "runs unsandboxed (opt-in)")]
         with tempfile.TemporaryFile() as out:
@@ -110,8 +117,10 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix) -> 
     return rows
 
 
-def selftest(backends: list[str] | None = None, as_json: bool = False) -> int:
+def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str = "local") -> int:
     env = dict(os.environ)
+    if mode not in ("local", "container"):
+        raise UsageError(f"unknown mode {mode!r}; choose one of: local, container")
     matrix = load_matrix(env, workdir=None)
     facts = probe(env)
     names = backends or sorted(matrix.backends)
@@ -122,7 +131,7 @@ def selftest(backends: list[str] | None = None, as_json: bool = False) -> int:
     try:
         for name in names:
             try:
-                rows += run_backend(name, env, port, facts, matrix)
+                rows += run_backend(name, env, port, facts, matrix, mode)
             except RelayError as err:
                 rows.append(Row(name, "-", "-", "box starts", "legit", False, err.message))
     finally:

@@ -50,6 +50,20 @@ def test_selftest_is_green_for_every_backend(box_sandbox: Sandbox) -> None:
     assert any(r["backend"] == "claude" and r["probe"].endswith("/.claude") and r["ok"] for r in rows)
 
 
+@pytest.mark.container
+def test_selftest_is_green_in_container_mode(csandbox: Sandbox) -> None:
+    proc = invoke(csandbox, "selftest", "--mode", "container", "--json", timeout=900)
+    rows = json.loads(proc.stdout)
+    failed = [r for r in rows if not r["ok"]]
+    assert proc.returncode == 0 and not failed, failed or proc.stderr
+    assert {r["backend"] for r in rows} == {"claude", "codex", "gemini", "opencode", "shell"}
+    assert {r["tier"] for r in rows} == {"container"}
+    probes = {r["probe"] for r in rows}
+    for name in ("read ~/.ssh", "write outside the workdir", "connect to a non-allowed host", "AF_UNIX socket()",
+                 "TIOCSTI injection", "see host pids", "socketpair()", "connect to an allowed host"):
+        assert name in probes
+
+
 def test_selftest_fails_loudly_for_an_unknown_backend(sandbox: Sandbox) -> None:
     proc = invoke(sandbox, "selftest", "--backend", "nope")
     assert proc.returncode == 2 and "unknown backend 'nope'" in proc.stderr
