@@ -379,3 +379,9 @@ def test_codex_tui_works_interactively_in_the_container(csandbox: Sandbox) -> No
     assert child.exitstatus == 0, "".join(seen)[-2000:]
     assert any("/v1/responses" in r["path"] for r in server.requests)
     assert containers("hive-relay.backend=codex") == []
+
+
+def test_stdin_is_passed_to_prompt_runs(csandbox: Sandbox) -> None:
+    proc = cbox(csandbox, "tr a-z A-Z", input="piped into the container\n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "PIPED INTO THE CONTAINER\n"
