@@ -315,7 +315,23 @@ def build(engine: list[str], spec: ImageSpec, env: Mapping[str, str], *, rebuild
     finally:
         shutil.rmtree(context, ignore_errors=True)
     say(f"built {tag}")
+    _remove_superseded(engine, tag, spec, say)
     return tag
+
+
+def _remove_superseded(engine: list[str], tag: str, spec: ImageSpec, say: Progress) -> None:
+    """Older images of ours for this uid (a pin or entrypoint changed) and older offline bases are
+    1.5 GB each; drop their tags. Layers still in use by anything else stay."""
+    listing = subprocess.run([*engine, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL).stdout.split()
+    old = [ref for ref in listing if ref != tag and (
+        (ref.startswith(f"{IMAGE_REPO}:") and ref.endswith(f"-u{spec.uid}")) or
+        (ref.startswith(f"{BASE_REPO}:") and ref != spec.base))]
+    if not old:
+        return
+    proc = subprocess.run([*engine, "rmi", *old], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode == 0:
+        say(f"removed superseded images: {', '.join(old)}")
 
 
 def save_base(engine: list[str], base: str, path: str) -> None:

@@ -8,6 +8,7 @@ engine's storage, so later sessions reuse it); an unprivileged user builds the b
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -385,3 +386,26 @@ def test_stdin_is_passed_to_prompt_runs(csandbox: Sandbox) -> None:
     proc = cbox(csandbox, "tr a-z A-Z", input="piped into the container\n")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout == "PIPED INTO THE CONTAINER\n"
+
+
+def test_superseded_images_are_removed_but_the_current_one_stays(csandbox: Sandbox, image: str) -> None:
+    from relay import image as image_mod
+    from relay.config import load_shipped
+
+    env = podman_env()
+    old = f"{image_mod.IMAGE_REPO}:000000000000-u{UID or 1000}"
+    other_user = f"{image_mod.IMAGE_REPO}:000000000000-u4242"
+    for ref in (old, other_user):
+        subprocess.run([PODMAN, "tag", image, ref], check=True, env=env)
+    try:
+        spec = image_mod.spec_from_env(load_shipped(), UID, os.getgid(), env)
+        assert spec.tag == image
+        said: list[str] = []
+        image_mod._remove_superseded([PODMAN], image, spec, said.append)
+        refs = subprocess.run([PODMAN, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                              text=True, env=env).stdout.split()
+        assert old not in refs and image in refs and spec.base in refs
+        assert other_user in refs  # another uid's image is not ours to remove
+        assert said and old in said[0]
+    finally:
+        subprocess.run([PODMAN, "rmi", old, other_user], capture_output=True, env=env)
