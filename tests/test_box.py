@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -193,9 +194,12 @@ def test_timeout_is_124_and_reaps_descendants(box_sandbox: Sandbox) -> None:
     proc = s.box(f"(sleep 300; echo {marker}) & sleep 301", "shell", "--timeout", "1")
     assert proc.returncode == 124
     assert "timed out after 1 s" in proc.stderr
-    time.sleep(0.3)
-    assert not [p for p in _cmdlines() if "sleep 30" in p and "hive-relay" not in p and p.startswith("sleep")]
-    assert _leftovers(s) == []
+
+    def strays() -> list[str]:
+        return [p for p in _cmdlines() if "sleep 30" in p and "hive-relay" not in p and p.startswith("sleep")]
+
+    # The kernel kills the pid namespace asynchronously; on a loaded machine that takes a moment.
+    assert _eventually(lambda: not strays() and not _leftovers(s)), (strays(), _leftovers(s))
 
 
 def test_output_streams_as_it_comes(box_sandbox: Sandbox) -> None:
@@ -266,8 +270,7 @@ def test_fork_bomb_is_contained(box_sandbox: Sandbox) -> None:
     proc = s.box("bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", "shell", "--profile", "tight",
                  "--timeout", "20")
     assert proc.returncode in (0, 124)
-    time.sleep(0.5)
-    assert _leftovers(s) == []
+    assert _eventually(lambda: _leftovers(s) == []), _leftovers(s)
     # The host still forks fine.
     assert subprocess.run(["true"]).returncode == 0
 
@@ -336,6 +339,16 @@ def _cmdlines() -> list[str]:
             except OSError:
                 pass
     return out
+
+
+def _eventually(condition: Callable[[], bool], timeout: float = 15) -> bool:
+    """Poll until true (a correctness check with a generous bound, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _leftovers(s: Sandbox) -> list[str]:
