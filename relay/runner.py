@@ -1,4 +1,5 @@
-"""Execute a Plan: the only module that starts processes. Everything it does was decided by resolve()."""
+"""Execute a Plan: the only module that starts a box (a container through container_runner).
+Everything it does was decided by resolve()."""
 
 from __future__ import annotations
 
