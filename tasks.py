@@ -83,11 +83,11 @@ def doctor(c: Context, json: bool = False) -> None:
 
 
 @task(help={
-    "base": "base image (default: localhost/hive-relay-base:bookworm, built offline with debootstrap + Node from npm; "
-            "any image with node 20+, npm and git works)",
+    "base": "base image (default: localhost/hive-relay-base:SUITE-RECIPE, built offline with mmdebstrap from your "
+            "Debian mirror + Node from npm; any image with node 20+, npm and git works)",
     "rebuild": "rebuild without the engine's layer cache even if the image is up to date",
     "base_only": "only make sure the base image exists",
-    "save_base": "also save the base image to FILE (root builds it once; users load it with --base-archive)",
+    "save_base": "also save the base image to FILE (load it elsewhere with --base-archive)",
     "base_archive": "load a missing base image from FILE (made by --save-base) instead of building it",
 })
 def build_image(c: Context, base: str | None = None, rebuild: bool = False, base_only: bool = False,

@@ -204,7 +204,8 @@ def _build_image_main(argv: Sequence[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="contribute-hive build-image",
                                      description="Build the container-mode image for your uid (cached by content).")
-    parser.add_argument("--base", help="base image with node 20+, npm and git (default: built offline)")
+    parser.add_argument("--base", help="base image with node 20+, npm and git (default: built offline with "
+                                       "mmdebstrap + Node from npm)")
     parser.add_argument("--rebuild", action="store_true", help="ignore the layer cache")
     parser.add_argument("--base-only", action="store_true", help="only make sure the base image exists")
     parser.add_argument("--save-base", metavar="FILE", help="also save the base image to FILE")
