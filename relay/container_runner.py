@@ -105,21 +105,25 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) 
     janitor.tell(lifeline, "client", popen.pid)
     mark("spawned")
     proc = ContainerProcess(popen, run)
-    pid = _container_pid(plan, popen)
-    mark("box_ready")
-    if pid is None:
-        return proc, None  # the engine failed (and said why on stderr); its exit code is passed on
-    proxy = None
-    if plan.proxy_listen:
-        try:
-            listener = listen_in(pid, plan.proxy_listen, join_userns=run.rootless)
-        except OSError as err:
-            proc.kill()
-            if run.kind == "docker" and os.getuid() != 0:
-                raise RefusedError(f"{err}: a docker container's network namespace belongs to the daemon's root; "
-                                   "fix: use podman (rootless works), or run as root") from None
-            raise RelayError(str(err)) from None
-        proxy = start_proxy(plan, listener)
+    try:
+        pid = _container_pid(plan, popen)
+        mark("box_ready")
+        if pid is None:
+            return proc, None  # the engine failed (and said why on stderr); its exit code is passed on
+        proxy = None
+        if plan.proxy_listen:
+            try:
+                listener = listen_in(pid, plan.proxy_listen, join_userns=run.rootless)
+            except OSError as err:
+                if run.kind == "docker" and os.getuid() != 0:
+                    raise RefusedError(f"{err}: a docker container's network namespace belongs to the daemon's "
+                                       "root; fix: use podman (rootless works), or run as root") from None
+                raise RelayError(str(err)) from None
+            proxy = start_proxy(plan, listener)
+    except BaseException:
+        # The caller never gets `proc`, so it cannot remove the container: do it here.
+        proc.kill()
+        raise
     mark("proxy_started")
     release(go_fd, b"go\n")
     return proc, proxy
