@@ -51,11 +51,16 @@ def engine_kind(path: str) -> str:
     return "docker" if os.path.basename(path).startswith("docker") else "podman"
 
 
+def uses_rlimits(kind: str, rootless: bool, cgroup: str | None) -> bool:
+    """Engines enforce pids/memory with cgroups; rootless podman cannot on cgroup v1 (it ignores
+    the flags with a warning), so there the same numbers become rlimits."""
+    return kind == "podman" and rootless and cgroup != "v2"
+
+
 def limit_flags(kind: str, rootless: bool, cgroup: str | None, limits: Limits, nofile: int) -> tuple[tuple[str, ...], str]:
-    """(flags, method). Engines enforce pids/memory with cgroups; rootless podman cannot on cgroup
-    v1 (it ignores the flags with a warning), so there the same numbers become rlimits."""
+    """(flags, method): see uses_rlimits."""
     flags = ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={limits.pids}:{limits.pids}"]
-    if kind == "podman" and rootless and cgroup != "v2":
+    if uses_rlimits(kind, rootless, cgroup):
         flags += ["--ulimit", f"data={limits.memory}:{limits.memory}"]
         return tuple(flags), "rlimit (podman --ulimit)"
     flags += ["--pids-limit", str(limits.pids), "--memory", str(limits.memory), "--memory-swap", str(limits.memory)]

@@ -61,9 +61,8 @@ def prepare(plan: Plan) -> int:
     assert run is not None and run.ctl_dir and plan.seccomp_policy is not None
     os.makedirs(run.ctl_dir, mode=0o755)
     if run.seccomp_profile:
-        base, _ = default_profile()
         with open(run.seccomp_profile, "w") as fh:
-            json.dump(render(plan.seccomp_policy, base), fh)
+            json.dump(render(plan.seccomp_policy, default_profile()), fh)
     fifo = os.path.join(run.ctl_dir, "go")
     os.mkfifo(fifo, 0o644)
     return os.open(fifo, os.O_RDWR | os.O_CLOEXEC)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 
 from .config import load_shipped
+from .container_argv import uses_rlimits
+from .engine import EngineInfo, info
 from .errors import RelayError
 from .paths import tool_dir
 from .probe import HostFacts, probe
 
 
-def components(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, str]]:
+def components(facts: HostFacts, env: dict[str, str], survey: EngineSurvey) -> list[tuple[str, bool, str]]:
     """(component, ok, detail or fix) rows."""
     rows: list[tuple[str, bool, str]] = []
     rows.append(("bubblewrap", facts.bwrap is not None,
@@ -31,8 +34,7 @@ def components(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, s
                   False: "legacy_tiocsti=0: the kernel blocks TIOCSTI", None: "unknown"}[facts.legacy_tiocsti]))
     rows.append(("selftest python", facts.box_python is not None,
                  facts.box_python or "no python3 outside $HOME (only `invoke selftest` needs one); fix: apt-get install python3"))
-    engines = engine_rows(facts, env)
-    rows += engines
+    rows += engine_rows(facts, survey)
     path = f"{tool_dir(env)}/node_modules/.bin:{env.get('PATH', '')}"
     for name, backend in sorted(load_shipped().items()):
         if backend.install_bin:
@@ -42,22 +44,35 @@ def components(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, s
     return rows
 
 
-def engine_rows(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, str]]:
-    """podman and docker, each asked whether it answers, and whether it runs rootless."""
-    from .engine import info
+@dataclass(frozen=True)
+class EngineSurvey:
+    """Each installed engine asked once (`info` costs ~450 ms), and the one container mode would use."""
+
+    chosen: str | None
+    refusal: str | None
+    infos: dict[str, EngineInfo]
+
+
+def survey_engines(facts: HostFacts, env: dict[str, str]) -> EngineSurvey:
     from .plan import choose_engine
 
-    rows: list[tuple[str, bool, str]] = []
     try:
-        chosen: str | None = choose_engine(facts, env)
-    except RelayError:
-        chosen = None
+        chosen, refusal = choose_engine(facts, env), None
+    except RelayError as err:
+        chosen, refusal = None, err.message
+    return EngineSurvey(chosen, refusal, {p: info(p) for p in (facts.podman, facts.docker) if p})
+
+
+def engine_rows(facts: HostFacts, survey: EngineSurvey) -> list[tuple[str, bool, str]]:
+    """podman and docker: whether each answers, and whether it runs rootless."""
+    rows: list[tuple[str, bool, str]] = []
+    chosen = survey.chosen
     for name, path, fix in (("podman", facts.podman, "apt-get install podman (container mode)"),
                             ("docker", facts.docker, "podman is preferred")):
         if path is None:
             rows.append((name, name == "docker" and facts.podman is not None, f"missing ({fix})"))
             continue
-        found = info(path)
+        found = survey.infos[path]
         if found.error:
             # An engine that does not answer only matters if it is the one container mode would use.
             rows.append((name, path != chosen, f"{path}: {found.error}" + ("" if path == chosen else
@@ -69,7 +84,7 @@ def engine_rows(facts: HostFacts, env: dict[str, str]) -> list[tuple[str, bool, 
     return rows
 
 
-def enforceable(facts: HostFacts) -> dict[str, str]:
+def enforceable(facts: HostFacts, survey: EngineSurvey) -> dict[str, str]:
     """Which tier/profile pairs this host can enforce, each with the fix when it cannot."""
     from .plan import _missing_supervised
 
@@ -80,24 +95,19 @@ def enforceable(facts: HostFacts) -> dict[str, str]:
         "supervised/default": supervised,
         "process/default": process,
         "process/agent": "never: the process tier cannot enforce egress",
-        "container": _container_state(facts),
+        "container": _container_state(facts, survey),
         "auto pick": ("agent at supervised" if facts.supervised_ok else
                       "default at process (with a note)" if facts.process_ok else "refused (exit 3)"),
     }
 
 
-def _container_state(facts: HostFacts) -> str:
-    from .engine import info
-    from .plan import choose_engine
-
-    try:
-        engine = choose_engine(facts, dict(os.environ))
-    except RelayError as err:
-        return f"NOT enforceable: {err.message}"
-    found = info(engine)
+def _container_state(facts: HostFacts, survey: EngineSurvey) -> str:
+    if survey.chosen is None:
+        return f"NOT enforceable: {survey.refusal}"
+    found = survey.infos[survey.chosen]
     if found.error:
         return f"NOT enforceable: {found.error}"
-    limits = ("rlimits (rootless podman on cgroup v1)" if found.kind == "podman" and found.rootless and facts.cgroup != "v2"
+    limits = ("rlimits (rootless podman on cgroup v1)" if uses_rlimits(found.kind, found.rootless, facts.cgroup)
               else f"cgroup limits ({found.kind})")
     return f"enforceable with {found.kind} ({'rootless' if found.rootless else 'rootful'}), {limits}"
 
@@ -105,8 +115,9 @@ def _container_state(facts: HostFacts) -> str:
 def doctor(as_json: bool = False) -> int:
     env = dict(os.environ)
     facts = probe(env)
-    rows = components(facts, env)
-    tiers = enforceable(facts)
+    survey = survey_engines(facts, env)
+    rows = components(facts, env, survey)
+    tiers = enforceable(facts, survey)
     if as_json:
         print(json.dumps({
             "components": [{"name": n, "ok": ok, "detail": d} for n, ok, d in rows],

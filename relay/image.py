@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .config import Backend
+from .container_argv import engine_kind
 from .digest import sha256
-from .install import MissingToolError
+from .install import MissingToolError, find_npm
 from .paths import PACKAGE_ROOT
 
 IMAGE_REPO = "localhost/hive-relay-contributor"
@@ -118,7 +119,7 @@ def say(line: str) -> None:
 
 def exists(engine: list[str], ref: str) -> bool:
     # podman's `image exists` answers in ~50 ms, a third of `image inspect`.
-    check = ["image", "exists", ref] if os.path.basename(engine[0]).startswith("podman") else \
+    check = ["image", "exists", ref] if engine_kind(engine[0]) == "podman" else \
         ["image", "inspect", "--format", "{{.Id}}", ref]
     probe = subprocess.run([*engine, *check],
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -167,7 +168,7 @@ def debian_suite() -> str:
 
 def _npm_fetch(package: str, dest: str, env: Mapping[str, str]) -> str:
     """`npm pack` one package into dest and return the tarball path (uses the caller's npm config)."""
-    npm = shutil.which("npm", path=env.get("PATH", os.defpath))
+    npm = find_npm(env)
     if npm is None:
         raise ImageError("building the base needs npm on the host to fetch Node; fix: apt-get install npm")
     proc = subprocess.run([npm, "pack", "--silent", "--pack-destination", dest, package], stdin=subprocess.DEVNULL,
@@ -242,26 +243,26 @@ def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Pro
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _npm_config(env: Mapping[str, str], key: str) -> str | None:
+    """One setting of the host's npm (its user/global config, not just the environment)."""
+    npm = find_npm(env)
+    if npm is None:
+        return None
+    out = subprocess.run([npm, "config", "get", key], capture_output=True, text=True, env=dict(env),
+                         stdin=subprocess.DEVNULL).stdout.strip()
+    return None if out in ("", "null", "undefined") else out
+
+
 def _npm_cafile(env: Mapping[str, str]) -> str | None:
     """The CA bundle the host's npm trusts (a registry behind a TLS-inspecting proxy needs it)."""
-    for candidate in (env.get("NPM_CONFIG_CAFILE"), env.get("npm_config_cafile")):
+    for candidate in (env.get("NPM_CONFIG_CAFILE"), env.get("npm_config_cafile"), _npm_config(env, "cafile")):
         if candidate and os.path.isfile(candidate):
             return candidate
-    npm = shutil.which("npm", path=env.get("PATH", os.defpath))
-    if npm:
-        out = subprocess.run([npm, "config", "get", "cafile"], capture_output=True, text=True, env=dict(env),
-                             stdin=subprocess.DEVNULL).stdout.strip()
-        if out and out not in ("null", "undefined") and os.path.isfile(out):
-            return out
     return None
 
 
 def _npm_registry(env: Mapping[str, str]) -> str:
-    npm = shutil.which("npm", path=env.get("PATH", os.defpath))
-    if not npm:
-        return ""
-    out = subprocess.run([npm, "config", "get", "registry"], capture_output=True, text=True, env=dict(env),
-                         stdin=subprocess.DEVNULL).stdout.strip()
+    out = _npm_config(env, "registry") or ""
     return out if out.startswith(("http://", "https://")) else ""
 
 

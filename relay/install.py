@@ -28,12 +28,16 @@ def cli_path(backend: Backend, env: Mapping[str, str]) -> str | None:
     return shutil.which(backend.install_bin, path=f"{tools}/node_modules/.bin:{env.get('PATH', os.defpath)}")
 
 
+def find_npm(env: Mapping[str, str]) -> str | None:
+    return shutil.which("npm", path=env.get("PATH", os.defpath))
+
+
 def ensure_cli(backend: Backend, env: Mapping[str, str], program: str) -> None:
     """Install the backend's CLI into the tool dir when the run needs it (`program` is what the
     argv starts, which user config may have changed) and it is on neither the tool dir nor PATH."""
     if backend.install_npm is None or program != backend.install_bin or cli_path(backend, env):
         return
-    npm = shutil.which("npm", path=env.get("PATH", os.defpath))
+    npm = find_npm(env)
     if npm is None:
         raise MissingToolError(
             f"{backend.install_bin} is not installed and npm is missing; fix: apt-get install nodejs npm "

@@ -154,12 +154,14 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if not quiet:
         emit(banner_lines(plan, caller_env.get("HOME", "")))
     emit(note_lines(plan.notes))
-    if plan.run_dir:
-        janitor.sweep_stale_run_dirs(os.path.dirname(plan.run_dir))
-    if plan.limits.method.startswith("cgroup"):
-        limits.sweep_stale()
     process_tier = plan.tier == "process"
     container = plan.container
+    if plan.run_dir:
+        janitor.sweep_stale_run_dirs(os.path.dirname(plan.run_dir))
+    # Our own cgroups are for local boxes; a container's limits belong to its engine.
+    own_cgroup = container is None and plan.limits.method.startswith("cgroup")
+    if own_cgroup:
+        limits.sweep_stale()
     needs_run_dir = bool(plan.sync_files) or process_tier or bool(plan.git_excludes) or container is not None
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid())
@@ -187,7 +189,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         except OSError as err:
             raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
-    state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids)
+    state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
     use_rlimits = state.cgroup is None
     nofile = limits.raise_nofile()
     jpid, lifeline = janitor.spawn(state)

@@ -19,9 +19,7 @@ from __future__ import annotations
 import copy
 import errno
 import json
-import os
 
-from .digest import sha256
 from .seccomp_policy import AF_UNIX, AF_VSOCK, CLONE_NEWUSER, LOW32, TIOCLINUX, TIOCSTI, SeccompPolicy
 
 DEFAULT_PROFILES = ("/usr/share/containers/seccomp.json", "/etc/containers/seccomp.json")
@@ -63,16 +61,16 @@ def _errno_for(name: str, index: int, values: tuple[int, ...]) -> list[dict]:
             for v in values]
 
 
-def default_profile() -> tuple[dict, str]:
+def default_profile() -> dict:
     """The engine's shipped default profile, or a minimal allow-all base when none is on disk
     (docker compiles its default in; our rules then still apply, as in local mode)."""
     for path in DEFAULT_PROFILES:
         try:
             with open(path) as fh:
-                return json.load(fh), path
+                return json.load(fh)
         except (OSError, ValueError):
             continue
-    return {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []}, "none (allow-all base)"
+    return {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []}
 
 
 def render(policy: SeccompPolicy, base: dict) -> dict:
@@ -107,17 +105,3 @@ def render(policy: SeccompPolicy, base: dict) -> dict:
         rules = [r for r in rules if r["action"] != "SCMP_ACT_ALLOW"]
     profile["syscalls"] = rules
     return profile
-
-
-def profile_path(policy: SeccompPolicy, cache: str) -> str:
-    """Write the merged profile once per (policy, default profile) and return its path."""
-    base, _source = default_profile()
-    data = json.dumps(render(policy, base), sort_keys=True).encode()
-    path = os.path.join(cache, f"seccomp-oci-{sha256(data).hexdigest()[:16]}.json")
-    if not os.path.exists(path):
-        os.makedirs(cache, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    return path
