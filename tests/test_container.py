@@ -129,7 +129,7 @@ my $w = " " x 8; ioctl($t, 0x5413, $w) ? print "winsz=ok\n" : print "winsz=$!\n"
 
 def test_seccomp_refuses_af_unix_and_tiocsti_while_their_twins_work(csandbox: Sandbox) -> None:
     """Needs a tty for the TIOCSTI pair: the container gets -t only from a terminal, so run under pexpect."""
-    pexpect = pytest.importorskip("pexpect")
+    import pexpect
     s = csandbox
     (s.workdir / "probe.pl").write_text(SECCOMP_PROBE)
     env = {**s.env}

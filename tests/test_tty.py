@@ -51,6 +51,14 @@ def wait_for_process(cmdline: str, foreground: bool = False, timeout: float = 10
     raise AssertionError(f"{cmdline!r} never started" + (" in the foreground" if foreground else ""))
 
 
+def in_foreground(child: pexpect.spawn, line: str, cmdline: str = "sleep 100") -> None:
+    """Type a line that (re)starts `cmdline` and wait until it owns the terminal, so that a key
+    signal sent next hits it and not the shell."""
+    say(child, line)
+    child.expect(cmdline)
+    wait_for_process(cmdline, foreground=True)
+
+
 def say(child: pexpect.spawn, line: str) -> None:
     child.sendline(line)
 
@@ -63,7 +71,7 @@ def check(child: pexpect.spawn, command: str, marker: str) -> str:
 
 
 def test_tty_and_term_are_the_callers(tty_box: tuple[Sandbox, str]) -> None:
-    child = spawn(*tty_box[:1], mode=tty_box[1])
+    child = spawn(tty_box[0], mode=tty_box[1])
     out = check(child, "tty >/dev/null && echo tty-ok; echo term=$TERM", "T")
     assert "tty-ok" in out and "not a tty" not in out
     assert "term=xterm-256color" in out
@@ -74,20 +82,16 @@ def test_tty_and_term_are_the_callers(tty_box: tuple[Sandbox, str]) -> None:
 
 
 def test_job_control_works(tty_box: tuple[Sandbox, str]) -> None:
-    child = spawn(*tty_box[:1], mode=tty_box[1])
+    child = spawn(tty_box[0], mode=tty_box[1])
     out = check(child, "sleep 100 & jobs", "J")
     assert "Running" in out and "sleep 100" in out
-    say(child, "fg")
-    child.expect("sleep 100")
-    wait_for_process("sleep 100", foreground=True)
+    in_foreground(child, "fg")
     child.sendcontrol("z")
     child.expect("Stopped")
     out = check(child, "jobs", "K")
     assert "Stopped" in out
     # Bring the stopped job back and interrupt it, so no job is left for `exit` to complain about.
-    say(child, "fg")
-    child.expect("sleep 100")
-    wait_for_process("sleep 100", foreground=True)
+    in_foreground(child, "fg")
     child.sendintr()
     out = check(child, "jobs; echo still-here", "L")
     printed = out.split("echo L$((1+1))")[-1]  # what ran, after the echo of the typed line
@@ -99,10 +103,8 @@ def test_job_control_works(tty_box: tuple[Sandbox, str]) -> None:
 
 
 def test_ctrl_c_interrupts_the_work_not_the_launcher(tty_box: tuple[Sandbox, str]) -> None:
-    child = spawn(*tty_box[:1], mode=tty_box[1])
-    say(child, "sleep 100")
-    child.expect("sleep 100")
-    wait_for_process("sleep 100", foreground=True)  # an earlier Ctrl-C would hit the shell, not the work
+    child = spawn(tty_box[0], mode=tty_box[1])
+    in_foreground(child, "sleep 100")  # an earlier Ctrl-C would hit the shell, not the work
     child.sendintr()
     out = check(child, "echo last=$?; pgrep -c -x sleep || true", "A")
     assert "last=130" in out  # the sleep died of SIGINT; the shell and the box live on
@@ -113,7 +115,7 @@ def test_ctrl_c_interrupts_the_work_not_the_launcher(tty_box: tuple[Sandbox, str
 
 
 def test_window_resize_reaches_the_box(tty_box: tuple[Sandbox, str]) -> None:
-    child = spawn(*tty_box[:1], mode=tty_box[1])
+    child = spawn(tty_box[0], mode=tty_box[1])
     out = check(child, "stty size", "S")
     assert "24 80" in out
     say(child, "trap 'echo GOT-WINCH' WINCH; sleep 5 & wait")
