@@ -59,6 +59,14 @@ def in_foreground(child: pexpect.spawn, line: str, cmdline: str = "sleep 100") -
     wait_for_process(cmdline, foreground=True)
 
 
+def leave(child: pexpect.spawn, code: int = 0) -> None:
+    """Exit the box's shell and check that its status came through the launcher."""
+    say(child, f"exit {code}")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == code
+
+
 def say(child: pexpect.spawn, line: str) -> None:
     child.sendline(line)
 
@@ -75,10 +83,7 @@ def test_tty_and_term_are_the_callers(tty_box: tuple[Sandbox, str]) -> None:
     out = check(child, "tty >/dev/null && echo tty-ok; echo term=$TERM", "T")
     assert "tty-ok" in out and "not a tty" not in out
     assert "term=xterm-256color" in out
-    say(child, "exit 3")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 3
+    leave(child, 3)
 
 
 def test_job_control_works(tty_box: tuple[Sandbox, str]) -> None:
@@ -96,10 +101,7 @@ def test_job_control_works(tty_box: tuple[Sandbox, str]) -> None:
     out = check(child, "jobs; echo still-here", "L")
     printed = out.split("echo L$((1+1))")[-1]  # what ran, after the echo of the typed line
     assert "still-here" in printed and "Stopped" not in printed and "sleep 100" not in printed
-    say(child, "exit 0")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    leave(child)
 
 
 def test_ctrl_c_interrupts_the_work_not_the_launcher(tty_box: tuple[Sandbox, str]) -> None:
@@ -110,8 +112,7 @@ def test_ctrl_c_interrupts_the_work_not_the_launcher(tty_box: tuple[Sandbox, str
     assert "last=130" in out  # the sleep died of SIGINT; the shell and the box live on
     assert "\n0" in out.replace("\r", "")
     assert child.isalive()
-    say(child, "exit 0")
-    child.expect(pexpect.EOF)
+    leave(child)
 
 
 def test_window_resize_reaches_the_box(tty_box: tuple[Sandbox, str]) -> None:
@@ -125,8 +126,7 @@ def test_window_resize_reaches_the_box(tty_box: tuple[Sandbox, str]) -> None:
     child.expect("GOT-WINCH")
     out = check(child, "stty size", "R")
     assert "40 132" in out
-    say(child, "exit 0")
-    child.expect(pexpect.EOF)
+    leave(child)
 
 
 INJECT = ("import fcntl, termios, errno, os\\n"
@@ -141,5 +141,4 @@ def test_tiocsti_injection_into_the_callers_terminal_is_refused(box_sandbox: San
     out = check(child, f'/usr/bin/python3 -c "$(printf \'{INJECT}\')"', "I")
     assert "STI EPERM" in out and "INJECTED" not in out
     assert "ROWS 24" in out  # ordinary tty ioctls still work
-    say(child, "exit 0")
-    child.expect(pexpect.EOF)
+    leave(child)
