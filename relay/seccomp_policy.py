@@ -4,13 +4,20 @@ Default allow, with targeted EPERM rules: the box must run node, python and git
 unchanged, so we deny the kernel surfaces an agent never needs (other processes' memory,
 new namespaces, mounts, io_uring) and the two attacks an allowlisted filesystem does not
 stop (AF_UNIX sockets towards host daemons, TIOCSTI injection into the caller's tty).
+
+Every argument comparison masks the register to its low 32 bits: `socket`'s domain, `ioctl`'s
+request and `clone`'s flags are 32-bit in the kernel, and a rule on the full 64-bit register is
+bypassed by setting bit 32 (libseccomp checks the high word too, so `EQ 1` misses `1 | 1 << 32`).
+
+The BPF is compiled from the policy at every launch (a few ms), never read back from a file:
+a compiled filter in a box-writable cache would let one box choose the next box's filter.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import zlib
+import tempfile
 from dataclasses import dataclass
 
 AF_UNIX = 1
@@ -51,16 +58,17 @@ class SeccompPolicy:
 
     def summary(self) -> list[str]:
         rules = [f"{name}: EPERM" for name in self.denied_syscalls]
-        if self.deny_af_unix_socket:
-            rules.append("socket(AF_UNIX): EPERM (socketpair allowed)")
-        if self.deny_af_vsock:
-            rules.append("socket(AF_VSOCK): EPERM")
+        if self.deny_network:
+            rules.append("socket: EPERM for every family (no network); socketpair: AF_UNIX only")
+        else:
+            if self.deny_af_unix_socket:
+                rules.append("socket(AF_UNIX): EPERM (socketpair allowed)")
+            if self.deny_af_vsock:
+                rules.append("socket(AF_VSOCK): EPERM")
         if self.deny_tty_injection:
             rules.append("ioctl(TIOCSTI|TIOCLINUX): EPERM")
         if self.deny_new_userns:
             rules.append("clone(CLONE_NEWUSER): EPERM; clone3: ENOSYS")
-        if self.deny_network:
-            rules.append("socket(AF_INET|AF_INET6|AF_PACKET): EPERM (no network)")
         if self.native_arch_only:
             rules.append("foreign arch and x32 ABI: killed")
         return rules
@@ -81,21 +89,43 @@ def build_filter(policy: SeccompPolicy):  # -> pyseccomp.SyscallFilter
     flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     for name in policy.denied_syscalls:
         _add(flt, eperm, name)
-    if policy.deny_af_unix_socket:
-        _add(flt, eperm, "socket", sc.Arg(0, sc.EQ, AF_UNIX))
-    if policy.deny_af_vsock:
-        _add(flt, eperm, "socket", sc.Arg(0, sc.EQ, AF_VSOCK))
     if policy.deny_network:
-        for family in (AF_INET, AF_INET6, AF_PACKET):
-            _add(flt, eperm, "socket", sc.Arg(0, sc.EQ, family))
+        # No network at all: every socket() is refused, whatever the family (high bits included,
+        # as there is no argument to compare). socketpair() keeps working for AF_UNIX, the only
+        # family that needs it; any other family would still create (and autoload the module
+        # of) a network socket, so it is refused too.
+        _add(flt, eperm, "socket")
+        for arg in _low32_not_equal(0, AF_UNIX):
+            _add(flt, eperm, "socketpair", arg)
+    else:
+        if policy.deny_af_unix_socket:
+            _add(flt, eperm, "socket", _low32_eq(0, AF_UNIX))
+        if policy.deny_af_vsock:
+            _add(flt, eperm, "socket", _low32_eq(0, AF_VSOCK))
     if policy.deny_tty_injection:
         for request in (TIOCSTI, TIOCLINUX):
-            _add(flt, eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, LOW32, request))
+            _add(flt, eperm, "ioctl", _low32_eq(1, request))
     if policy.deny_new_userns:
+        # The mask is inside the low word, so high bits (which the kernel drops) never matter.
         _add(flt, eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
         # clone3 passes flags in memory the filter cannot read; ENOSYS makes libc fall back to clone.
         _add(flt, sc.ERRNO(errno.ENOSYS), "clone3")
     return flt
+
+
+def _low32_eq(index: int, value: int):  # -> pyseccomp.Arg
+    """Argument INDEX equals VALUE in the low 32 bits the kernel reads, whatever the high bits."""
+    import pyseccomp as sc
+
+    return sc.Arg(index, sc.MASKED_EQ, LOW32, value & LOW32)
+
+
+def _low32_not_equal(index: int, value: int) -> list:  # -> list[pyseccomp.Arg]
+    """Comparisons whose union (one rule each) is "argument INDEX differs from VALUE in its low
+    32 bits": some bit that VALUE has clear is set, or some bit that VALUE has set is clear."""
+    import pyseccomp as sc
+
+    return [sc.Arg(index, sc.MASKED_EQ, 1 << bit, (value & (1 << bit)) ^ (1 << bit)) for bit in range(32)]
 
 
 def _add(flt, action: int, name: str, *args) -> None:
@@ -106,47 +136,33 @@ def _add(flt, action: int, name: str, *args) -> None:
         pass
 
 
-def _cache_file(policy: SeccompPolicy, cache: str) -> str:
-    """BPF depends on the policy, the architecture and libseccomp; importing and running libseccomp
-    is ~15 ms of a launch, so the exported program is cached per (policy, arch, library file)."""
-    lib = next((p for p in ("/usr/lib/x86_64-linux-gnu/libseccomp.so.2", "/usr/lib/aarch64-linux-gnu/libseccomp.so.2",
-                            "/lib/x86_64-linux-gnu/libseccomp.so.2") if os.path.exists(p)), "")
-    stamp = os.stat(lib).st_mtime_ns if lib else 0
-    key = repr((policy, os.uname().machine, lib, stamp)).encode()
-    return os.path.join(cache, f"seccomp-{zlib.crc32(key):08x}-{len(key)}.bpf")
+_COMPILED: dict[SeccompPolicy, bytes] = {}
 
 
 def compile_bpf(policy: SeccompPolicy, cache: str | None = None) -> bytes:
-    if cache:
-        path = _cache_file(policy, cache)
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-            if data and len(data) % 8 == 0:
-                return data
-        except OSError:
-            pass
-    import tempfile
+    """The BPF program for POLICY, compiled by libseccomp in this process.
 
-    with tempfile.TemporaryFile() as out:
-        build_filter(policy).export_bpf(out)
-        out.seek(0)
-        data = out.read()
-    if cache:
-        try:
-            os.makedirs(cache, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except OSError:
-            pass
+    `cache` is accepted for older callers and ignored: a filter is never loaded from (or written
+    to) a file, since a box that could write that file would pick the next box's filter. The only
+    memo is this process's own memory.
+    """
+    del cache
+    data = _COMPILED.get(policy)
+    if data is None:
+        with tempfile.TemporaryFile() as out:
+            build_filter(policy).export_bpf(out)
+            out.seek(0)
+            data = out.read()
+        if not data or len(data) % 8:
+            raise RuntimeError(f"libseccomp exported a malformed BPF program ({len(data)} bytes)")
+        _COMPILED[policy] = data
     return data
 
 
 def compile_to_memfd(policy: SeccompPolicy, cache: str | None = None) -> int:
-    """The BPF program in an anonymous memfd, rewound, ready for `bwrap --seccomp FD`."""
-    data = compile_bpf(policy, cache)
+    """The BPF program in an anonymous memfd, rewound, ready for `bwrap --seccomp FD`.
+    `cache` is ignored (see compile_bpf)."""
+    data = compile_bpf(policy)
     fd = os.memfd_create("hive-relay-seccomp", 0)
     try:
         view = memoryview(data)
