@@ -8,14 +8,17 @@ to close (normal exit or death), then tears down and exits.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
 import signal
+import stat
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import guard, limits
+from . import guard, limits, safefs
 from .digest import sha256
 from .placeholders import Registry
 from .procs import pid_alive
@@ -28,19 +31,25 @@ class RunState:
     sync: dict[str, str | None] = field(default_factory=dict)  # host path -> sha256 at copy-in (None: absent)
     placeholders: tuple[str, ...] = ()
     registry: Registry | None = None
-    guarded: dict[str, bytes | None] = field(default_factory=dict)
+    guarded: dict[str, guard.Snapshot] = field(default_factory=dict)
     owner: int = 0
     cgroup: limits.Cgroup | None = None
-    lock_dir: str | None = None
+    lock_dir: str | None = None  # our state dir: where the sync-back lock lives
     container_rm: list[str] | None = None  # argv that force-removes this run's container
 
 
-def _sha(path: str) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            return sha256(fh.read()).hexdigest()
-    except OSError:
-        return None
+# The files synced back (e.g. ~/.claude.json) hold settings and project history, never bulk data.
+MAX_SYNC = 16 << 20
+
+
+def _read_host(path: str, base: str) -> bytes | None:
+    """A host file as it is now (None: absent); links and special files are not synced."""
+    return safefs.read_file(path, MAX_SYNC, base=base if safefs.beneath(path, base) else None)
+
+
+
+def _digest(data: bytes | None) -> str | None:
+    return None if data is None else sha256(data).hexdigest()
 
 
 def box_copy_path(state: RunState, host_path: str) -> str:
@@ -56,38 +65,58 @@ def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False
     if state.run_dir is None:
         return
     os.makedirs(state.run_dir, mode=0o700)
-    os.makedirs(os.path.join(state.run_dir, "home"), mode=0o700)
+    box_home = os.path.join(state.run_dir, "home")
+    os.makedirs(box_home, mode=0o700)
     if git_excludes is not None:
-        with open(os.path.join(state.run_dir, "git-excludes"), "w") as fh:
-            fh.write(git_excludes)
+        safefs.write_file(os.path.join(state.run_dir, "git-excludes"), git_excludes.encode(), 0o644)
     if with_tmp:
         os.makedirs(os.path.join(state.run_dir, "tmp"), mode=0o700)
     for host_path in sync_files:
-        state.sync[host_path] = _sha(host_path)
-        if state.sync[host_path] is not None:
-            dst = box_copy_path(state, host_path)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            shutil.copy2(host_path, dst)
+        try:
+            data = _read_host(host_path, state.home)
+        except OSError:
+            continue  # a link or special file at the host path: the box starts without a copy, nothing syncs back
+        state.sync[host_path] = _digest(data)
+        if data is not None:
+            safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True)
+
+
+@contextmanager
+def _sync_lock(state: RunState):  # noqa: ANN202
+    """One lock for every run's sync-back, in our own state dir (never a name in the box's reach)."""
+    lock_dir = state.lock_dir or os.path.join(state.home, ".local", "state", "hive-relay")
+    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    with safefs.base_dir(lock_dir) as dfd:
+        fd = safefs.open_beneath(dfd, "sync.lock", os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise safefs.UnsafePath(errno.EINVAL, "not a regular file", "sync.lock")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _sync_back(state: RunState, messages: list[str]) -> None:
+    box_home = os.path.join(state.run_dir or "", "home")
     for host_path, before in state.sync.items():
-        box = box_copy_path(state, host_path)
-        after = _sha(box)
-        if after is None or after == before:
-            continue
-        lock_path = os.path.join(state.lock_dir or os.path.dirname(host_path), ".hive-relay-sync.lock")
+        rel = os.path.relpath(box_copy_path(state, host_path), box_home)
         try:
-            os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-            with open(lock_path, "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if _sha(host_path) == before:
-                    tmp = f"{host_path}.hive-relay-{os.getpid()}.tmp"
-                    shutil.copy2(box, tmp)
-                    os.replace(tmp, host_path)
+            with safefs.base_dir(box_home) as dfd:
+                box = safefs.read_beneath(dfd, rel, MAX_SYNC)
+        except OSError as err:
+            messages.append(f"did not sync {host_path} back: the box left {err.strerror or err} in its place")
+            continue
+        if box is None or _digest(box) == before:
+            continue
+        try:
+            with _sync_lock(state):
+                if _digest(_read_host(host_path, state.home)) == before:
+                    base = state.home if safefs.beneath(host_path, state.home) else None
+                    safefs.write_file(host_path, box, 0o600, base=base)
                 else:
-                    keep = f"{host_path}.hive-relay-conflict-{time.strftime('%Y%m%d-%H%M%S')}"
-                    shutil.copy2(box, keep)
+                    keep = safefs.keep_aside(host_path, box, "conflict",
+                                             base=state.home if safefs.beneath(host_path, state.home) else None)
                     messages.append(f"{host_path} changed on the host during the session; the box's copy is kept at {keep}")
         except OSError as err:
             messages.append(f"could not sync {host_path} back: {err.strerror or err}")
@@ -99,7 +128,7 @@ def teardown(state: RunState) -> list[str]:
     if state.cgroup is not None:
         state.cgroup.remove()
     for path, before in state.guarded.items():
-        message = guard.enforce(path, before)
+        message = guard.enforce(path, before, state.home)
         if message:
             messages.append(message)
     if state.registry is not None:

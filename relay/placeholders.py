@@ -10,6 +10,7 @@ under the state dir, guarded by flock; the last live user removes it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -18,72 +19,113 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import safefs
 from .procs import pid_alive
+
+# The registry lists placeholder paths and pids; a few hundred entries at most.
+MAX_REGISTRY = 1 << 20
+
+
+def _base_for(path: str, bases: Iterable[str]) -> str:
+    """The most specific trusted base (workdir, home) that holds `path`; else its parent directory."""
+    held = [b for b in bases if safefs.beneath(path, b)]
+    return max(held, key=len) if held else os.path.dirname(path)
 
 
 class Registry:
     def __init__(self, state_dir: str) -> None:
+        self.dir = state_dir
         self.path = Path(state_dir) / "placeholders.json"
         self.lock_path = Path(state_dir) / "placeholders.lock"
 
     @contextmanager
     def _locked(self):  # noqa: ANN202
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        """The registry, read and rewritten under an exclusive lock; every file is opened beneath our
+        state dir with no link followed, and an unreadable registry starts empty."""
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        with safefs.base_dir(self.dir) as dfd:
+            lock = safefs.open_beneath(dfd, "placeholders.lock", os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
             try:
-                data = json.loads(self.path.read_text())
-                if not isinstance(data, dict):
+                if not stat.S_ISREG(os.fstat(lock).st_mode):
+                    raise safefs.UnsafePath(errno.EINVAL, "not a regular file", str(self.lock_path))
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    data = json.loads(safefs.read_beneath(dfd, "placeholders.json", MAX_REGISTRY) or b"{}")
+                except (OSError, ValueError):
                     data = {}
-            except (OSError, ValueError):
-                data = {}
-            yield data
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.path)
+                data = {k: _entry(v) for k, v in data.items()} if isinstance(data, dict) else {}
+                yield data
+                safefs.replace_in(dfd, "placeholders.json", json.dumps(data).encode(), 0o600)
+            finally:
+                os.close(lock)
 
-    def claim(self, pid: int, missing: Iterable[tuple[str, bool]], existing: Iterable[str]) -> None:
+    def claim(self, pid: int, missing: Iterable[tuple[str, bool]], existing: Iterable[str],
+              bases: tuple[str, ...] = ()) -> None:
         """Create the missing placeholders (empty files, or empty dirs where `is_dir`) and take a
-        reference on them, plus on any existing path that is a registered placeholder of another box."""
+        reference on them, plus on any existing path that is a registered placeholder of another box.
+        Each is created beneath its trusted base (the workdir, the home) with no link followed."""
         with self._locked() as data:
             _prune(data)
             for path, is_dir in missing:
+                base = _base_for(path, bases)
                 try:
-                    if is_dir:
-                        os.mkdir(path, 0o755)
-                    else:
-                        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o444)
-                        os.close(fd)
+                    _create(base, path, is_dir)
                 except FileExistsError:
                     if path not in data:
                         continue  # a real file appeared meanwhile: bwrap binds /dev/null over it
                 except OSError:
                     continue  # bwrap will report what is wrong
-                data.setdefault(path, [])
-                data[path].append(pid)
+                entry = data.setdefault(path, {"base": base, "pids": []})
+                entry["pids"].append(pid)
             for path in existing:
-                if path in data and pid not in data[path]:
-                    data[path].append(pid)
+                if path in data and pid not in data[path]["pids"]:
+                    data[path]["pids"].append(pid)
 
     def release(self, pid: int) -> None:
         """Drop this pid's references; remove placeholders nobody alive uses any more."""
         with self._locked() as data:
-            for path in list(data):
-                data[path] = [p for p in data[path] if p != pid]
+            for entry in data.values():
+                entry["pids"] = [p for p in entry["pids"] if p != pid]
             _prune(data)
 
 
-def _prune(data: dict[str, list[int]]) -> None:
+def _entry(value: object) -> dict:
+    """Registry entries: {"base": DIR, "pids": [...]}; older registries held the pid list alone."""
+    if isinstance(value, list):
+        return {"base": None, "pids": [p for p in value if isinstance(p, int)]}
+    if isinstance(value, dict):
+        pids = value.get("pids")
+        base = value.get("base")
+        return {"base": base if isinstance(base, str) else None,
+                "pids": [p for p in pids if isinstance(p, int)] if isinstance(pids, list) else []}
+    return {"base": None, "pids": []}
+
+
+def _create(base: str, path: str, is_dir: bool) -> None:
+    rel = os.path.relpath(path, base)
+    with safefs.base_dir(base) as dfd, safefs.parent_of(dfd, rel) as (pfd, name):
+        if is_dir:
+            os.mkdir(name, 0o755, dir_fd=pfd)
+        else:
+            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444,
+                             dir_fd=pfd))
+
+
+def _is_placeholder(st: os.stat_result) -> bool:
+    return (stat.S_ISREG(st.st_mode) and st.st_size == 0) or stat.S_ISDIR(st.st_mode)
+
+
+def _prune(data: dict[str, dict]) -> None:
     for path in list(data):
-        data[path] = [p for p in data[path] if isinstance(p, int) and pid_alive(p)]
-        if data[path]:
+        entry = data[path]
+        entry["pids"] = [p for p in entry["pids"] if pid_alive(p)]
+        if entry["pids"]:
             continue
         del data[path]
+        base = entry.get("base") or os.path.dirname(path)
         try:
-            st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode) and st.st_size == 0:
-                os.unlink(path)
-            elif stat.S_ISDIR(st.st_mode):
-                os.rmdir(path)  # only succeeds when empty
+            with safefs.base_dir(base) as dfd:
+                # an empty file, or a dir (rmdir only succeeds when it is empty)
+                safefs.unlink_beneath(dfd, os.path.relpath(path, base), only_if=_is_placeholder)
         except OSError:
             pass

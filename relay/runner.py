@@ -170,10 +170,12 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         try:
             kinds = {m.dst: m.kind for m in plan.mounts}
             missing = [(p, kinds.get(p) == "mask-dir") for p in plan.placeholders]
-            state.registry.claim(os.getpid(), missing, plan.protected + plan.denied)
+            state.registry.claim(os.getpid(), missing, plan.protected + plan.denied,
+                                 bases=(plan.workdir, state.home))
         except OSError as err:
             raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
-    state.guarded = {path: guard.snapshot(path) for path in plan.guarded_files}
+    state.guarded = {path: guard.snapshot(path, state.home) for path in plan.guarded_files}
+    state.lock_dir = state_dir(dict(caller_env))
     try:
         janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
                         git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)

@@ -1,0 +1,330 @@
+"""The one way host-side code touches a path a box could have written.
+
+The janitor, the guard, the sync-back, the placeholders, the registry, the logs and the caches run
+with the caller's rights (root's included) on paths the box may have prepared: a symlink at any
+component, a FIFO where a file is expected, a huge file, or a pre-created temporary name. Every
+such touch goes through this module, which:
+
+- resolves a path *beneath a trusted directory* with no symlink followed on any component
+  (`openat2(RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` where the kernel has it,
+  an `O_NOFOLLOW` walk of `openat` calls otherwise);
+- opens with `O_NONBLOCK` and checks `S_ISREG` with `fstat` before reading, so a FIFO or device
+  never blocks and never feeds us;
+- bounds every read;
+- creates with `O_EXCL` under names from `secrets`, so the box cannot pre-create them, and
+  renames within one directory fd.
+
+The trusted directory (the `base` argument) is the caller's choice: the user's `$HOME`, the run
+dir we made ourselves, the workdir. Symlinks *above* it belong to the host's own layout and are
+followed once, when the base is opened; nothing below it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# 16 MiB: larger than any settings file, login or session index an agent keeps in one file.
+DEFAULT_LIMIT = 16 << 20
+_SYS_OPENAT2 = 437  # the same number on every architecture (new syscall table)
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+_HAVE_OPENAT2: bool | None = None
+
+
+class UnsafePath(OSError):
+    """A path the box could have prepared is not what the host expected (a link, a special file,
+    too large). Callers treat it as hostile: refuse, keep aside, never follow."""
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                   _RESOLVE_NO_SYMLINKS | _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), rel)
+    return fd
+
+
+def have_openat2() -> bool:
+    """Probed once: ENOSYS on kernels before 5.6 (and under some seccomp profiles)."""
+    global _HAVE_OPENAT2
+    if _HAVE_OPENAT2 is None:
+        try:
+            os.close(_openat2(_AT_FDCWD, ".", os.O_RDONLY | os.O_DIRECTORY, 0))
+            _HAVE_OPENAT2 = True
+        except OSError as err:
+            _HAVE_OPENAT2 = err.errno not in (errno.ENOSYS, errno.EPERM)
+    return _HAVE_OPENAT2
+
+
+_AT_FDCWD = -100
+
+
+def _parts(rel: str) -> list[str]:
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts or rel.startswith("/"):
+        raise UnsafePath(errno.EINVAL, "not a plain relative path", rel)
+    return parts
+
+
+def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
+    """The fallback: one `openat(O_NOFOLLOW)` per component, directories with O_DIRECTORY."""
+    fd = os.dup(dirfd)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def open_beneath(dirfd: int, rel: str, flags: int, mode: int = 0o600) -> int:
+    """Open `rel` under the directory fd with no symlink on any component (ELOOP/ENOTDIR if one is
+    there). `O_NOFOLLOW` is always added, so the last component is never followed either."""
+    parts = _parts(rel)
+    flags |= os.O_NOFOLLOW
+    if have_openat2():
+        try:
+            return _openat2(dirfd, "/".join(parts), flags, mode)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise UnsafePath(errno.ELOOP, "a symbolic link is in the way", rel) from None
+            raise
+    try:
+        return _walk(dirfd, parts, flags, mode)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR) and _has_link(dirfd, parts):
+            raise UnsafePath(errno.ELOOP, "a symbolic link is in the way", rel) from None
+        raise
+
+
+def _has_link(dirfd: int, parts: list[str]) -> bool:
+    try:
+        fd = os.dup(dirfd)
+        try:
+            for part in parts:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    return True
+                if not stat.S_ISDIR(st.st_mode):
+                    return False
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return False
+
+
+@contextmanager
+def base_dir(path: str) -> Iterator[int]:
+    """A directory fd on a trusted base (the host's own layout above it is followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def parent_of(dirfd: int, rel: str, create: bool = False, mode: int = 0o700) -> Iterator[tuple[int, str]]:
+    """(fd of the directory that holds `rel`, its last component), opened with no link followed;
+    with `create`, missing directories are made (mode `mode`) on the way."""
+    parts = _parts(rel)
+    if create:
+        fd = os.dup(dirfd)
+        try:
+            for part in parts[:-1]:
+                try:
+                    os.mkdir(part, mode, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nxt = open_beneath(fd, part, os.O_RDONLY | os.O_DIRECTORY)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+    elif len(parts) == 1:
+        fd = os.dup(dirfd)
+    else:
+        fd = open_beneath(dirfd, "/".join(parts[:-1]), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd, parts[-1]
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, limit: int, name: str) -> bytes:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(errno.EINVAL, "not a regular file", name)
+    if st.st_size > limit:
+        raise UnsafePath(errno.EFBIG, f"larger than {limit} bytes", name)
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise UnsafePath(errno.EFBIG, f"larger than {limit} bytes", name)
+    return b"".join(chunks)
+
+
+def read_beneath(dirfd: int, rel: str, limit: int = DEFAULT_LIMIT) -> bytes | None:
+    """The bytes of a regular file under `dirfd`; None when it does not exist. Raises UnsafePath for
+    a link on the way, a special file (never blocks: O_NONBLOCK) or a file over `limit`."""
+    try:
+        fd = open_beneath(dirfd, rel, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    try:
+        return _read_fd(fd, limit, rel)
+    finally:
+        os.close(fd)
+
+
+def read_file(path: str, limit: int = DEFAULT_LIMIT, base: str | None = None) -> bytes | None:
+    """`read_beneath` for an absolute path: beneath `base` when given, else beneath its parent."""
+    base, rel = _split(path, base)
+    try:
+        with base_dir(base) as dfd:
+            return read_beneath(dfd, rel, limit)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def beneath(path: str, base: str) -> bool:
+    """True when `path` lies strictly below `base` (lexically; both absolute)."""
+    rel = os.path.relpath(os.path.normpath(path), os.path.normpath(base))
+    return rel != "." and rel != ".." and not rel.startswith("../")
+
+
+def _split(path: str, base: str | None) -> tuple[str, str]:
+    path = os.path.normpath(path)
+    if base is None:
+        return os.path.dirname(path) or "/", os.path.basename(path)
+    base = os.path.normpath(base)
+    rel = os.path.relpath(path, base)
+    if not beneath(path, base):
+        raise UnsafePath(errno.EINVAL, f"not beneath {base}", path)
+    return base, rel
+
+
+def unique_name(stem: str, tag: str) -> str:
+    """A name the box cannot guess: `stem.hive-relay-TAG-TIME-RANDOM`."""
+    return f"{stem}.hive-relay-{tag}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(6)}"
+
+
+def create_new(dirfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Write a new file that did not exist (O_EXCL, no link followed)."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirfd)
+    try:
+        _write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(name, dir_fd=dirfd)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
+def replace_in(dirfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Atomically replace `name` in the directory fd: a fresh temporary under an unguessable name,
+    then rename within the same directory. A link at `name` is replaced, never followed; a
+    directory there makes the rename fail."""
+    tmp = unique_name(name, "tmp")
+    create_new(dirfd, tmp, data, mode)
+    try:
+        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dirfd)
+        except OSError:
+            pass
+        raise
+
+
+def write_file(path: str, data: bytes, mode: int = 0o600, base: str | None = None, make_dirs: bool = False) -> None:
+    """`replace_in` for an absolute path, resolved beneath `base` (default: its parent)."""
+    base, rel = _split(path, base)
+    with base_dir(base) as dfd, parent_of(dfd, rel, create=make_dirs) as (pfd, name):
+        replace_in(pfd, name, data, mode)
+
+
+def keep_aside(path: str, data: bytes, tag: str, base: str | None = None) -> str:
+    """Write `data` next to `path` under a new unguessable name; returns that path."""
+    base, rel = _split(path, base)
+    with base_dir(base) as dfd, parent_of(dfd, rel) as (pfd, name):
+        aside = unique_name(name, tag)
+        create_new(pfd, aside, data)
+    return os.path.join(os.path.dirname(path), aside)
+
+
+_RENAME_NOREPLACE = 1
+
+
+def rename_noreplace(dirfd: int, src: str, dst: str) -> None:
+    """Rename within one directory fd, failing with EEXIST rather than replacing anything at `dst`
+    (renameat2; the entry itself moves, whatever it is, and nothing is followed)."""
+    if _libc.renameat2(dirfd, os.fsencode(src), dirfd, os.fsencode(dst), _RENAME_NOREPLACE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), dst)
+
+
+def lstat_beneath(dirfd: int, rel: str) -> os.stat_result | None:
+    """lstat of the last component, reached with no link followed; None when absent."""
+    try:
+        with parent_of(dirfd, rel) as (pfd, name):
+            return os.stat(name, dir_fd=pfd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def unlink_beneath(dirfd: int, rel: str, only_if=None) -> bool:  # noqa: ANN001 - predicate on stat_result
+    """Remove a file (or an empty dir) reached with no link followed; `only_if(st)` must hold.
+    Returns True when something was removed."""
+    try:
+        with parent_of(dirfd, rel) as (pfd, name):
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+            if only_if is not None and not only_if(st):
+                return False
+            if stat.S_ISDIR(st.st_mode):
+                os.rmdir(name, dir_fd=pfd)
+            else:
+                os.unlink(name, dir_fd=pfd)
+            return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
