@@ -149,6 +149,9 @@ def spawn(state: RunState) -> tuple[int, int]:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the forked child
         try:
+            # A session of its own: a signal to the launcher's process group (or the terminal's)
+            # cannot stop the cleanup.
+            os.setsid()
             for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGHUP, signal.SIGTERM, signal.SIGTTOU):
                 signal.signal(sig, signal.SIG_IGN)
             os.close(w)

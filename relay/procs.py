@@ -14,3 +14,20 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def inheritable_fds() -> list[int]:
+    """Our open fds above 2 that an exec would pass on (no FD_CLOEXEC)."""
+    import fcntl
+
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2:
+            continue
+        try:
+            if not fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC:
+                fds.append(fd)
+        except OSError:
+            continue  # the listing's own fd, closed by now
+    return fds

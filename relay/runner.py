@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import guard, janitor, limits
+from . import guard, janitor, jobctl, limits, procs
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
 from .netns import listen_in
@@ -202,7 +202,14 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     try:
         with _Signals(plan.interactive) as sigs:
             if process_tier:
-                proc = _spawn(plan, box_env(plan, caller_env), _process_setup(plan, state, use_rlimits, nofile))
+                job = jobctl.Job()
+                popen = _spawn(plan, box_env(plan, caller_env), _process_setup(plan, state, use_rlimits, nofile))
+                try:
+                    os.setpgid(popen.pid, popen.pid)
+                except OSError:
+                    pass  # the child did it first, or has already exec'd
+                job.give(popen.pid)
+                proc = BoxProcess(popen.pid, job, popen)
             elif container is not None and go_fd is not None:
                 proc, proxy = container_runner.start(plan, caller_env, go_fd, lifeline)
             else:
@@ -215,6 +222,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+        if isinstance(proc, BoxProcess) and proc.job is not None:
+            proc.job.take_back()
         if proxy is not None:
             proxy.stop()
         if go_fd is not None:
@@ -243,15 +252,23 @@ def _git_excludes(plan: Plan, caller_env: Mapping[str, str]) -> str:
 class BoxProcess:
     """A Popen-like handle on the bwrap process started with posix_spawn (fixed fds, no fork of us)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, job: jobctl.Job | None = None, popen: subprocess.Popen | None = None) -> None:
         self.pid = pid
+        self.job = job
+        self.popen = popen  # the process tier's Popen, told the status we reaped
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
+            if pid and os.WIFSTOPPED(status):
+                if self.job is not None:
+                    self.job.suspend()  # Ctrl-Z in the box: the caller's shell sees the job stop
+                return None
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
+                if self.popen is not None:
+                    self.popen.returncode = self.returncode
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -320,15 +337,22 @@ def _start_supervised(
     mark("seccomp_compiled")
     high = [(target, fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10))
             for target, fd in ((SECCOMP_FD, seccomp_fd), (INFO_FD, info_w), (BLOCK_FD, block_r))]
+    targets = {target for target, _ in high}
+    # Only 0, 1, 2 and bwrap's own fds reach the box: a directory fd the caller's shell left open
+    # would be a key to the host's filesystem.
+    closes = [(os.POSIX_SPAWN_CLOSE, fd) for fd in procs.inheritable_fds() if fd not in targets]
+    job = jobctl.Job()
     try:
         pid = os.posix_spawn(plan.command[0], list(plan.command), box_env(plan, caller_env),
-                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high])
+                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high] + closes,
+                             setpgroup=0)
     except OSError as err:
         raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
     finally:
         for fd in [seccomp_fd, info_w, block_r] + [fd for _, fd in high]:
             os.close(fd)
-    proc = BoxProcess(pid)
+    proc = BoxProcess(pid, job)
+    job.give(pid)  # before the box is released: its first read of the terminal finds it its own
     janitor.tell(lifeline, pid)
     proxy = None
     try:
@@ -369,6 +393,7 @@ def _process_setup(plan: Plan, state: janitor.RunState, use_rlimits: bool, nofil
     flt = build_filter(plan.seccomp_policy or policy_for(nested_userns=False, deny_network=True))
 
     def setup() -> None:
+        jobctl.child_takes_terminal()
         limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
         landlock.die_with_parent()
         landlock.apply(read, write, abi, deny_network=True)

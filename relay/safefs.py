@@ -101,16 +101,12 @@ def open_beneath(dirfd: int, rel: str, flags: int, mode: int = 0o600) -> int:
     there). `O_NOFOLLOW` is always added, so the last component is never followed either."""
     parts = _parts(rel)
     flags |= os.O_NOFOLLOW
-    if have_openat2():
-        try:
-            return _openat2(dirfd, "/".join(parts), flags, mode)
-        except OSError as err:
-            if err.errno == errno.ELOOP:
-                raise UnsafePath(errno.ELOOP, "a symbolic link is in the way", rel) from None
-            raise
     try:
+        if have_openat2():
+            return _openat2(dirfd, "/".join(parts), flags, mode)
         return _walk(dirfd, parts, flags, mode)
     except OSError as err:
+        # ELOOP for a link on the way; ENOTDIR when O_DIRECTORY met a link at the end.
         if err.errno in (errno.ELOOP, errno.ENOTDIR) and _has_link(dirfd, parts):
             raise UnsafePath(errno.ELOOP, "a symbolic link is in the way", rel) from None
         raise
