@@ -6,6 +6,9 @@ from collections.abc import Iterable
 
 from .fsplan import Mount
 
+# A read-only mask holds nothing, but every tmpfs gets a size.
+MASK_SIZE = 4096
+
 
 def mount_args(mounts: Iterable[Mount]) -> list[str]:
     args: list[str] = []
@@ -17,11 +20,15 @@ def mount_args(mounts: Iterable[Mount]) -> list[str]:
         elif m.kind == "tmpfs":
             args += (["--size", str(m.size)] if m.size else []) + ["--tmpfs", m.dst]
         elif m.kind == "mask-dir":
-            args += ["--perms", "0555", "--tmpfs", m.dst, "--remount-ro", m.dst]
+            args += ["--perms", "0555", "--size", str(MASK_SIZE), "--tmpfs", m.dst, "--remount-ro", m.dst]
         elif m.kind == "mask-file":
             args += ["--ro-bind", "/dev/null", m.dst]
         elif m.kind == "dev":
+            # bwrap's /dev is an unsized tmpfs: keep it read-only (device nodes still work) and give
+            # shared memory its own sized tmpfs.
             args += ["--dev", m.dst]
+            if m.size:
+                args += ["--size", str(m.size), "--tmpfs", f"{m.dst}/shm", "--remount-ro", m.dst]
         elif m.kind == "proc":
             args += ["--proc", m.dst]
         else:

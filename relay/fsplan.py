@@ -26,7 +26,7 @@ class Mount:
     kind: str
     dst: str
     src: str | None = None
-    size: int | None = None  # tmpfs only: bytes, so a disk fill cannot eat the host's memory
+    size: int | None = None  # tmpfs (and dev: its /dev/shm) only: bytes, so a disk fill cannot eat the host's memory
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,13 @@ def plan_filesystem(
     secrets = list(secrets)
     secret_reals = {os.path.normpath(s) for s in secrets} | {fs.realpath(s) for s in secrets}
 
-    mounts: list[Mount] = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev"), Mount("proc", "/proc")]
-    mounts += [Mount("tmpfs", d, size=tmpfs_size) for d in PRIVATE_DIRS if fs.kind(d) == "dir"]
+    # Every writable tmpfs is sized, and together they stay within the profile's memory (for a caller
+    # on rlimits, tmpfs pages are charged to nothing else): $HOME and /tmp get `tmpfs_size` (a
+    # quarter of the memory), /var/tmp, /run and /dev/shm half of that each: 7/8 in all.
+    small = tmpfs_size // 2 if tmpfs_size else None
+    mounts: list[Mount] = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev", size=small), Mount("proc", "/proc")]
+    mounts += [Mount("tmpfs", d, size=tmpfs_size if d == "/tmp" else small) for d in PRIVATE_DIRS
+               if fs.kind(d) == "dir"]
     mounts.append(Mount("private-bind", home, home_source) if home_source else Mount("tmpfs", home, size=tmpfs_size))
 
     binds: list[tuple[int, int, Mount]] = []
