@@ -150,18 +150,76 @@ def find_rule(rules: tuple[HostRule, ...], host: str, port: int) -> HostRule | N
     return None
 
 
-def is_internal_address(addr: str) -> bool:
-    """True for addresses a public API host must never resolve to (DNS rebinding onto the host)."""
-    import ipaddress
+def _ip_value(addr: str) -> tuple[int, int] | None:
+    """(4 or 6, the address as an integer) for an IP literal (an IPv6 zone `%eth0` is ignored), else None."""
+    text = addr.split("%", 1)[0] if ":" in addr else addr
+    for family, version in ((socket.AF_INET, 4), (socket.AF_INET6, 6)):
+        try:
+            return version, int.from_bytes(socket.inet_pton(family, text), "big")
+        except (OSError, ValueError):
+            continue
+    return None
 
-    ip = ipaddress.ip_address(addr)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return (
-        ip.is_loopback
-        or ip.is_private
-        or ip.is_link_local
-        or ip.is_multicast
-        or ip.is_unspecified
-        or ip.is_reserved
-    )
+
+def _net(text: str, bits: int, version: int) -> tuple[int, int]:
+    value = _ip_value(text)
+    assert value is not None and value[0] == version
+    width = 32 if version == 4 else 128
+    mask = ((1 << bits) - 1) << (width - bits)
+    return value[1] & mask, mask
+
+
+# IANA IPv4 Special-Purpose Address Registry, plus multicast and the reserved 240/4 (with broadcast).
+_V4_INTERNAL = tuple(_net(a, b, 4) for a, b in (
+    ("0.0.0.0", 8), ("10.0.0.0", 8), ("100.64.0.0", 10), ("127.0.0.0", 8), ("169.254.0.0", 16),
+    ("172.16.0.0", 12), ("192.0.0.0", 24), ("192.0.2.0", 24), ("192.88.99.0", 24), ("192.168.0.0", 16),
+    ("198.18.0.0", 15), ("198.51.100.0", 24), ("203.0.113.0", 24), ("224.0.0.0", 4), ("240.0.0.0", 4),
+))
+# IPv6 prefixes whose low bits carry an IPv4 address that decides instead: IPv4-mapped and the
+# well-known NAT64 prefix (the last 32 bits), 6to4 (bits 16..47).
+_V6_MAPPED = _net("::ffff:0:0", 96, 6)
+_V6_NAT64 = _net("64:ff9b::", 96, 6)
+_V6_6TO4 = _net("2002::", 16, 6)
+# Only 2000::/3 is global unicast: everything outside it (::/128, ::1, ::/8, 64:ff9b:1::/48, 100::/64,
+# 5f00::/16, fc00::/7 with the cloud metadata fd00:ec2::254, fe80::/10, fec0::/10, ff00::/8) is internal.
+_V6_GLOBAL = _net("2000::", 3, 6)
+# Inside 2000::/3: the IETF protocol block (Teredo, benchmarking, ORCHID, ...) and documentation.
+_V6_INTERNAL = tuple(_net(a, b, 6) for a, b in (("2001::", 23), ("2001:db8::", 32), ("3fff::", 20)))
+
+
+def _in(value: int, net: tuple[int, int]) -> bool:
+    return value & net[1] == net[0]
+
+
+def is_internal_address(addr: str) -> bool:
+    """True for addresses a public API host must never resolve to (DNS rebinding onto the host or its
+    networks): the IANA special-purpose ranges for IPv4 and IPv6, with the IPv4 inside IPv4-mapped,
+    NAT64 and 6to4 addresses judged as IPv4. Anything that is not an IP address is internal (fail closed)."""
+    parsed = _ip_value(addr)
+    if parsed is None:
+        return True
+    version, value = parsed
+    if version == 6:
+        if _in(value, _V6_MAPPED) or _in(value, _V6_NAT64):
+            version, value = 4, value & 0xFFFFFFFF
+        elif _in(value, _V6_6TO4):
+            version, value = 4, (value >> 80) & 0xFFFFFFFF
+        else:
+            return not _in(value, _V6_GLOBAL) or any(_in(value, net) for net in _V6_INTERNAL)
+    return any(_in(value, net) for net in _V4_INTERNAL)
+
+
+def is_unspecified_target(addr: str) -> bool:
+    """True for 0.0.0.0/8 and `::` (also IPv4-mapped): connecting there reaches the host's own
+    listeners, so they are never a connect target, however explicitly listed or pinned."""
+    parsed = _ip_value(addr)
+    if parsed is None:
+        return True
+    version, value = parsed
+    if version == 6:
+        if value == 0:
+            return True
+        if not _in(value, _V6_MAPPED):
+            return False
+        value &= 0xFFFFFFFF
+    return value >> 24 == 0

@@ -11,7 +11,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import selectors
 import socket
+import struct
 import threading
 import time
 from collections import Counter
@@ -19,10 +22,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import UsageError
-from .hosts import HostRule, _is_ip, find_rule, is_internal_address, normalize_host, split_hostport
+from .hosts import (
+    HostRule,
+    _fmt_hostport,
+    _is_ip,
+    find_rule,
+    is_internal_address,
+    is_unspecified_target,
+    normalize_host,
+    split_hostport,
+)
 
 MAX_HEAD = 32 * 1024
-HEAD_TIMEOUT = 30.0
+HEAD_TIMEOUT = 30.0  # a whole request head must arrive within this, however it trickles in
+BODY_TIMEOUT = 60.0  # a request body may pause this long between reads
+MAX_CONNECTIONS = 256  # concurrent connections per box (reading a head, or being served)
 CONNECT_TIMEOUT = 15.0
 CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031
@@ -44,18 +58,47 @@ class Decision:
 
 
 class RequestError(Exception):
-    """The client sent something that is not a proxy request we understand (answered 400)."""
+    """The client sent something that is not a proxy request we accept (answered 400, logged)."""
+
+    def __init__(self, reason: str, host: str = "-", port: int = 0) -> None:
+        super().__init__(reason)
+        self.host = host
+        self.port = port
 
 
-def parse_head(head: bytes) -> tuple[str, str, int, bytes | None]:
-    """Parse a request head into (method, host, port, rewritten head or None for CONNECT)."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes everything
-        raise RequestError("undecodable request") from None
+@dataclass(frozen=True)
+class Request:
+    """A parsed request head. `head` is the canonical head to send upstream (None for CONNECT);
+    `framing` is "none", "length" (with `length`) or "chunked"."""
+
+    method: str
+    host: str
+    port: int
+    head: bytes | None
+    framing: str = "none"
+    length: int = 0
+    expect_continue: bool = False
+
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+_TARGET = re.compile(r"[\x21-\x7e]+")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_CHUNK_EXT = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones this proxy writes itself; any Proxy-* goes too.
+_DROPPED = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade",
+                      "transfer-encoding", "content-length", "host", "expect"})
+
+
+def parse_head(head: bytes) -> Request:
+    """Parse a request head (without its final blank line), strictly: anything an upstream could read
+    differently from us (bare CR/LF, obs-fold, conflicting or duplicate framing, odd encodings) is refused."""
+    text = head.decode("latin-1")
     lines = text.split("\r\n")
+    if any("\r" in line or "\n" in line for line in lines):
+        raise RequestError("bare CR or LF in the request head")
     parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+    if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not _TARGET.fullmatch(parts[1]):
         raise RequestError("malformed request line")
     method, target, version = parts
     if not method.isalpha() or not method.isupper() or len(method) > 16:
@@ -67,24 +110,150 @@ def parse_head(head: bytes) -> tuple[str, str, int, bytes | None]:
             raise RequestError("bad CONNECT target") from None
         if port is None:
             raise RequestError("CONNECT target needs host:port")
-        return method, _norm(host), port, None
+        return Request(method, _norm(host), port, None)
     scheme, sep, rest = target.partition("://")
     if not sep or scheme.lower() != "http":
         raise RequestError("only absolute http:// URIs (or CONNECT) are proxied")
-    authority, slash, path = rest.partition("/")
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    authority, path = rest[:cut], rest[cut:].partition("#")[0]
     if "@" in authority:
         raise RequestError("credentials in the URI are not allowed")
     try:
         host, port = split_hostport(authority, authority)
     except UsageError:
         raise RequestError("bad host in URI") from None
-    port = port or 80
-    headers = [
-        line for line in lines[1:]
-        if line and not line.lower().startswith(("proxy-", "connection:", "keep-alive:"))
-    ]
-    rewritten = "\r\n".join([f"{method} /{path if slash else ''} {version}", *headers, "Connection: close", "", ""])
-    return method, _norm(host), port, rewritten.encode("latin-1")
+    host, port = _norm(host), port or 80
+    path = path if path.startswith("/") else "/" + path
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if line[:1] in (" ", "\t"):
+            raise RequestError("obsolete line folding in the request head", host, port)
+        name, colon, value = line.partition(":")
+        value = value.strip(" \t")
+        if not colon or not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
+            raise RequestError(f"malformed header line {line[:40]!r}", host, port)
+        headers.append((name, value))
+
+    def values(field: str) -> list[str]:
+        return [v for n, v in headers if n.lower() == field]
+
+    lengths, codings = values("content-length"), values("transfer-encoding")
+    framing, length = "none", 0
+    if lengths and codings:
+        raise RequestError("both Content-Length and Transfer-Encoding", host, port)
+    if codings:
+        if len(codings) > 1 or codings[0].lower() != "chunked" or version != "HTTP/1.1":
+            raise RequestError("only one 'Transfer-Encoding: chunked' (HTTP/1.1) is accepted", host, port)
+        framing = "chunked"
+    elif lengths:
+        if len(lengths) > 1:
+            raise RequestError("duplicate Content-Length", host, port)
+        if not lengths[0].isdigit() or not lengths[0].isascii() or len(lengths[0]) > 15:
+            raise RequestError("invalid Content-Length", host, port)
+        framing, length = "length", int(lengths[0])
+    expects = values("expect")
+    if expects and [e.lower() for e in expects] != ["100-continue"]:
+        raise RequestError("unsupported Expect", host, port)
+    listed = {t.strip().lower() for v in values("connection") for t in v.split(",")}
+    kept = [f"{n}: {v}" for n, v in headers
+            if n.lower() not in _DROPPED and n.lower() not in listed and not n.lower().startswith("proxy-")]
+    if framing == "chunked":
+        kept.append("Transfer-Encoding: chunked")
+    elif framing == "length":
+        kept.append(f"Content-Length: {length}")
+    authority = _fmt_hostport(host, None if port == 80 else port)
+    out = "\r\n".join([f"{method} {path} {version}", f"Host: {authority}", *kept, "Connection: close", "", ""])
+    return Request(method, host, port, out.encode("latin-1"), framing, length, bool(expects))
+
+
+class Body:
+    """Incremental request-body framing: feed() what the client sent, get back what to send upstream
+    (chunks re-serialized canonically, trailers dropped). `done` once the body ended; `extra` is
+    anything the client sent after it (a pipelined request: never forwarded)."""
+
+    MAX_LINE = 4096
+    MAX_TRAILERS = 16 * 1024
+
+    def __init__(self, req: Request) -> None:
+        self.chunked = req.framing == "chunked"
+        self.left = req.length
+        self.done = not self.chunked and self.left == 0
+        self.extra = b""
+        self._buf = b""
+        self._state = "size"
+        self._trailers = 0
+
+    def want(self) -> int:
+        """How much to recv next: never past a Content-Length body's end."""
+        return min(self.left, 1 << 16) if not self.chunked else 1 << 16
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            self.extra += data
+            return b""
+        if not self.chunked:
+            out, self.extra = data[: self.left], data[self.left :]
+            self.left -= len(out)
+            self.done = self.left == 0
+            return out
+        self._buf += data
+        out: list[bytes] = []
+        while not self.done:
+            if self._state == "data":
+                if not self._buf:
+                    break
+                piece, self._buf = self._buf[: self.left], self._buf[self.left :]
+                out.append(piece)
+                self.left -= len(piece)
+                if self.left == 0:
+                    self._state = "crlf"
+                continue
+            if self._state == "crlf":
+                if len(self._buf) < 2:
+                    if self._buf not in (b"", b"\r"):
+                        raise RequestError("chunk data not followed by CRLF")
+                    break
+                if self._buf[:2] != b"\r\n":
+                    raise RequestError("chunk data not followed by CRLF")
+                self._buf = self._buf[2:]
+                out.append(b"\r\n")
+                self._state = "size"
+                continue
+            line = self._line()
+            if line is None:
+                break
+            if self._state == "size":
+                size, _, ext = line.partition(b";")
+                if not _HEX.fullmatch(size) or not _CHUNK_EXT.fullmatch(ext):
+                    raise RequestError("invalid chunk size line")
+                self.left = int(size, 16)
+                if self.left:
+                    out.append(b"%x\r\n" % self.left)
+                    self._state = "data"
+                else:
+                    self._state = "trailer"
+            elif line:  # a trailer field: checked, counted, dropped
+                self._trailers += len(line) + 2
+                name, colon, value = line.decode("latin-1").partition(":")
+                if (not colon or not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value.strip(" \t"))
+                        or self._trailers > self.MAX_TRAILERS):
+                    raise RequestError("invalid chunked trailer")
+            else:
+                out.append(b"0\r\n\r\n")
+                self.done = True
+                self.extra, self._buf = self._buf, b""
+        return b"".join(out)
+
+    def _line(self) -> bytes | None:
+        end = self._buf.find(b"\n")
+        if end < 0:
+            if len(self._buf) > self.MAX_LINE or b"\r" in self._buf[:-1]:
+                raise RequestError("invalid chunk size line")
+            return None
+        if end == 0 or self._buf[end - 1] != 13 or b"\r" in self._buf[: end - 1]:
+            raise RequestError("bare CR or LF in the chunked body")
+        line, self._buf = self._buf[: end - 1], self._buf[end + 1 :]
+        return line
 
 
 def _norm(host: str) -> str:
@@ -95,7 +264,16 @@ def _norm(host: str) -> str:
 
 
 def decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver) -> Decision:
-    """Apply the matching rules: allowlist, IP literals, and names resolving to internal addresses."""
+    """Apply the matching rules: allowlist, IP literals, names resolving to internal addresses, and
+    never 0.0.0.0/8 or `::` (they reach the host's own listeners), not even listed or pinned."""
+    decision = _decide(rules, host, port, resolver)
+    unspecified = [a for a, _ in decision.addrs if is_unspecified_target(a)]
+    if decision.allowed and unspecified:
+        return Decision(False, host, port, f"{unspecified[0]} is never a connect target (it reaches the host itself)")
+    return decision
+
+
+def _decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver) -> Decision:
     rule = find_rule(rules, host, port)
     if rule is None:
         return Decision(False, host, port, "not in the egress allowlist")
@@ -173,6 +351,7 @@ class DecisionLog:
 
 
 def _response(status: str, host: str, port: int, reason: str, hint: str) -> bytes:
+    reason = "".join(c if " " <= c <= "~" else "?" for c in reason)
     body = f"hive-relay: {status.split(' ', 1)[1].lower()} {host}:{port}: {reason}. {hint}\n".encode()
     head = (
         f"HTTP/1.1 {status}\r\nX-Hive-Relay-Denied: {host}:{port}; {reason}\r\n"
@@ -220,8 +399,45 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
+def _answer(client: socket.socket, response: bytes) -> None:
+    """Send a refusal and half-close, then read (briefly, boundedly) what the client still sends, so
+    that closing is a FIN it reads after the answer rather than a reset that could discard it."""
+    client.sendall(response)
+    client.shutdown(socket.SHUT_WR)
+    client.settimeout(1.0)
+    deadline, drained = time.monotonic() + 1.0, 0
+    try:
+        while drained < MAX_HEAD * 32 and time.monotonic() < deadline:
+            data = client.recv(65536)
+            if not data:
+                return
+            drained += len(data)
+    except OSError:
+        pass
+
+
+class _Pending:
+    """A connection still sending its request head: held by the reactor, no thread of its own."""
+
+    __slots__ = ("sock", "buf", "deadline")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.deadline = deadline
+
+
+_LISTENER, _WAKE = object(), object()
+
+
 class EgressProxy:
-    """Serve one box: accept on its listener, decide, connect, splice. Lives as long as the launcher."""
+    """Serve one box: accept on its listener, decide, connect, splice. Lives as long as the launcher.
+
+    One reactor thread accepts and reads request heads for every connection (an idle connection
+    costs a socket, not a thread); a complete head is handed to a worker thread. At most
+    `max_connections` connections are open at once (reading a head or being served); past that a
+    new connection gets 503 and is closed. CONNECT tunnels are spliced both ways; an absolute-URI
+    request is parsed strictly and sent upstream alone, with `Connection: close`."""
 
     def __init__(
         self,
@@ -230,63 +446,185 @@ class EgressProxy:
         log: DecisionLog,
         resolver: Resolver = system_resolver,
         hint: str = "",
+        max_connections: int = MAX_CONNECTIONS,
+        head_timeout: float = HEAD_TIMEOUT,
     ) -> None:
         self.listener = listener
         self.rules = rules
         self.log = log
         self.resolver = resolver
         self.hint = hint
+        self.max_connections = max_connections
+        self.head_timeout = head_timeout
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._open = 0
+        self._pending: dict[int, _Pending] = {}
+        self._wake_r, self._wake_w = socket.socketpair()
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return self._open
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._accept_loop, name="hive-relay-proxy", daemon=True)
+        self._thread = threading.Thread(target=self._reactor, name="hive-relay-proxy", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        try:
             self.listener.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.listener.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1)
         self.log.close()
 
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
+    # The reactor: accept, read heads, expire slow ones, hand complete ones to workers.
+
+    def _reactor(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            self.listener.setblocking(False)
+            sel.register(self.listener, selectors.EVENT_READ, _LISTENER)
+            sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+            tick = min(0.5, self.head_timeout / 4)
+            next_sweep = time.monotonic() + tick
+            while not self._stop.is_set():
+                try:
+                    events = sel.select(max(0.0, next_sweep - time.monotonic()))
+                except OSError:
+                    if self._stop.is_set():
+                        return
+                    raise
+                for key, _ in events:
+                    if key.data is _LISTENER:
+                        self._accept(sel)
+                    elif key.data is not _WAKE:
+                        self._read_head(sel, key.data)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    next_sweep = now + tick
+                    for pending in [p for p in self._pending.values() if p.deadline <= now]:
+                        self._drop(sel, pending, _response(
+                            "408 Request Timeout", "-", 0,
+                            f"the request head did not arrive within {self.head_timeout:g} s", ""))
+        finally:
+            for pending in list(self._pending.values()):
+                self._drop(sel, pending, b"")
+            sel.close()
+            for sock in (self._wake_r, self._wake_w):
+                sock.close()
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        for _ in range(64):  # a bounded burst, so heads in progress are read too
             try:
                 client, _ = self.listener.accept()
+            except BlockingIOError:
+                return
             except OSError:
-                if self._stop.is_set():
-                    return
-                time.sleep(0.01)
+                if not self._stop.is_set():
+                    time.sleep(0.01)  # EMFILE and friends: back off rather than spin
+                return
+            with self._lock:
+                full = self._open >= self.max_connections
+                if not full:
+                    self._open += 1
+            if full:
+                self._refuse_over_cap(client)
                 continue
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+            client.setblocking(False)
+            pending = _Pending(client, time.monotonic() + self.head_timeout)
+            self._pending[client.fileno()] = pending
+            sel.register(client, selectors.EVENT_READ, pending)
 
-    def _read_head(self, client: socket.socket) -> tuple[bytes, bytes]:
-        client.settimeout(HEAD_TIMEOUT)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = client.recv(4096)
-            if not chunk:
-                raise RequestError("connection closed before the request head ended")
-            data += chunk
-            if len(data) > MAX_HEAD:
-                raise RequestError("request head too large")
-        head, _, rest = data.partition(b"\r\n\r\n")
-        client.settimeout(None)
-        return head + b"\r\n\r\n", rest
+    def _refuse_over_cap(self, client: socket.socket) -> None:
+        reason = f"connection cap reached ({self.max_connections} concurrent connections per box)"
+        self.log.record(Decision(False, "*", 0, reason), "-")
+        try:
+            client.setblocking(False)
+            client.send(_response("503 Service Unavailable", "*", 0, reason, "Close idle connections and retry."))
+            client.shutdown(socket.SHUT_WR)
+            client.recv(65536)  # whatever it already sent, so the close is a FIN, not a reset
+        except OSError:
+            pass
+        client.close()
 
-    def _serve(self, client: socket.socket) -> None:
+    def _read_head(self, sel: selectors.BaseSelector, pending: _Pending) -> None:
+        try:
+            chunk = pending.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(sel, pending, b"")
+            return
+        seen = len(pending.buf)
+        pending.buf += chunk
+        end = pending.buf.find(b"\r\n\r\n", max(0, seen - 3))
+        if end < 0 or end + 4 > MAX_HEAD:
+            if end >= 0 or len(pending.buf) > MAX_HEAD:
+                self._drop(sel, pending, _response("400 Bad Request", "-", 0, "request head too large", ""))
+            return
+        del self._pending[pending.sock.fileno()]
+        sel.unregister(pending.sock)
+        client, head, rest = pending.sock, pending.buf[: end + 4], pending.buf[end + 4 :]
+        client.setblocking(True)
+        try:
+            threading.Thread(target=self._serve, args=(client, head, rest), daemon=True).start()
+        except RuntimeError:  # no thread to be had: refuse this one, keep serving the others
+            self._close(client)
+
+    def _drop(self, sel: selectors.BaseSelector, pending: _Pending, answer: bytes) -> None:
+        self._pending.pop(pending.sock.fileno(), None)
+        try:
+            sel.unregister(pending.sock)
+        except (KeyError, ValueError):
+            pass
+        if answer:
+            try:
+                pending.sock.send(answer)
+            except OSError:
+                pass
+        self._close(pending.sock)
+
+    def _close(self, *socks: socket.socket | None) -> None:
+        """Close a served connection (and its upstream), giving its slot back."""
+        for sock in socks:
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+        with self._lock:
+            self._open -= 1
+
+    # Workers: one per connection being served.
+
+    def _serve(self, client: socket.socket, head: bytes, rest: bytes) -> None:
         upstream = None
         try:
             try:
-                head, rest = self._read_head(client)
-                method, host, port, rewritten = parse_head(head[:-4])
-            except (RequestError, OSError) as err:
-                if isinstance(err, RequestError):
-                    client.sendall(_response("400 Bad Request", "-", 0, str(err), "Use CONNECT host:port or http:// URIs."))
+                req = parse_head(head[:-4])
+                body = Body(req) if req.head is not None else None
+                first = body.feed(rest) if body is not None else rest
+                if body is not None and body.extra:
+                    raise RequestError("bytes after the request body: one request per connection, no pipelining",
+                                       req.host, req.port)
+            except RequestError as err:
+                self.log.record(Decision(False, err.host, err.port, f"bad request: {err}"), head.split(b" ", 1)[0][:16].decode("latin-1"))
+                _answer(client, _response("400 Bad Request", err.host, err.port, str(err),
+                                          "Use CONNECT host:port or one plain http:// request per connection."))
                 return
+            host, port, method = req.host, req.port, req.method
             if _is_ip_literal(host) and not any(r.is_ip and r.name == host for r in self.rules):
                 decision = Decision(False, host, port, "IP literals are refused unless listed explicitly")
             else:
@@ -296,32 +634,59 @@ class EgressProxy:
                 if upstream is None:
                     decision = Decision(False, host, port, f"upstream connect failed: {failure}")
                     self.log.record(decision, method)
-                    client.sendall(_response("502 Bad Gateway", host, port, decision.reason, "The host is allowed but unreachable."))
+                    _answer(client, _response("502 Bad Gateway", host, port, decision.reason, "The host is allowed but unreachable."))
                     return
             self.log.record(decision, method)
             if not decision.allowed:
-                client.sendall(_response("403 Forbidden", host, port, decision.reason, self.hint.format(host=host, port=port)))
+                _answer(client, _response("403 Forbidden", host, port, decision.reason, self.hint.format(host=host, port=port)))
                 return
             assert upstream is not None
-            if rewritten is None:
+            if body is None:
                 client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-            else:
-                upstream.sendall(rewritten)
-            if rest:
-                upstream.sendall(rest)
-            back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
-            back.start()
-            pump(client, upstream)
-            back.join()
+                if first:
+                    upstream.sendall(first)
+                back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+                back.start()
+                pump(client, upstream)
+                back.join()
+                return
+            assert req.head is not None
+            self._forward(client, upstream, req, body, first)
         except OSError:
             pass
         finally:
-            for sock in (client, upstream):
-                if sock is not None:
-                    try:
-                        sock.close()
-                    except OSError:
-                        pass
+            self._close(client, upstream)
+
+    def _forward(self, client: socket.socket, upstream: socket.socket, req: Request, body: Body, first: bytes) -> None:
+        """Send the one request upstream (its body re-framed as it arrives), then relay the response."""
+        assert req.head is not None
+        try:
+            upstream.sendall(req.head + first)
+        except OSError:
+            body.done = True  # the upstream stopped listening: relay whatever it answered
+        if req.expect_continue and not body.done:
+            client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        client.settimeout(BODY_TIMEOUT)
+        while not body.done:
+            try:
+                data = client.recv(body.want())
+                if not data:
+                    raise RequestError("the connection closed before the request body ended", req.host, req.port)
+                out = body.feed(data)
+            except (RequestError, TimeoutError) as err:
+                # Abort upstream with a reset: it never sees a complete request.
+                upstream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                reason = str(err) if isinstance(err, RequestError) else "request body stalled"
+                self.log.record(Decision(False, req.host, req.port, f"bad request: {reason}"), req.method)
+                _answer(client, _response("400 Bad Request", req.host, req.port, reason,
+                                          "Send a well-framed body (Content-Length or chunked)."))
+                return
+            try:
+                upstream.sendall(out)
+            except OSError:
+                break
+        client.settimeout(None)
+        pump(upstream, client)
 
     def _connect(self, decision: Decision) -> tuple[socket.socket | None, str]:
         failure = "no address"
