@@ -10,17 +10,17 @@ Any invalid file is an error naming file, backend and key; nothing falls back to
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .digest import sha256
+from . import safefs
 from .errors import ConfigError, UsageError
 from .hosts import parse_rule
-from .paths import PACKAGE_ROOT, cache_dir, config_home
+from .paths import PACKAGE_ROOT, config_home
 
 TYPE_CHECKING = False  # importing typing costs ~4 ms per launch; annotations are strings anyway
 if TYPE_CHECKING:
@@ -139,9 +139,14 @@ def _paths(value: Any, where: _Where, key: str) -> tuple[str, ...]:
 
 
 def _env_names(value: Any, where: _Where, key: str) -> tuple[str, ...]:
+    """Variable names passed into the box: exact names only. A pattern (`LC_*`, `AWS_*`) would
+    also pass any secret whose name happens to match it."""
     names = _str_list(value, where, key)
     for name in names:
-        if not _ENV_NAME.match(name.rstrip("*")):
+        if "*" in name or "?" in name or "[" in name:
+            raise where.fail(key, f"{name!r} is a pattern; only exact names are passed",
+                             "list each variable by name, e.g. [LC_ALL, LC_CTYPE] instead of LC_*")
+        if not _ENV_NAME.match(name):
             raise where.fail(key, f"{name!r} is not an environment variable name", "use LETTERS_DIGITS_")
     return names
 
@@ -303,53 +308,95 @@ def _profile_from(name: str, raw: Any, where: _Where) -> ProfileSpec:
     return ProfileSpec(name=name, **values)
 
 
-def read_yaml(path: Path, cache: Path | None = None) -> Any:
+# Where a config file comes from decides how far its path is trusted:
+#   "shipped"  our own file; the package layout may use links (followed once, then no-follow);
+#   "user"     the caller's own file; a link is allowed (dotfile managers) but must end at a
+#              regular file, which is then opened without following anything further;
+#   "repo"     written by whoever controls the repo, a previous box included: a regular file in
+#              the workdir itself, never a link, never a FIFO or device.
+SHIPPED, USER, REPO = "shipped", "user", "repo"
+ABSENT = object()  # read_yaml's answer for a missing optional file (an empty file is None)
+
+
+def _read_bytes(path: Path, kind: str) -> bytes | None:
+    """The file's bytes (None: absent), bounded, never blocking, no link followed where `kind`
+    forbids one. Raises ConfigError naming what is wrong and the fix."""
+    target = str(path)
+    if kind != REPO:
+        # The user's (and our own) links are followed once, to their end; what is opened is then
+        # a plain name in a real directory, so a link swapped in meanwhile fails instead.
+        target = os.path.realpath(target)
+    try:
+        return safefs.read_file(os.path.abspath(target), MAX_CONFIG_BYTES)
+    except safefs.UnsafePath as err:
+        if err.errno == errno.ELOOP:
+            raise ConfigError(
+                f"{path}: is a symbolic link; a repo config must be a regular file in the workdir itself; "
+                f"fix: replace the link with a regular file (or move the settings to your user config)"
+            ) from None
+        if err.errno == errno.EFBIG:
+            raise ConfigError(f"{path}: file is larger than 1 MiB; fix: shorten it") from None
+        raise ConfigError(
+            f"{path}: not a regular file (a FIFO, device, socket or directory); fix: make it a regular YAML file"
+        ) from None
+    except OSError as err:
+        if err.errno == errno.EISDIR:
+            raise ConfigError(f"{path}: is a directory; fix: make it a regular YAML file") from None
+        reason = err.strerror or str(err)
+        raise ConfigError(f"{path}: cannot read: {reason}; fix: check the file exists and is readable") from None
+
+
+def read_yaml(path: Path, kind: str = SHIPPED, required: bool = True) -> Any:
     """Read one YAML file; every failure becomes a one-line ConfigError naming the file.
 
-    With `cache`, the parsed data is memoized as JSON keyed by the file's path, size and mtime:
-    importing and running the YAML parser is the largest fixed cost of a launch. Only data that
-    survives a JSON round trip unchanged is cached, so validation sees exactly what YAML gave.
+    Nothing parsed is ever memoized on disk: a cache a box could write would steer the next
+    box's policy. The C parser (libyaml) keeps the parse cheap instead. An absent file is an
+    error when `required`, else ABSENT.
     """
+    raw = _read_bytes(path, kind)
+    if raw is None:
+        if required:
+            raise ConfigError(f"{path}: cannot read: No such file or directory; fix: check the file exists and is readable")
+        return ABSENT
     try:
-        st = path.stat()
-        if st.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: file is larger than 1 MiB; fix: shorten it")
-        memo = None
-        if cache is not None:
-            key = sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
-            memo = cache / f"config-{key}.json"
-            try:
-                return json.loads(memo.read_text())
-            except (OSError, ValueError):
-                pass
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise ConfigError(f"{path}: cannot read: {reason}; fix: check the file exists and is readable") from None
-    data = _parse_yaml(path, text)
-    if memo is not None:
-        try:
-            encoded = json.dumps(data)
-            if json.loads(encoded) == data:
-                memo.parent.mkdir(parents=True, exist_ok=True)
-                tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(encoded)
-                os.replace(tmp, memo)
-        except (OSError, TypeError, ValueError):
-            pass
-    return data
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: cannot read: not UTF-8 text; fix: save it as UTF-8") from None
+    return _parse_yaml(path, text)
+
+
+# Quoted runs in PyYAML/libyaml messages are file content (aliases, tags, characters); Python repr
+# escapes included. What is left must be plain words, or the whole problem is dropped.
+_QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|`[^`\n]*`")
+_PLAIN_PROBLEM = re.compile(r"[a-z][A-Za-z0-9 <>,()….*\-]{0,118}")
+
+
+def _safe_problem(problem: Any) -> str:
+    """A YAML problem string with no snippet of the file in it (or a generic one)."""
+    if not isinstance(problem, str):
+        return "invalid YAML"
+    stripped = _QUOTED.sub("…", problem).strip()
+    return stripped if _PLAIN_PROBLEM.fullmatch(stripped) else "invalid YAML"
+
+
+def _loader() -> Any:
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
 
 
 def _parse_yaml(path: Path, text: str) -> Any:
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_loader())  # noqa: S506 - a safe loader (C or Python)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{path}: not valid YAML{line}: {problem}; fix: correct the syntax") from None
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        if mark is None and isinstance(getattr(err, "position", None), int):
+            where = f" at character {err.position}"  # ReaderError: an unprintable character
+        problem = _safe_problem(getattr(err, "problem", None))
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}; fix: correct the syntax") from None
     except RecursionError:
         raise ConfigError(f"{path}: YAML nested too deeply; fix: flatten it") from None
 
@@ -367,9 +414,9 @@ def _top(data: Any, where: _Where, allowed: set[str]) -> dict[str, Any]:
     return data
 
 
-def load_shipped(path: Path = SHIPPED_CONFIG, cache: Path | None = None) -> dict[str, Backend]:
+def load_shipped(path: Path = SHIPPED_CONFIG) -> dict[str, Backend]:
     where = _Where(str(path))
-    data = _top(read_yaml(path, cache), where, {"version", "backends"})
+    data = _top(read_yaml(path, SHIPPED), where, {"version", "backends"})
     raw = _mapping(data.get("backends"), where, "backends")
     if not raw:
         raise where.fail("backends", "no backends defined", "add at least one backend")
@@ -383,11 +430,12 @@ def user_config_path(env: Mapping[str, str]) -> Path:
 
 
 def apply_user(
-    backends: dict[str, Backend], path: Path, cache: Path | None = None
+    backends: dict[str, Backend], path: Path, data: Any = ABSENT
 ) -> tuple[dict[str, Backend], dict[str, ProfileSpec], frozenset[str]]:
-    """Merge the user's own config: it may add backends and profiles, widen, and opt in."""
+    """Merge the user's own config: it may add backends and profiles, widen, and opt in.
+    `data` is the already-read YAML (else the file is read)."""
     where = _Where(str(path))
-    data = _top(read_yaml(path, cache), where, {"version", "backends", "profiles", "allow_unsandboxed"})
+    data = _top(read_yaml(path, USER) if data is ABSENT else data, where, {"version", "backends", "profiles", "allow_unsandboxed"})
     merged = dict(backends)
     for name, entry in _mapping(data.get("backends") or {}, where, "backends").items():
         merged[name] = _backend_from(str(name), entry, where, merged.get(name))
@@ -404,6 +452,18 @@ def apply_user(
 
 
 NARROWABLE = {"egress", "home", "deny", "env"}
+# What a repo config may do to each Backend field. Every field not named here (and any field added
+# later) must come out exactly as the base has it, so a new key is refused by default.
+REPO_MAY_NARROW = ("egress", "home_ro", "home_rw", "home_sync", "env_pass")  # result ⊆ base
+REPO_MAY_ADD = ("deny",)  # result ⊇ base: every added deny entry narrows the box
+# home.guard is host-side: the guard reads and restores those files with the caller's rights.
+# A repo may repeat base entries, but not add one (the host would touch a path the repo chose)
+# and not drop one (a settings file left unguarded is wider).
+REPO_KEEPS = ("home_guard",)
+
+
+def _yaml_key(field: str) -> str:
+    return field.replace("_", ".", 1) if field.split("_")[0] in ("home", "env", "native", "install") else field
 
 
 def _subset(
@@ -419,10 +479,30 @@ def _subset(
     return narrowed
 
 
-def apply_repo(backends: dict[str, Backend], path: Path, cache: Path | None = None) -> dict[str, Backend]:
-    """Apply the workspace repo's `.hive-relay.yaml`, which may only narrow existing backends."""
+def _narrow(base: Backend, checked: Backend, where: _Where) -> Backend:
+    """`base` narrowed by what the repo asked for (`checked`); refuses anything that would widen."""
+    values: dict[str, Any] = {}
+    for spec in fields(Backend):
+        field = spec.name
+        mine, theirs = getattr(checked, field), getattr(base, field)
+        if field in REPO_MAY_ADD:
+            values[field] = tuple(dict.fromkeys(theirs + mine))
+        elif field in REPO_MAY_NARROW or field in REPO_KEEPS:
+            if mine != theirs:
+                _subset(mine, theirs, where, _yaml_key(field))
+            values[field] = theirs if field in REPO_KEEPS else mine
+        elif mine != theirs:
+            if field == "env_set":
+                raise where.fail("env.set", "repo config cannot set variables", "remove env.set")
+            raise where.fail(_yaml_key(field), "repo config cannot change this key", "remove it")
+    return replace(base, **values)
+
+
+def apply_repo(backends: dict[str, Backend], path: Path, data: Any = ABSENT) -> dict[str, Backend]:
+    """Apply the workspace repo's `.hive-relay.yaml`, which may only narrow existing backends.
+    `data` is the already-read YAML (else the file is read, as a repo config: no link, no FIFO)."""
     where = _Where(str(path))
-    data = _top(read_yaml(path, cache), where, {"version", "backends"})
+    data = _top(read_yaml(path, REPO) if data is ABSENT else data, where, {"version", "backends"})
     raw = data.get("backends") or {}
     merged = dict(backends)
     for name, entry in _mapping(raw, where, "backends").items():
@@ -433,35 +513,27 @@ def apply_repo(backends: dict[str, Backend], path: Path, cache: Path | None = No
         bwhere = _Where(str(path), str(name))
         narrowing = _section(entry, bwhere, "(backend)", NARROWABLE)
         checked = _backend_from(str(name), narrowing, where, merged[name])
-        base = merged[name]
-        values: dict[str, Any] = {}
-        for field in ("egress", "home_ro", "home_rw", "home_sync", "env_pass"):
-            mine, theirs = getattr(checked, field), getattr(base, field)
-            if mine != theirs:
-                values[field] = _subset(mine, theirs, bwhere, field.replace("_", ".", 1))
-        if checked.env_set != base.env_set:
-            raise bwhere.fail("env.set", "repo config cannot set variables", "remove env.set")
-        values["deny"] = tuple(dict.fromkeys(base.deny + checked.deny))
-        values["home_guard"] = tuple(dict.fromkeys(base.home_guard + checked.home_guard))
-        merged[name] = replace(base, **values)
+        merged[name] = _narrow(merged[name], checked, bwhere)
     return merged
 
 
 def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SHIPPED_CONFIG) -> Matrix:
-    """All three layers, strictly; a missing optional layer is simply absent."""
-    cache = cache_dir(env)
-    backends = load_shipped(shipped, cache)
+    """All three layers, strictly; a missing optional layer is simply absent (a named user config
+    must exist). Each file is read once, bounded, without blocking; nothing comes from a cache."""
+    backends = load_shipped(shipped)
     sources = [str(shipped)]
     profiles: dict[str, ProfileSpec] = {}
     opt_ins: frozenset[str] = frozenset()
     user_path = user_config_path(env)
-    if user_path.exists() or env.get("HIVE_RELAY_CONFIG"):
-        backends, profiles, opt_ins = apply_user(backends, user_path, cache)
+    data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")))
+    if data is not ABSENT:
+        backends, profiles, opt_ins = apply_user(backends, user_path, data)
         sources.append(str(user_path))
     if workdir is not None:
         repo_path = workdir / REPO_CONFIG_NAME
-        if repo_path.exists():
-            backends = apply_repo(backends, repo_path, cache)
+        data = read_yaml(repo_path, REPO, required=False)
+        if data is not ABSENT:
+            backends = apply_repo(backends, repo_path, data)
             sources.append(str(repo_path))
     return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources))
 

@@ -6,7 +6,6 @@ run and unit tests can assert on every backend × mode without launching anythin
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import shlex
@@ -134,14 +133,15 @@ def _digest(obj: object) -> str:
 
 
 def _env_names(profile: Profile, backend: Backend, caller_env: dict[str, str]) -> tuple[str, ...]:
-    names: list[str] = []
+    """The caller's variables the box gets, by exact name only. No pattern is expanded: `LC_*`
+    would also match LC_TOKEN. Config refuses patterns; one that slipped in passes nothing."""
     # Backend variables (API keys, base URLs) come only with the backend's own grants.
-    for pattern in profile.env + (backend.env_pass if profile.backend_home else ()):
-        if "*" in pattern:
-            names += sorted(n for n in caller_env if fnmatch.fnmatchcase(n, pattern))
-        else:
-            names.append(pattern)
-    return tuple(dict.fromkeys(n for n in names if n not in ("HOME",)))
+    names = profile.env + (backend.env_pass if profile.backend_home else ())
+    return tuple(dict.fromkeys(n for n in names if n != "HOME" and _plain_name(n)))
+
+
+def _plain_name(name: str) -> bool:
+    return name.isascii() and name.replace("_", "a").isalnum() and not name[0].isdigit()
 
 
 def proxy_env(listen: str) -> dict[str, str]:

@@ -23,6 +23,13 @@ TOOLCHAIN_GRANTS = (
     "~/.inputrc", "~/.gitconfig", "~/.config/git",
 )
 
+# The locale variables by name (POSIX and glibc). Never a pattern such as `LC_*`: a pattern also
+# matches whatever secret someone names LC_TOKEN, and the environment allowlist passes by name only.
+LOCALE_ENV = (
+    "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY", "LC_MESSAGES", "LC_PAPER",
+    "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION",
+)
+
 BUILTIN: dict[str, ProfileSpec] = {
     "default": ProfileSpec(
         name="default", backend_home=False, toolchain=False, network=False,
@@ -31,7 +38,7 @@ BUILTIN: dict[str, ProfileSpec] = {
     ),
     "agent": ProfileSpec(
         name="agent", extends="default", backend_home=True, toolchain=True, network=True,
-        env=("PATH", "HOME", "LANG", "LC_*", "TERM", "COLORTERM", "USER", "SHELL"),
+        env=("PATH", "HOME", "LANG", *LOCALE_ENV, "TERM", "COLORTERM", "USER", "SHELL"),
         memory=8 * GIB, pids=512,
     ),
 }
