@@ -32,6 +32,8 @@ LOW32 = 0xFFFFFFFF
 
 ALWAYS_DENIED = (
     "ptrace", "process_vm_readv", "process_vm_writev",
+    # Another process's fds (pid 1, bwrap's init, holds the eventfd its exit status goes out by).
+    "pidfd_getfd",
     "keyctl", "add_key", "request_key",
     "bpf", "perf_event_open", "userfaultfd",
     "mount", "umount2", "pivot_root", "setns",
