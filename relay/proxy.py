@@ -95,8 +95,6 @@ def parse_head(head: bytes) -> Request:
     differently from us (bare CR/LF, obs-fold, conflicting or duplicate framing, odd encodings) is refused."""
     text = head.decode("latin-1")
     lines = text.split("\r\n")
-    if any("\r" in line or "\n" in line for line in lines):
-        raise RequestError("bare CR or LF in the request head")
     parts = lines[0].split(" ")
     if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not _TARGET.fullmatch(parts[1]):
         raise RequestError("malformed request line")
@@ -126,6 +124,8 @@ def parse_head(head: bytes) -> Request:
     path = path if path.startswith("/") else "/" + path
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
+        if "\r" in line or "\n" in line:
+            raise RequestError("bare CR or LF in the request head", host, port)
         if line[:1] in (" ", "\t"):
             raise RequestError("obsolete line folding in the request head", host, port)
         name, colon, value = line.partition(":")
@@ -175,6 +175,7 @@ class Body:
     MAX_TRAILERS = 16 * 1024
 
     def __init__(self, req: Request) -> None:
+        self.host, self.port = req.host, req.port
         self.chunked = req.framing == "chunked"
         self.left = req.length
         self.done = not self.chunked and self.left == 0
@@ -188,6 +189,12 @@ class Body:
         return min(self.left, 1 << 16) if not self.chunked else 1 << 16
 
     def feed(self, data: bytes) -> bytes:
+        try:
+            return self._feed(data)
+        except RequestError as err:
+            raise RequestError(str(err), self.host, self.port) from None
+
+    def _feed(self, data: bytes) -> bytes:
         if self.done:
             self.extra += data
             return b""
@@ -416,6 +423,18 @@ def _answer(client: socket.socket, response: bytes) -> None:
         pass
 
 
+def _discard_pending(sock: socket.socket) -> None:
+    """Read (without waiting, boundedly) what the client already sent and we will not use: closing a
+    socket with unread data sends a reset, which can destroy the answer before the client reads it."""
+    try:
+        sock.setblocking(False)
+        for _ in range(16):
+            if not sock.recv(65536):
+                return
+    except OSError:
+        pass
+
+
 class _Pending:
     """A connection still sending its request head: held by the reactor, no thread of its own."""
 
@@ -552,9 +571,9 @@ class EgressProxy:
             client.setblocking(False)
             client.send(_response("503 Service Unavailable", "*", 0, reason, "Close idle connections and retry."))
             client.shutdown(socket.SHUT_WR)
-            client.recv(65536)  # whatever it already sent, so the close is a FIN, not a reset
         except OSError:
             pass
+        _discard_pending(client)
         client.close()
 
     def _read_head(self, sel: selectors.BaseSelector, pending: _Pending) -> None:
@@ -592,8 +611,10 @@ class EgressProxy:
         if answer:
             try:
                 pending.sock.send(answer)
+                pending.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+        _discard_pending(pending.sock)
         self._close(pending.sock)
 
     def _close(self, *socks: socket.socket | None) -> None:
@@ -616,9 +637,6 @@ class EgressProxy:
                 req = parse_head(head[:-4])
                 body = Body(req) if req.head is not None else None
                 first = body.feed(rest) if body is not None else rest
-                if body is not None and body.extra:
-                    raise RequestError("bytes after the request body: one request per connection, no pipelining",
-                                       req.host, req.port)
             except RequestError as err:
                 self.log.record(Decision(False, err.host, err.port, f"bad request: {err}"), head.split(b" ", 1)[0][:16].decode("latin-1"))
                 _answer(client, _response("400 Bad Request", err.host, err.port, str(err),
@@ -658,7 +676,9 @@ class EgressProxy:
             self._close(client, upstream)
 
     def _forward(self, client: socket.socket, upstream: socket.socket, req: Request, body: Body, first: bytes) -> None:
-        """Send the one request upstream (its body re-framed as it arrives), then relay the response."""
+        """Send the one request upstream (its body re-framed as it arrives), then relay the response and
+        close. Whatever the client sent after the body (a pipelined request) is never forwarded: the
+        upstream gets exactly one request, and a pipelining client retries the rest after our close."""
         assert req.head is not None
         try:
             upstream.sendall(req.head + first)
@@ -685,8 +705,12 @@ class EgressProxy:
                 upstream.sendall(out)
             except OSError:
                 break
+        if body.extra:
+            self.log.record(Decision(False, req.host, req.port, "a pipelined request after the first was dropped "
+                                     "(one request per connection)"), req.method)
         client.settimeout(None)
         pump(upstream, client)
+        _discard_pending(client)
 
     def _connect(self, decision: Decision) -> tuple[socket.socket | None, str]:
         failure = "no address"
