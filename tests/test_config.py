@@ -111,6 +111,8 @@ def test_repo_config_may_narrow(tmp_path: Path) -> None:
         ("backends:\n  evil:\n    egress: []\n", "cannot define a new backend"),
         ("profiles:\n  agent: {network: true}\n", "unknown key"),
         ("backends:\n  claude:\n    env: {set: {NODE_OPTIONS: '--require /x'}}\n", "cannot set variables"),
+        ("backends:\n  claude:\n    home: {guard: [~/.bashrc]}\n", "key 'home.guard': repo config may only narrow, but adds ~/.bashrc"),
+        ("backends:\n  claude:\n    env: {pass: ['ANTHROPIC_*']}\n", "is a pattern; only exact names are passed"),
     ],
 )
 def test_repo_config_cannot_widen(tmp_path: Path, body: str, expected: str) -> None:
@@ -142,3 +144,30 @@ def test_profile_extends_loop_is_refused() -> None:
 def test_unknown_profile_lists_choices() -> None:
     with pytest.raises(UsageError, match="choose one of: agent, default"):
         resolve_profile("nope", {})
+
+
+def test_builtin_profiles_pass_exact_names_only() -> None:
+    for name in ("default", "agent"):
+        env = resolve_profile(name, {}).env
+        assert env and not any(ch in n for n in env for ch in "*?[")
+    assert {"LC_ALL", "LC_CTYPE", "LC_MESSAGES"} <= set(resolve_profile("agent", {}).env)
+
+
+def test_user_profile_env_pattern_is_refused_with_the_fix(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "user.yaml", "profiles:\n  mine: {env: [PATH, 'LC_*']}\n")
+    with pytest.raises(ConfigError) as err:
+        load_matrix({"HIVE_RELAY_CONFIG": str(cfg), "HOME": str(tmp_path)}, None)
+    assert "key 'profiles.mine.env'" in str(err.value) and "list each variable by name" in str(err.value)
+
+
+def test_repo_config_symlink_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "real.yaml").write_text("backends: {}\n")
+    (tmp_path / ".hive-relay.yaml").symlink_to(tmp_path / "real.yaml")
+    proc = subprocess.run(
+        [sys.executable, "-m", "relay", "shell", "local", "--dry-run"],
+        cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "symbolic link" in lines[0] and "fix:" in lines[0], proc.stderr

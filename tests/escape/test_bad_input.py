@@ -20,7 +20,7 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.text(ma
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=5),
                                                         st.dictionaries(st.text(max_size=12), inner, max_size=5)),
                       max_leaves=20)
-keys = st.sampled_from(["egress", "home", "deny", "env", "command", "ro", "rw", "sync", "pass", "set", "x"])
+keys = st.sampled_from(["egress", "home", "deny", "env", "command", "ro", "rw", "sync", "guard", "pass", "set", "x"])
 backend_body = st.dictionaries(keys, values, max_size=5)
 
 
@@ -51,6 +51,7 @@ def test_repo_config_never_widens(tmp_path_factory, data: dict) -> None:
         assert set(backend.home_rw) <= set(base.home_rw) and set(backend.home_ro) <= set(base.home_ro)
         assert set(backend.home_sync) <= set(base.home_sync) and set(backend.env_pass) <= set(base.env_pass)
         assert set(base.deny) <= set(backend.deny)
+        assert backend.home_guard == base.home_guard  # the host-side guard: no path added, none dropped
         assert backend.command == base.command and backend.env_set == base.env_set
 
 
