@@ -329,11 +329,13 @@ def _read_bytes(path: Path, kind: str) -> bytes | None:
     try:
         return safefs.read_file(os.path.abspath(target), MAX_CONFIG_BYTES)
     except safefs.UnsafePath as err:
-        if err.errno == errno.ELOOP:
+        if err.errno == errno.ELOOP and kind == REPO:
             raise ConfigError(
                 f"{path}: is a symbolic link; a repo config must be a regular file in the workdir itself; "
                 f"fix: replace the link with a regular file (or move the settings to your user config)"
             ) from None
+        if err.errno == errno.ELOOP:  # a link swapped in after it was resolved
+            raise ConfigError(f"{path}: changed into a symbolic link while being read; fix: check who writes it") from None
         if err.errno == errno.EFBIG:
             raise ConfigError(f"{path}: file is larger than 1 MiB; fix: shorten it") from None
         raise ConfigError(
