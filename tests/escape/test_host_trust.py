@@ -1,0 +1,192 @@
+"""The host trusts nothing the box wrote: the janitor, guard, sync-back and launcher run with the
+caller's rights (root's in the root pass), so each test has the box prepare a trap for them and
+checks the host side walked around it, beside the legitimate twin that must still work.
+
+Both modes where the host-side code is shared (guard and sync-back run after a container too).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import Sandbox, require_box
+
+pytestmark = pytest.mark.box
+
+SETTINGS = ".claude/settings.json"
+ORIGINAL = '{"theme": "dark"}\n'
+HOOKED = '{"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "touch /tmp/pwned"}]}]}}'
+
+
+@pytest.fixture(params=["local", "container"])
+def mode_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
+    mode = request.param
+    if mode == "local":
+        require_box()
+        return request.getfixturevalue("sandbox"), mode
+    return request.getfixturevalue("csandbox"), mode
+
+
+def run(s: Sandbox, mode: str, script: str, backend: str = "claude", **kw) -> subprocess.CompletedProcess:
+    return s.relay(backend, mode, "--quiet", "--prompt", script, timeout=kw.pop("timeout", 120), **kw)
+
+
+def _no_aside_escaped(s: Sandbox) -> bool:
+    return (s.home / ".bashrc").read_text() == "# the user's own\n"
+
+
+@pytest.mark.parametrize("trap", ["link-to-bashrc", "fifo", "directory", "huge"])
+def test_a_guarded_file_replaced_by_a_trap_is_moved_aside_and_restored(mode_box, trap: str, report) -> None:
+    s, mode = mode_box
+    (s.home / ".bashrc").write_text("# the user's own\n")
+    (s.home / SETTINGS).write_text(ORIGINAL)
+    make = {
+        "link-to-bashrc": f'rm -f "$HOME/{SETTINGS}"; ln -s "$HOME/.bashrc" "$HOME/{SETTINGS}"',
+        "fifo": f'rm -f "$HOME/{SETTINGS}"; mkfifo "$HOME/{SETTINGS}"',
+        "directory": f'rm -f "$HOME/{SETTINGS}"; mkdir "$HOME/{SETTINGS}"',
+        "huge": f'head -c 6000000 /dev/zero | tr "\\0" " " > "$HOME/{SETTINGS}"; echo \'{HOOKED}\' >> "$HOME/{SETTINGS}"',
+    }[trap]
+    # Every aside/temporary name the box could predict is a link to the user's .bashrc.
+    guesses = " ".join(f'"$HOME/.claude/settings.json.hive-relay-{t}"' for t in ("rejected", "tmp", "rejected-0"))
+    script = f'for g in {guesses}; do ln -sf "$HOME/.bashrc" "$g"; done; {make}; echo PLANTED'
+    proc = run(s, mode, script)
+    assert "PLANTED" in proc.stdout, proc.stderr
+    path = s.home / SETTINGS
+    restored = path.is_file() and not path.is_symlink() and path.read_text() == ORIGINAL
+    report.attack(restored and _no_aside_escaped(s) and "reverted" in proc.stderr)
+    assert restored, (proc.stderr, path.is_symlink(), path.exists())
+    assert _no_aside_escaped(s) and "reverted" in proc.stderr, proc.stderr
+    # The twin: an edit that runs nothing later is kept as the box wrote it.
+    proc = run(s, mode, f'printf \'{{"theme": "light"}}\\n\' > "$HOME/{SETTINGS}"')
+    report.legit(path.read_text() == '{"theme": "light"}\n')
+    assert path.read_text() == '{"theme": "light"}\n' and "reverted" not in proc.stderr, proc.stderr
+
+
+def test_sync_back_never_copies_through_a_link_the_box_made(mode_box, report) -> None:
+    s, mode = mode_box
+    before = (s.home / ".claude.json").read_text()
+    proc = run(s, mode, 'rm -f "$HOME/.claude.json"; ln -s "$HOME/.ssh/id_rsa" "$HOME/.claude.json"; echo LINKED')
+    assert "LINKED" in proc.stdout, proc.stderr
+    host = s.home / ".claude.json"
+    kept = host.is_file() and not host.is_symlink() and host.read_text() == before
+    report.attack(kept and "PRIVATE-KEY" not in host.read_text())
+    assert kept and "did not sync" in proc.stderr, proc.stderr
+    # The twin: a real edit of the box's copy comes back.
+    proc = run(s, mode, 'printf \'{"numStartups": 2}\\n\' > "$HOME/.claude.json"')
+    report.legit(host.read_text() == '{"numStartups": 2}\n')
+    assert host.read_text() == '{"numStartups": 2}\n', proc.stderr
+
+
+def _leftovers(s: Sandbox) -> list[str]:
+    run_dir = Path(s.env["XDG_RUNTIME_DIR"])
+    runs = [p.name for p in run_dir.glob("hive-relay-*")] if run_dir.is_dir() else []
+    holders = [p.name for p in s.workdir.iterdir() if p.name.startswith(".") and p.lstat().st_size == 0
+               and p.is_file()]
+    return runs + holders
+
+
+def _wait_for(predicate, timeout: float = 20.0) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_a_signal_to_the_box_process_group_spares_the_launcher_and_its_job(box_sandbox: Sandbox, report) -> None:
+    s = box_sandbox
+    # A sentinel in the launcher's own process group: the caller's other processes in the job.
+    script = (f'sleep 60 >/dev/null 2>&1 & echo $! > {s.root}/sentinel; exec {sys.executable} -m relay shell local --quiet '
+              f'--prompt "echo BOXED; kill -KILL 0; sleep 5; echo SURVIVED"')
+    proc = subprocess.run(["sh", "-c", script], cwd=s.workdir, env=s.env, capture_output=True, text=True,
+                          timeout=120, start_new_session=True)
+    sentinel = int((s.root / "sentinel").read_text())
+    alive = _pid_alive(sentinel)
+    if alive:
+        os.kill(sentinel, signal.SIGKILL)
+    cleaned = _wait_for(lambda: not _leftovers(s))
+    report.attack(alive and cleaned and proc.returncode == 128 + signal.SIGKILL)
+    assert "BOXED" in proc.stdout and "SURVIVED" not in proc.stdout, proc.stderr
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr  # the launcher lived to report it
+    assert alive, "kill(0) in the box reached the caller's own process group"
+    assert cleaned, _leftovers(s)
+    ok = s.box("echo FINE")
+    report.legit(ok.returncode == 0 and "FINE" in ok.stdout)
+    assert ok.returncode == 0 and "FINE" in ok.stdout, ok.stderr
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_janitor_survives_a_kill_of_the_launchers_group(box_sandbox: Sandbox, report) -> None:
+    s = box_sandbox
+    (s.home / SETTINGS).write_text(ORIGINAL)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "relay", "claude", "local", "--quiet", "--prompt",
+         f"echo '{HOOKED}' > \"$HOME/{SETTINGS}\"; echo READY; sleep 60"],
+        cwd=s.workdir, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True)
+    try:
+        assert launcher.stdout is not None and "READY" in launcher.stdout.readline()
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    reverted = _wait_for(lambda: (s.home / SETTINGS).read_text() == ORIGINAL)
+    cleaned = _wait_for(lambda: not _leftovers(s))
+    report.fault(reverted and cleaned)
+    assert reverted, (s.home / SETTINGS).read_text()
+    assert cleaned, _leftovers(s)
+
+
+def test_a_directory_fd_the_caller_leaked_does_not_reach_the_box(box_sandbox: Sandbox, report) -> None:
+    s = box_sandbox
+    fd = os.open(s.home / ".ssh", os.O_RDONLY | os.O_DIRECTORY)
+    os.set_inheritable(fd, True)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "relay", "shell", "local", "--quiet", "--prompt",
+             f"cat /proc/self/fd/{fd}/id_rsa 2>&1; ls /proc/self/fd/; cat README.md"],
+            cwd=s.workdir, env=s.env, capture_output=True, text=True, timeout=120, pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    leaked = "PRIVATE-KEY" in proc.stdout
+    report.attack(not leaked)
+    assert not leaked, proc.stdout
+    assert str(fd) not in proc.stdout.split("\n")[1:-2] or fd <= 3, proc.stdout
+    report.legit("hello from the workdir" in proc.stdout)
+    assert "hello from the workdir" in proc.stdout, proc.stderr
+
+
+def test_every_writable_tmpfs_is_sized_within_the_memory_limit(box_sandbox: Sandbox, report) -> None:
+    s = box_sandbox
+    dirs = ["/tmp", "/var/tmp", "/run", "/dev/shm", str(s.home)]
+    proc = s.box(f"df -B1 --output=target,size {' '.join(dirs)}; touch /dev/planted 2>&1; "
+                 "echo x > /dev/shm/ok && echo SHM-OK; echo x > /tmp/ok && echo TMP-OK", "shell", "--profile", "agent")
+    sizes = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            sizes[parts[0]] = int(parts[1])
+    memory = 8 << 30  # the agent profile
+    bounded = set(sizes) == set(dirs) and all(v <= memory // 4 for v in sizes.values()) and sum(sizes.values()) <= memory
+    dev_ro = "Read-only file system" in proc.stdout
+    report.attack(bounded and dev_ro)
+    assert bounded, (sizes, proc.stdout, proc.stderr)
+    assert dev_ro, proc.stdout
+    report.legit("SHM-OK" in proc.stdout and "TMP-OK" in proc.stdout)
+    assert "SHM-OK" in proc.stdout and "TMP-OK" in proc.stdout, proc.stderr
