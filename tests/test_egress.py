@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Sandbox, require_tool
-from .servers import start_echo, start_http
+from .servers import Handler, start_echo, start_http
 
 pytestmark = pytest.mark.box
 
@@ -55,6 +55,29 @@ def test_allowed_pinned_host_reached_with_curl_and_python(box_sandbox: Sandbox, 
     assert ("fake.test", https, "CONNECT") in allowed
     assert ("plain.test", http, "GET") in allowed
     assert all(e["backend"] == "shell" for e in entries)
+
+
+def test_plain_http_reaches_upstream_with_the_uri_host_only(box_sandbox: Sandbox, upstream: dict) -> None:
+    """curl's own Host header (here a lie) is replaced by the URI's authority; a second, pipelined
+    request on the same connection never reaches the upstream."""
+    require_tool("curl")
+    s = box_sandbox
+    http = upstream["http"]
+    Handler.requests.clear()
+    (s.workdir / "pipelined.py").write_text(
+        "import socket, sys\n"
+        "port = sys.argv[1]\n"
+        "s = socket.create_connection(('127.0.0.1', 3128))\n"
+        "s.sendall(''.join(f'GET http://plain.test:{port}/{p} HTTP/1.1\\r\\nHost: plain.test\\r\\n\\r\\n'\n"
+        "                  for p in ('one', 'two')).encode())\n"
+        "print(s.recv(65536).decode().splitlines()[0])\n")
+    script = (f"curl -sS -H 'Host: evil.test' -H 'Proxy-Authorization: Basic eA==' http://plain.test:{http}/lied; "
+              f"{PY} pipelined.py {http}")
+    proc = s.box(script, "shell", "--allow-host", f"plain.test:{http}=127.0.0.1:{http}")
+    assert "hello from the fake upstream" in proc.stdout and "HTTP/1.1 200 OK" in proc.stdout, proc.stdout + proc.stderr
+    assert f"GET /lied host=plain.test:{http}" in Handler.requests
+    assert f"GET /one host=plain.test:{http}" in Handler.requests
+    assert not any("/two" in r or "evil.test" in r for r in Handler.requests), Handler.requests
 
 
 def test_non_allowed_host_gets_403_with_reason_and_is_logged(box_sandbox: Sandbox, upstream: dict) -> None:
