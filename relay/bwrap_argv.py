@@ -30,7 +30,10 @@ def mount_args(mounts: Iterable[Mount]) -> list[str]:
             if m.size:
                 args += ["--size", str(m.size), "--tmpfs", f"{m.dst}/shm", "--remount-ro", m.dst]
         elif m.kind == "proc":
-            args += ["--proc", m.dst]
+            # pid 1 is bwrap's init: same uid as the box, dumpable, so /proc/1/mem would let the box
+            # rewrite it (and drop its die-with-parent). An empty read-only tmpfs hides it.
+            args += ["--proc", m.dst, "--perms", "0555", "--size", str(MASK_SIZE), "--tmpfs", f"{m.dst}/1",
+                     "--remount-ro", f"{m.dst}/1"]
         else:
             raise ValueError(f"unknown mount kind {m.kind!r}")
     return args

@@ -12,8 +12,9 @@ import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from . import __version__
+from . import __version__, safefs
 from .paths import cache_dir
 
 CACHE_VERSION = 3
@@ -161,6 +162,14 @@ def _cache_key(bwrap: str | None, uid: int) -> str:
     return json.dumps([CACHE_VERSION, __version__, bwrap, st and st.st_mtime_ns, os.uname().release, uid])
 
 
+def _ensure_dir(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return True
+    except OSError:
+        return False
+
+
 def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = True) -> HostFacts:
     """Probe this host; the box smoke test is memoized in the cache dir."""
     env = os.environ if env is None else env
@@ -172,25 +181,25 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
     cached: dict = {}
     if use_cache:
         try:
-            data = json.loads(cache.read_text())
-            if data.get("key") == key:
+            data = json.loads(safefs.read_file(str(cache), 64 << 10) or b"{}")
+            if isinstance(data, dict) and data.get("key") == key:
                 cached = data
         except (OSError, ValueError):
             pass
-    if cached:
-        bwrap_error, version = cached.get("bwrap_error"), cached.get("bwrap_version")
-        landlock_abi = int(cached.get("landlock_abi", 0))
+    # The memo may only save the smoke test that *succeeded*: a forged failure would steer auto
+    # towards a weaker tier, so failures are always probed again, and Landlock's ABI (one cheap
+    # syscall) is never taken from the file.
+    landlock_abi = _landlock_abi()
+    if cached and cached.get("bwrap_error") is None and isinstance(cached.get("bwrap_version"), str):
+        bwrap_error, version = None, cached["bwrap_version"]
     else:
         version = _bwrap_version(bwrap) if bwrap else None
         bwrap_error = _bwrap_smoke(bwrap, uid) if bwrap else "bubblewrap is not installed"
-        landlock_abi = _landlock_abi()
-        if use_cache:
+        if use_cache and bwrap_error is None:
+            memo = json.dumps({"key": key, "bwrap_error": None, "bwrap_version": version}).encode()
             try:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({"key": key, "bwrap_error": bwrap_error, "bwrap_version": version,
-                                           "landlock_abi": landlock_abi}))
-                os.replace(tmp, cache)
+                if _ensure_dir(cache.parent):
+                    safefs.write_file(str(cache), memo, 0o600)
             except OSError:
                 pass
     restricted = _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1"

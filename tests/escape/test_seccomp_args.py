@@ -492,10 +492,6 @@ def test_pid1_fds_cannot_be_taken_by_pidfd_getfd(box: Sandbox, report) -> None:
     assert "LEGIT self-status OK" in out and "LEGIT self-mem OK" in out, out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 13: bwrap's init (pid 1) runs as the box uid, dumpable, with no Yama, so the box opens "
-    "/proc/1/mem read-write and /proc/1/fd/*; fix (checked): relay/bwrap_argv.py's proc branch masks /proc/1 "
-    "after --proc (--perms 0555 --size 4096 --tmpfs /proc/1 --remount-ro /proc/1); drop this marker with it"))
 def test_pid1_memory_and_fds_are_out_of_reach(box: Sandbox, report) -> None:
     out = _pid1_run(box)
     blocked = {
