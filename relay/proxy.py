@@ -442,7 +442,7 @@ class _Pending:
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
-        self.buf = b""
+        self.buf = bytearray()
         self.deadline = deadline
 
 
@@ -502,7 +502,10 @@ class EgressProxy:
         except OSError:
             pass
         self.listener.close()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is None:
+            for sock in (self._wake_r, self._wake_w):
+                sock.close()
+        elif self._thread is not threading.current_thread():
             self._thread.join(timeout=1)
         self.log.close()
 
@@ -524,10 +527,14 @@ class EgressProxy:
                         return
                     raise
                 for key, _ in events:
-                    if key.data is _LISTENER:
-                        self._accept(sel)
-                    elif key.data is not _WAKE:
-                        self._read_head(sel, key.data)
+                    try:
+                        if key.data is _LISTENER:
+                            self._accept(sel)
+                        elif key.data is not _WAKE:
+                            self._read_head(sel, key.data)
+                    except Exception:  # noqa: BLE001 - one bad connection must not stop the box's proxy
+                        if isinstance(key.data, _Pending):
+                            self._drop(sel, key.data, b"")
                 now = time.monotonic()
                 if now >= next_sweep:
                     next_sweep = now + tick
@@ -595,7 +602,7 @@ class EgressProxy:
             return
         del self._pending[pending.sock.fileno()]
         sel.unregister(pending.sock)
-        client, head, rest = pending.sock, pending.buf[: end + 4], pending.buf[end + 4 :]
+        client, head, rest = pending.sock, bytes(pending.buf[: end + 4]), bytes(pending.buf[end + 4 :])
         client.setblocking(True)
         try:
             threading.Thread(target=self._serve, args=(client, head, rest), daemon=True).start()
@@ -603,7 +610,8 @@ class EgressProxy:
             self._close(client)
 
     def _drop(self, sel: selectors.BaseSelector, pending: _Pending, answer: bytes) -> None:
-        self._pending.pop(pending.sock.fileno(), None)
+        if self._pending.pop(pending.sock.fileno(), None) is None:
+            return  # already handed to a worker, or already dropped
         try:
             sel.unregister(pending.sock)
         except (KeyError, ValueError):
