@@ -66,7 +66,8 @@ class FsPlan:
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/run")
 DIR_LIKE = frozenset({".git", ".vscode", ".idea", ".claude", ".gemini", ".codex", "hooks", "commands", "agents",
-                      "modules", "worktrees"})
+                      "modules", "worktrees", "hive-relay", ".venv", ".cache", "node_modules", "relay", "bin",
+                      "config", ".ci", "npm"})
 # Mount kinds that show the box nothing of the host's persistent files.
 PRIVATE_KINDS = ("tmpfs", "private-bind", "dev", "proc", "mask-file", "mask-dir")
 
@@ -181,9 +182,10 @@ def plan_filesystem(
     anchors: list[tuple[str, str]] = []
     protected_out: list[str] = []
     for path in protected:
-        targets = [path]
-        if fs.is_symlink(path):
-            targets.append(fs.realpath(path))
+        # bwrap follows a link at a mount's destination, so a protected link is protected at its
+        # target (where it lies under a writable bind); binding onto the link itself fails to start
+        # the box when its target is outside it.
+        targets = [fs.realpath(path)] if fs.is_symlink(path) else [path]
         for target in targets:
             cover = _innermost(target, mounts)
             if cover is None or cover.kind != "bind":

@@ -22,7 +22,7 @@ from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
 from .hosts import HostRule, parse_rule
 from .native import render as render_native
-from .paths import state_dir, tool_dir
+from .paths import own_paths, state_dir, tool_dir
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
@@ -311,7 +311,7 @@ def resolve(
         home_source=os.path.join(run_dir, "home") if (sync and run_dir) else None,
         grants=grants,
         secrets=secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
-        protected=protected_paths(workdir) + nested_git_paths(workdir),
+        protected=protected_paths(workdir) + nested_git_paths(workdir) + own_paths(caller_env),
         extra_binds=extra_binds,
         fs=fs,
         # Box-private tmpfs (/tmp, /var/tmp, /run, $HOME) is memory: cap each at a quarter of the limit.

@@ -190,3 +190,25 @@ def test_every_writable_tmpfs_is_sized_within_the_memory_limit(box_sandbox: Sand
     assert dev_ro, proc.stdout
     report.legit("SHM-OK" in proc.stdout and "TMP-OK" in proc.stdout)
     assert "SHM-OK" in proc.stdout and "TMP-OK" in proc.stdout, proc.stderr
+
+
+def test_hive_relays_own_state_cache_and_config_are_read_only_in_the_box(box_sandbox: Sandbox, report) -> None:
+    """Where the workdir covers our own dirs (XDG dirs inside the checkout here), the box can write
+    the checkout but not the memos, logs, registry or the user config that may widen the next box."""
+    s = box_sandbox
+    xdg = {"XDG_CACHE_HOME": str(s.workdir / "xdg-cache"), "XDG_STATE_HOME": str(s.workdir / "xdg-state"),
+           "XDG_CONFIG_HOME": str(s.workdir / "xdg-config")}
+    cfg = s.workdir / "xdg-config" / "hive-relay"
+    cfg.mkdir(parents=True)
+    (cfg / "config.yaml").write_text((s.home / ".config" / "hive-relay" / "config.yaml").read_text())
+    (s.workdir / "xdg-cache" / "hive-relay").mkdir(parents=True)
+    targets = ["xdg-cache/hive-relay/verified.json", "xdg-cache/hive-relay/probe.json",
+               "xdg-state/hive-relay/placeholders.json", "xdg-config/hive-relay/config.yaml"]
+    script = "; ".join(f'(echo planted > {t}) 2>/dev/null && echo WROTE {t}' for t in targets)
+    proc = s.box(script + "; echo edit > src.txt && echo SRC-OK", "shell", extra_env=xdg)
+    wrote = [line for line in proc.stdout.splitlines() if line.startswith("WROTE")]
+    report.attack(not wrote)
+    assert not wrote, (proc.stdout, proc.stderr)
+    assert "planted" not in (cfg / "config.yaml").read_text()
+    report.legit("SRC-OK" in proc.stdout and (s.workdir / "src.txt").read_text() == "edit\n")
+    assert "SRC-OK" in proc.stdout, proc.stderr
