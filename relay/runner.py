@@ -13,11 +13,11 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import guard, janitor, jobctl, limits, procs
+from . import guard, janitor, jobctl, limits, procs, safefs
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
 from .netns import listen_in
-from .paths import cache_dir, config_home, state_dir
+from .paths import config_home, state_dir
 from .placeholders import Registry
 from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan
 from .proxy import DecisionLog, EgressProxy
@@ -241,10 +241,10 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
 def _git_excludes(plan: Plan, caller_env: Mapping[str, str]) -> str:
     """The user's own global git excludes (XDG default location) plus the box's placeholders."""
     try:
-        with open(os.path.join(config_home(caller_env), "git", "ignore"), encoding="utf-8", errors="replace") as fh:
-            own = fh.read()
+        data = safefs.read_file(os.path.join(config_home(caller_env), "git", "ignore"), 1 << 20)
+        own = data.decode("utf-8", errors="replace") if data else ""
     except OSError:
-        own = ""
+        own = ""  # a link, special or huge file there is not the user's excludes file
     ours = "# hive relay: placeholders that keep protected paths from being created\n" + "\n".join(plan.git_excludes)
     return (own.rstrip("\n") + "\n" if own else "") + ours + "\n"
 
@@ -331,7 +331,7 @@ def _start_supervised(
     """Spawn bwrap blocked, put it in its cgroup (or rlimits), open the proxy listener in its network
     namespace, start the proxy, then unblock it: the agent's first request finds the proxy serving."""
     policy = plan.seccomp_policy or policy_for(nested_userns=False)
-    seccomp_fd = compile_to_memfd(policy, str(cache_dir(caller_env)))
+    seccomp_fd = compile_to_memfd(policy)
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     mark("seccomp_compiled")

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from . import safefs
 from .digest import sha256
 from .paths import cache_dir
 from .plan import Plan
@@ -37,8 +38,10 @@ def _memo_path(env: Mapping[str, str]) -> Path:
 
 
 def _load(env: Mapping[str, str]) -> list[str]:
+    """Verified policy keys. The cache dir is read-only in every box (paths.own_paths), and the file
+    is read with no link followed and bounded; a bad memo only costs a verification run."""
     try:
-        data = json.loads(_memo_path(env).read_text())
+        data = json.loads(safefs.read_file(str(_memo_path(env)), 64 << 10) or b"[]")
         return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
     except (OSError, ValueError):
         return []
@@ -48,10 +51,8 @@ def _store(env: Mapping[str, str], key: str) -> None:
     keys = [k for k in _load(env) if k != key] + [key]
     path = _memo_path(env)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(keys[-MEMO_LIMIT:]))
-        os.replace(tmp, path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        safefs.write_file(str(path), json.dumps(keys[-MEMO_LIMIT:]).encode(), 0o600)
     except OSError:
         pass
 
