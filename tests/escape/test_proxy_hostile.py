@@ -346,8 +346,9 @@ def test_connection_cap_refuses_past_the_cap_without_a_thread_per_connection(
     deadline = time.monotonic() + 5
     while proxy.open_connections and time.monotonic() < deadline:
         time.sleep(0.02)
+    drained = proxy.open_connections == 0  # every slot given back once its connection closed
     legit = exchange(port, get())
-    works = proxy.open_connections == 0 and legit.startswith(b"HTTP/1.1 200")
+    works = drained and legit.startswith(b"HTTP/1.1 200")
     report.legit(works)
     assert held, (len(refused), extra, kept, proxy.open_connections, threads, threads_before, logged)
     assert works, legit
@@ -394,7 +395,7 @@ def test_slow_head_is_cut_at_the_total_head_timeout(make_proxy: Proxy, report) -
     deadline = time.monotonic() + 2
     while proxy.open_connections and time.monotonic() < deadline:
         time.sleep(0.01)
-    blocked = answer.startswith(b"HTTP/1.1 408 ") and cut_after < 2.0 and proxy.open_connections == 0
+    blocked = answer.startswith(b"HTTP/1.1 408 ") and cut_after < 2.5 and proxy.open_connections == 0
     report.attack(blocked)
     legit = exchange(port, head[:10], head[10:30], head[30:], pause=0.2)  # a head in pieces, well within time
     works = legit.startswith(b"HTTP/1.1 200")
