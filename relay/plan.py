@@ -22,10 +22,11 @@ from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
 from .hosts import HostRule, parse_rule
 from .native import render as render_native
-from .paths import own_paths, state_dir, tool_dir
+from .paths import config_home, own_paths, state_dir, tool_dir
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
+from .workdir import refusal as workdir_refusal
 
 PROXY_LISTEN = "127.0.0.1:3128"
 BOX_UID_FOR_ROOT = 1000
@@ -264,6 +265,12 @@ def resolve(
     profile = resolve_profile(choice.profile, matrix.profiles)
     if os.path.realpath(home) == "/":
         raise RefusedError("HOME is '/', so the box cannot hide it; fix: set HOME to your home directory")
+    reason = workdir_refusal(
+        workdir, os.path.realpath(home), secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
+        own_paths(caller_env),
+        os.path.realpath(config_home(caller_env)))
+    if reason:
+        raise RefusedError(reason)
 
     grants: list[Grant] = []
     sync: list[str] = []

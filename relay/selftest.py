@@ -76,8 +76,9 @@ def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, mat
 
 def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # noqa: ANN001
                 mode: str = "local") -> list[Row]:
-    # Under the cache dir (not /tmp) so that the workdir's parent is a real host directory.
-    base = Path(cache_dir(env))
+    # Beside the cache dir (not /tmp) so that the workdir's parent is a real host directory; not in
+    # it, since hive relay's own dirs are never a workdir.
+    base = Path(cache_dir(env)).parent / "hive-relay-selftest"
     base.mkdir(parents=True, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="selftest-", dir=base)
     workdir = os.path.join(scratch, "work")
