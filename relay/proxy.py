@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import safefs
 from .errors import UsageError
 from .hosts import (
     HostRule,
@@ -305,6 +306,21 @@ def _is_ip_literal(host: str) -> bool:
     return _is_ip(host)
 
 
+# One run's decision log; a box that floods refusals is summarized, not logged line by line.
+MAX_LOG_BYTES = 64 << 20
+
+
+def _open_log(path: str):  # noqa: ANN202 - a text file object
+    """Create the run's log beneath the logs dir with no link followed and never blocking; the name
+    carries the run id, so an existing entry there is not ours and is refused (O_EXCL)."""
+    logs = os.path.dirname(path)
+    os.makedirs(logs, mode=0o700, exist_ok=True)
+    with safefs.base_dir(logs) as dfd:
+        fd = safefs.open_beneath(dfd, os.path.basename(path),
+                                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK, 0o600)
+    return os.fdopen(fd, "a", buffering=1, encoding="utf-8")
+
+
 class DecisionLog:
     """Append-only JSON-lines log; a write failure (full disk) is counted, never fatal."""
 
@@ -316,10 +332,11 @@ class DecisionLog:
         self.allowed = 0
         self.write_errors = 0
         self._fh = None
+        self.written = 0
+        self.truncated = 0
         if path:
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                self._fh = open(path, "a", buffering=1, encoding="utf-8")
+                self._fh = _open_log(path)
             except OSError:
                 self.write_errors += 1
 
@@ -335,8 +352,13 @@ class DecisionLog:
             else:
                 self.denied[f"{decision.host}:{decision.port}"] += 1
             if self._fh is not None:
+                line = json.dumps(entry) + "\n"
+                if self.written + len(line) > MAX_LOG_BYTES:
+                    self.truncated += 1  # a flood of refusals must not fill the disk
+                    return
                 try:
-                    self._fh.write(json.dumps(entry) + "\n")
+                    self._fh.write(line)
+                    self.written += len(line)
                 except OSError:
                     self.write_errors += 1
 
@@ -354,7 +376,8 @@ class DecisionLog:
             return None
         top = ", ".join(f"{h} ×{n}" for h, n in self.denied.most_common(5))
         more = len(self.denied) - 5
-        return f"egress denied: {top}" + (f" and {more} more" if more > 0 else "")
+        cut = f"; the log stopped at {MAX_LOG_BYTES >> 20} MiB ({self.truncated} lines not written)" if self.truncated else ""
+        return f"egress denied: {top}" + (f" and {more} more" if more > 0 else "") + cut
 
 
 def _response(status: str, host: str, port: int, reason: str, hint: str) -> bytes:

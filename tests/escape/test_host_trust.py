@@ -212,3 +212,23 @@ def test_hive_relays_own_state_cache_and_config_are_read_only_in_the_box(box_san
     assert "planted" not in (cfg / "config.yaml").read_text()
     report.legit("SRC-OK" in proc.stdout and (s.workdir / "src.txt").read_text() == "edit\n")
     assert "SRC-OK" in proc.stdout, proc.stderr
+
+
+def test_the_decision_log_is_never_written_through_a_planted_link(tmp_path: Path, report) -> None:
+    from relay.proxy import Decision, DecisionLog
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file\n")
+    (logs / "run.jsonl").symlink_to(victim)
+    log = DecisionLog(str(logs / "run.jsonl"), "shell")
+    log.record(Decision(False, "evil.test", 443, "not allowed"), "CONNECT")
+    log.close()
+    report.attack(victim.read_text() == "the user's file\n" and log.write_errors == 1)
+    assert victim.read_text() == "the user's file\n" and log.write_errors == 1
+    fresh = DecisionLog(str(logs / "fresh.jsonl"), "shell")
+    fresh.record(Decision(False, "evil.test", 443, "not allowed"), "CONNECT")
+    fresh.close()
+    report.legit('"evil.test"' in (logs / "fresh.jsonl").read_text())
+    assert '"evil.test"' in (logs / "fresh.jsonl").read_text()
