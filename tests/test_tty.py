@@ -142,3 +142,23 @@ def test_tiocsti_injection_into_the_callers_terminal_is_refused(box_sandbox: San
     assert "STI EPERM" in out and "INJECTED" not in out
     assert "ROWS 24" in out  # ordinary tty ioctls still work
     leave(child)
+
+
+def test_a_stopped_box_stops_the_launcher_as_a_job_and_fg_resumes_it(box_sandbox: Sandbox) -> None:
+    """The box is its own process group (so its kill(0) cannot reach the launcher), made the
+    terminal's foreground as a shell does for a job: when the whole box stops, the launcher takes the
+    terminal back and stops too, so the caller's shell sees a stopped job, and `fg` resumes both."""
+    s = box_sandbox
+    env = {**s.env, "PS1": "$ "}
+    child = pexpect.spawn("bash", ["--norc", "--noprofile", "-i"], cwd=str(s.workdir), env=env, encoding="utf-8",
+                          timeout=60, dimensions=(24, 80))
+    say(child, f"{sys.executable} -m relay shell local --quiet --prompt 'echo BEF''ORE; kill -TSTP 0; echo AF''TER'")
+    child.expect("BEFORE")
+    child.expect("Stopped")
+    say(child, "fg")
+    child.expect("AFTER")
+    say(child, "echo rc=$?")
+    child.expect(r"rc=(\d+)")
+    assert child.match.group(1) == "0"
+    say(child, "exit")
+    child.expect(pexpect.EOF)
