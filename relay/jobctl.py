@@ -66,8 +66,10 @@ class Job:
     def suspend(self) -> None:
         """The box stopped (Ctrl-Z): stop the launcher's own job like a shell's child would, and
         when the caller's shell continues us (`fg`), give the terminal back and continue the box."""
+        if self.fd is None:
+            return  # no terminal, no shell to resume us: the box stays stopped until it is continued
         self.take_back()
-        os.killpg(self.own, signal.SIGTSTP) if self.fd is not None else os.kill(os.getpid(), signal.SIGSTOP)
+        os.killpg(self.own, signal.SIGTSTP)
         if self.box is not None:
             self.give(self.box)
             try:
