@@ -101,10 +101,10 @@ def _wait_for(predicate, timeout: float = 20.0) -> bool:  # noqa: ANN001
     return predicate()
 
 
-def test_a_signal_to_the_box_process_group_spares_the_launcher_and_its_job(box_sandbox: Sandbox, report) -> None:
-    s = box_sandbox
+def test_a_signal_to_the_box_process_group_spares_the_launcher_and_its_job(mode_box, report) -> None:
+    s, mode = mode_box
     # A sentinel in the launcher's own process group: the caller's other processes in the job.
-    script = (f'sleep 60 >/dev/null 2>&1 & echo $! > {s.root}/sentinel; exec {sys.executable} -m relay shell local --quiet '
+    script = (f'sleep 60 >/dev/null 2>&1 & echo $! > {s.root}/sentinel; exec {sys.executable} -m relay shell {mode} --quiet '
               f'--prompt "echo BOXED; kill -KILL 0; sleep 5; echo SURVIVED"')
     proc = subprocess.run(["sh", "-c", script], cwd=s.workdir, env=s.env, capture_output=True, text=True,
                           timeout=120, start_new_session=True)
@@ -113,12 +113,15 @@ def test_a_signal_to_the_box_process_group_spares_the_launcher_and_its_job(box_s
     if alive:
         os.kill(sentinel, signal.SIGKILL)
     cleaned = _wait_for(lambda: not _leftovers(s))
-    report.attack(alive and cleaned and proc.returncode == 128 + signal.SIGKILL)
-    assert "BOXED" in proc.stdout and "SURVIVED" not in proc.stdout, proc.stderr
-    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr  # the launcher lived to report it
+    # Local: the box's shell dies and the launcher lives to report it. Container: the shell is the
+    # container's pid 1, which a SIGKILL from inside its own namespace does not reach at all.
+    expected = 128 + signal.SIGKILL if mode == "local" else 0
+    report.attack(alive and cleaned and proc.returncode == expected)
+    assert "BOXED" in proc.stdout and ("SURVIVED" not in proc.stdout) == (mode == "local"), proc.stderr
+    assert proc.returncode == expected, proc.stderr
     assert alive, "kill(0) in the box reached the caller's own process group"
     assert cleaned, _leftovers(s)
-    ok = s.box("echo FINE")
+    ok = s.relay("shell", mode, "--quiet", "--prompt", "echo FINE")
     report.legit(ok.returncode == 0 and "FINE" in ok.stdout)
     assert ok.returncode == 0 and "FINE" in ok.stdout, ok.stderr
 
@@ -153,13 +156,13 @@ def test_the_janitor_survives_a_kill_of_the_launchers_group(box_sandbox: Sandbox
     assert cleaned, _leftovers(s)
 
 
-def test_a_directory_fd_the_caller_leaked_does_not_reach_the_box(box_sandbox: Sandbox, report) -> None:
-    s = box_sandbox
+def test_a_directory_fd_the_caller_leaked_does_not_reach_the_box(mode_box, report) -> None:
+    s, mode = mode_box
     fd = os.open(s.home / ".ssh", os.O_RDONLY | os.O_DIRECTORY)
     os.set_inheritable(fd, True)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "relay", "shell", "local", "--quiet", "--prompt",
+            [sys.executable, "-m", "relay", "shell", mode, "--quiet", "--prompt",
              f"cat /proc/self/fd/{fd}/id_rsa 2>&1; ls /proc/self/fd/; cat README.md"],
             cwd=s.workdir, env=s.env, capture_output=True, text=True, timeout=120, pass_fds=(fd,))
     finally:
