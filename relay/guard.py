@@ -20,8 +20,11 @@ EXEC_KEYS = frozenset({
     # claude / gemini (JSON)
     "hooks", "mcpServers", "apiKeyHelper", "awsAuthRefresh", "awsCredentialExport", "otelHeadersHelper",
     "statusLine", "env", "tools",
-    # codex (TOML)
-    "notify", "mcp_servers", "shell_environment_policy", "profiles",
+    # claude: plugins and marketplaces run code; project MCP approvals run a box-written .mcp.json
+    "enabledPlugins", "extraKnownMarketplaces", "enableAllProjectMcpServers", "enabledMcpjsonServers",
+    # codex (TOML): another provider's base_url receives the key; approval/sandbox settings stick
+    "notify", "mcp_servers", "shell_environment_policy", "profiles", "model_provider", "model_providers",
+    "approval_policy", "sandbox_mode",
     # opencode (JSON)
     "mcp", "plugin", "command",
 })
@@ -39,6 +42,10 @@ class Snapshot:
 
 def _ident(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns)
+
+# Nested keys: claude's `permissions.defaultMode: bypassPermissions` would make the next host session
+# run every tool without asking (the rest of `permissions`, approvals the user gave, is kept).
+EXEC_SUBKEYS = (("permissions", "defaultMode"),)
 
 
 def snapshot(path: str, base: str | None = None) -> Snapshot:
@@ -82,7 +89,14 @@ def changed_exec_keys(before: bytes | None, after: bytes | None, path: str) -> l
         new = _parse(after, path) or {}
     except ValueError:
         return ["(unparsable file)"]
-    return sorted(k for k in EXEC_KEYS if old.get(k) != new.get(k))
+    keys = [k for k in EXEC_KEYS if old.get(k) != new.get(k)]
+    keys += [f"{k}.{sub}" for k, sub in EXEC_SUBKEYS if _sub(old, k, sub) != _sub(new, k, sub)]
+    return sorted(keys)
+
+
+def _sub(data: dict, key: str, sub: str) -> object:
+    value = data.get(key)
+    return value.get(sub) if isinstance(value, dict) else None
 
 
 def enforce(path: str, before: Snapshot | bytes | None, base: str | None = None) -> str | None:
@@ -114,8 +128,8 @@ def _enforce_in(pfd: int, name: str, path: str, before: Snapshot) -> str | None:
         st = None
     if st is None and before.data is None and before.link is None:
         return None
-    if st is not None and before.ident is not None and _ident(st) == before.ident:
-        return None  # the very same entry, untouched
+    # No shortcut on (inode, size, mtime): the box owns the file and can rewrite it in place and set
+    # its mtime back. The bytes are always compared.
     if st is not None and stat.S_ISREG(st.st_mode):
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)

@@ -10,8 +10,10 @@ itself so that the caller's shell sees the job stopped.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import termios
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -44,6 +46,14 @@ class Job:
         self.fd = _tty_fd()
         self.own = os.getpgrp()
         self.box: int | None = None
+        self.modes: list | None = None
+        self.ldisc: bytes | None = None
+        if self.fd is not None:
+            try:
+                self.modes = termios.tcgetattr(self.fd)
+                self.ldisc = fcntl.ioctl(self.fd, termios.TIOCGETD, b"\0" * 4)
+            except OSError:
+                pass
 
     def give(self, pgid: int) -> None:
         """The box's group takes the terminal (a no-op without one)."""
@@ -62,6 +72,22 @@ class Job:
                     os.tcsetpgrp(self.fd, self.own)
                 except OSError:
                     pass
+
+    def end(self) -> None:
+        """The box is gone: take the terminal back and restore its modes and line discipline as they
+        were before the box started, as a shell does after a job (a box killed in raw mode, or one
+        that changed them on purpose, must not leave the caller's terminal unusable)."""
+        self.take_back()
+        if self.fd is None:
+            return
+        with _no_ttou():
+            try:
+                if self.ldisc is not None and fcntl.ioctl(self.fd, termios.TIOCGETD, b"\0" * 4) != self.ldisc:
+                    fcntl.ioctl(self.fd, termios.TIOCSETD, self.ldisc)
+                if self.modes is not None:
+                    termios.tcsetattr(self.fd, termios.TCSADRAIN, self.modes)
+            except (OSError, termios.error):
+                pass
 
     def suspend(self) -> None:
         """The box stopped (Ctrl-Z): stop the launcher's own job like a shell's child would, and

@@ -268,7 +268,8 @@ def resolve(
     reason = workdir_refusal(
         workdir, os.path.realpath(home), secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
         own_paths(caller_env),
-        os.path.realpath(config_home(caller_env)))
+        os.path.realpath(config_home(caller_env)),
+        [os.path.realpath(d) for d in (caller_env.get("PATH") or "").split(":") if d.startswith("/")])
     if reason:
         raise RefusedError(reason)
 

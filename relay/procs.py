@@ -31,3 +31,58 @@ def inheritable_fds() -> list[int]:
         except OSError:
             continue  # the listing's own fd, closed by now
     return fds
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphans of our descendants come back to us instead of to init, so that nothing the box forked
+    (a double-forked daemon in the process tier, bwrap's init after its monitor) outlives the run."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def children(parent: int) -> set[int]:
+    """Live (not yet reaped) children of `parent`, from /proc."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.add(int(name))
+    return found
+
+
+def reap_descendants(keep: set[int], rounds: int = 500) -> int:
+    """SIGKILL and reap every child of ours but `keep`, again and again as orphans of theirs arrive
+    (we are a subreaper), until a scan finds none; returns how many were killed."""
+    import signal
+    import time
+
+    me = os.getpid()
+    killed = 0
+    for _ in range(rounds):
+        kids = children(me) - keep
+        if not kids:
+            return killed
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        time.sleep(0.001)
+    return killed

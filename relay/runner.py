@@ -195,6 +195,12 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     use_rlimits = state.cgroup is None
     nofile = limits.raise_nofile()
     jpid, lifeline = janitor.spawn(state)
+    # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
+    # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
+    reaping = container is None and procs.become_subreaper()
+    keep = procs.children(os.getpid()) if reaping else set()
+    # The caller's terminal as it is now: the box gets it as a job, and its modes come back at the end.
+    job = jobctl.Job()
     proc = None
     proxy = None
     outcome: str | None = None
@@ -202,7 +208,6 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     try:
         with _Signals(plan.interactive) as sigs:
             if process_tier:
-                job = jobctl.Job()
                 popen = _spawn(plan, box_env(plan, caller_env), _process_setup(plan, state, use_rlimits, nofile))
                 try:
                     os.setpgid(popen.pid, popen.pid)
@@ -213,7 +218,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             elif container is not None and go_fd is not None:
                 proc, proxy = container_runner.start(plan, caller_env, go_fd, lifeline)
             else:
-                proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile, lifeline)
+                proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile, lifeline, job)
             rc, outcome = _wait(proc, plan.timeout, sigs)
             mark("agent_exited")
             if outcome is None and sigs.received:
@@ -222,8 +227,11 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
-        if isinstance(proc, BoxProcess) and proc.job is not None:
-            proc.job.take_back()
+        if reaping:
+            # A process-tier daemon (no pid namespace) or bwrap's init must be gone before the guard
+            # and the sync-back look at what the box left, or it could write after them.
+            procs.reap_descendants(keep)
+        job.end()
         if proxy is not None:
             proxy.stop()
         if go_fd is not None:
@@ -326,7 +334,7 @@ def release(fd: int, word: bytes) -> None:
 
 def _start_supervised(
     plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int],
-    lifeline: int,
+    lifeline: int, job: jobctl.Job,
 ) -> tuple[BoxProcess, EgressProxy | None]:
     """Spawn bwrap blocked, put it in its cgroup (or rlimits), open the proxy listener in its network
     namespace, start the proxy, then unblock it: the agent's first request finds the proxy serving."""
@@ -341,7 +349,6 @@ def _start_supervised(
     # Only 0, 1, 2 and bwrap's own fds reach the box: a directory fd the caller's shell left open
     # would be a key to the host's filesystem.
     closes = [(os.POSIX_SPAWN_CLOSE, fd) for fd in procs.inheritable_fds() if fd not in targets]
-    job = jobctl.Job()
     try:
         pid = os.posix_spawn(plan.command[0], list(plan.command), box_env(plan, caller_env),
                              file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high] + closes,

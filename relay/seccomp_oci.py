@@ -5,7 +5,7 @@ local box's filter denies, so a container is never looser than the default and m
 
 - syscalls the policy always denies leave the allowlist (EPERM for them, as in local mode);
 - `socket` is re-allowed only for families other than AF_UNIX/AF_VSOCK, which get EPERM;
-- `ioctl` is re-allowed for every request except TIOCSTI/TIOCLINUX, which get EPERM;
+- `ioctl` is re-allowed for every request except TIOCSTI/TIOCLINUX/TIOCSETD, which get EPERM;
 - `clone` is re-allowed only without CLONE_NEWUSER; `clone3` falls to ENOSYS (libc falls back).
 
 OCI runtimes OR together two comparisons on the same argument (libseccomp cannot AND them), so
@@ -20,7 +20,7 @@ import copy
 import errno
 import json
 
-from .seccomp_policy import AF_UNIX, AF_VSOCK, CLONE_NEWUSER, LOW32, TIOCLINUX, TIOCSTI, SeccompPolicy
+from .seccomp_policy import AF_UNIX, AF_VSOCK, CLONE_NEWUSER, LOW32, TTY_DENIED, SeccompPolicy
 
 DEFAULT_PROFILES = ("/usr/share/containers/seccomp.json", "/etc/containers/seccomp.json")
 AF_MAX = 64  # families at or above this do not exist; they stay refused
@@ -92,7 +92,7 @@ def render(policy: SeccompPolicy, base: dict) -> dict:
     families = tuple(f for f, on in ((AF_UNIX, policy.deny_af_unix_socket), (AF_VSOCK, policy.deny_af_vsock)) if on)
     rules += _errno_for("socket", 0, families)
     rules += _allow_except("socket", 0, set(families), limit=AF_MAX)
-    requests = (TIOCSTI, TIOCLINUX) if policy.deny_tty_injection else ()
+    requests = TTY_DENIED if policy.deny_tty_injection else ()
     rules += _errno_for("ioctl", 1, requests)
     rules += _allow_except("ioctl", 1, set(requests))
     if policy.deny_new_userns:

@@ -27,6 +27,10 @@ AF_PACKET = 17
 AF_VSOCK = 40
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
+TIOCSETD = 0x5423  # sets the line discipline: N_NULL would kill the caller's terminal for good
+# The ioctls on the caller's terminal that outlive or reach beyond the box: injection (STI), console
+# tricks (LINUX) and the line discipline (SETD, which also autoloads ldisc modules).
+TTY_DENIED = (TIOCSTI, TIOCLINUX, TIOCSETD)
 CLONE_NEWUSER = 0x10000000
 LOW32 = 0xFFFFFFFF
 
@@ -68,7 +72,7 @@ class SeccompPolicy:
             if self.deny_af_vsock:
                 rules.append("socket(AF_VSOCK): EPERM")
         if self.deny_tty_injection:
-            rules.append("ioctl(TIOCSTI|TIOCLINUX): EPERM")
+            rules.append("ioctl(TIOCSTI|TIOCLINUX|TIOCSETD): EPERM")
         if self.deny_new_userns:
             rules.append("clone(CLONE_NEWUSER): EPERM; clone3: ENOSYS")
         if self.native_arch_only:
@@ -105,7 +109,7 @@ def build_filter(policy: SeccompPolicy):  # -> pyseccomp.SyscallFilter
         if policy.deny_af_vsock:
             _add(flt, eperm, "socket", _low32_eq(0, AF_VSOCK))
     if policy.deny_tty_injection:
-        for request in (TIOCSTI, TIOCLINUX):
+        for request in TTY_DENIED:
             _add(flt, eperm, "ioctl", _low32_eq(1, request))
     if policy.deny_new_userns:
         # The mask is inside the low word, so high bits (which the kernel drops) never matter.

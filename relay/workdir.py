@@ -19,15 +19,18 @@ SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
 # The box has its own private copy of these; a workdir there would show it the host's shared one.
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/var", "/dev/shm")
 # Under $HOME: trees whose files run code or configure what runs (autostart, systemd units, shims).
-HOME_CODE_TREES = (".config", ".local")
+HOME_CODE_TREES = (".config", ".local", "bin")
 
 
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def refusal(workdir: str, home: str, denied: Iterable[str], own: Iterable[str], config_home: str) -> str | None:
-    """Why `workdir` (a real path) cannot be a box's workdir, with the fix; None when it can."""
+def refusal(workdir: str, home: str, denied: Iterable[str], own: Iterable[str], config_home: str,
+            path_dirs: Iterable[str] = ()) -> str | None:
+    """Why `workdir` (a real path) cannot be a box's workdir, with the fix; None when it can.
+    `path_dirs` are the real paths of the caller's $PATH entries: an executable the box drops there
+    runs the next time the caller types its name."""
     cd_fix = "cd into your project's checkout, or pass --workdir DIR"
     if workdir == "/":
         return f"the workdir is /, the whole host; fix: {cd_fix}"
@@ -45,6 +48,10 @@ def refusal(workdir: str, home: str, denied: Iterable[str], own: Iterable[str], 
         if _inside(workdir, tree):
             return (f"the workdir {workdir} lies in {tree}, whose files run code or configure what runs on the "
                     f"host; fix: {cd_fix}")
+    for path in path_dirs:
+        if _inside(workdir, path):
+            return (f"the workdir {workdir} lies in {path}, a directory on your PATH: a program the box puts "
+                    f"there runs when you type its name; fix: {cd_fix}")
     for path in denied:
         if _inside(workdir, os.path.normpath(path)):
             return f"the workdir {workdir} lies in the deny-listed {path}; fix: {cd_fix}"

@@ -162,3 +162,26 @@ def test_a_stopped_box_stops_the_launcher_as_a_job_and_fg_resumes_it(box_sandbox
     assert child.match.group(1) == "0"
     say(child, "exit")
     child.expect(pexpect.EOF)
+
+
+SETD = ("import fcntl, struct, errno\\n"
+        "try:\\n fcntl.ioctl(0, 0x5423, struct.pack(\\\"i\\\", 27)); print(\\\"LDISC\\\" \\\"-SET\\\")\\n"
+        "except OSError as e: print(\\\"SETD\\\", errno.errorcode[e.errno])")
+
+
+def test_the_box_cannot_break_the_callers_terminal_for_after_the_run(box_sandbox: Sandbox) -> None:
+    """TIOCSETD (line discipline N_NULL would discard all later input) is refused, and terminal
+    modes the box changed (no echo, raw) are restored when it ends, as a shell does after a job."""
+    s = box_sandbox
+    env = {**s.env, "PS1": "$ "}
+    child = pexpect.spawn("bash", ["--norc", "--noprofile", "-i"], cwd=str(s.workdir), env=env, encoding="utf-8",
+                          timeout=60, dimensions=(24, 80))
+    say(child, f"{sys.executable} -m relay shell local --quiet --prompt 'python3 -c \"$(printf \"{SETD}\")\"; "
+               "stty -echo -icanon; echo MO''DES-CHANGED'")
+    child.expect(r"SETD EPERM|LDISC-SET")
+    assert child.after == "SETD EPERM"
+    child.expect("MODES-CHANGED")
+    say(child, "stty -a | tr ' ' '\\n' | grep -x -e echo -e icanon | sort | tr '\\n' + ; echo")
+    child.expect(r"echo\+icanon\+")
+    say(child, "exit")
+    child.expect(pexpect.EOF)

@@ -235,3 +235,46 @@ def test_the_decision_log_is_never_written_through_a_planted_link(tmp_path: Path
     fresh.close()
     report.legit('"evil.test"' in (logs / "fresh.jsonl").read_text())
     assert '"evil.test"' in (logs / "fresh.jsonl").read_text()
+
+
+def test_a_guarded_file_rewritten_in_place_with_its_mtime_restored_is_still_reverted(mode_box, report) -> None:
+    """Same inode, same size, mtime set back to the nanosecond: only the bytes tell, so the guard
+    compares the bytes."""
+    s, mode = mode_box
+    original = '{"theme": "dark", "model": "a", "permissions": {"allow": ["Bash(ls)"]}, "note": "' + "x" * 120 + '"}\n'
+    (s.home / SETTINGS).write_text(original)
+    payload = HOOKED
+    script = (f'f="$HOME/{SETTINGS}"; m=$(stat -c %y "$f"); n=$(stat -c %s "$f"); '
+              f"p='{payload}'; pad=$((n - ${{#p}} - 1)); "
+              'printf "%s%*s\\n" "$p" "$pad" "" 1<>"$f"; touch -d "$m" "$f"; echo DONE')
+    proc = run(s, mode, script)
+    assert "DONE" in proc.stdout, proc.stderr
+    path = s.home / SETTINGS
+    reverted = path.read_text() == original
+    report.attack(reverted and "reverted" in proc.stderr)
+    assert reverted, (path.read_text(), proc.stderr)
+
+
+def test_a_daemon_the_box_forked_does_not_outlive_the_run(box_sandbox: Sandbox, report) -> None:
+    """A double-forked, setsid daemon: in the process tier there is no pid namespace, so the launcher
+    reaps every descendant (it is a subreaper) before the guard runs; a root caller is refused that
+    tier, and the supervised box is checked in both cases."""
+    s = box_sandbox
+    daemon = '( setsid sh -c "while :; do date +%s%N > ./tick; sleep 0.05; done" </dev/null >/dev/null 2>&1 & ); sleep 0.3; echo STARTED'
+    tiers = ["supervised"] + (["process"] if os.getuid() != 0 else [])
+    for tier in tiers:
+        proc = s.relay("shell", "local", "--quiet", "--isolation", tier, "--prompt", daemon)
+        assert "STARTED" in proc.stdout, (tier, proc.stderr)
+        first = (s.workdir / "tick").read_text()
+        time.sleep(0.5)
+        stopped = (s.workdir / "tick").read_text() == first
+        report.attack(stopped)
+        assert stopped, f"a daemon from the {tier} tier still writes after the run"
+        (s.workdir / "tick").unlink()
+    if os.getuid() == 0:
+        proc = s.relay("shell", "local", "--quiet", "--isolation", "process", "--prompt", "true")
+        report.attack(proc.returncode == 3)
+        assert proc.returncode == 3, proc.stderr
+    ok = s.box("echo FINE")
+    report.legit("FINE" in ok.stdout)
+    assert "FINE" in ok.stdout

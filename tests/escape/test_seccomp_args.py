@@ -33,7 +33,9 @@ from relay.seccomp_policy import (
     AF_VSOCK,
     CLONE_NEWUSER,
     TIOCLINUX,
+    TIOCSETD,
     TIOCSTI,
+    TTY_DENIED,
     SeccompPolicy,
     build_filter,
     compile_bpf,
@@ -232,7 +234,7 @@ def test_process_tier_refuses_every_socket_and_keeps_socketpair(report) -> None:
 
 # ---------------------------------------------------------------- ioctl(request)
 
-@pytest.mark.parametrize("request_", [TIOCSTI, TIOCLINUX], ids=["TIOCSTI", "TIOCLINUX"])
+@pytest.mark.parametrize("request_", [TIOCSTI, TIOCLINUX, TIOCSETD], ids=["TIOCSTI", "TIOCLINUX", "TIOCSETD"])
 @pytest.mark.parametrize("policy", [AGENT, PROCESS], ids=["agent", "process"])
 def test_tty_injection_with_high_bits_gets_eperm(policy: SeccompPolicy, request_: int, report) -> None:
     def on_pty(req: int) -> Callable[[], int]:
@@ -267,10 +269,10 @@ def test_tty_injection_with_high_bits_gets_eperm(policy: SeccompPolicy, request_
     record(report, twin, "legit")
 
 
-@given(req=st.integers(min_value=0, max_value=U32).filter(lambda r: r not in (TIOCSTI, TIOCLINUX)), high=HIGH)
+@given(req=st.integers(min_value=0, max_value=U32).filter(lambda r: r not in TTY_DENIED), high=HIGH)
 @FEW
 def test_ioctl_other_requests_get_the_kernels_own_answer(req: int, high: int) -> None:
-    """Only TIOCSTI and TIOCLINUX are refused: any other request on a pipe gets the kernel's answer."""
+    """Only the TTY_DENIED requests are refused: any other request on a pipe gets the kernel's answer."""
     def call() -> int:
         rfd, wfd = os.pipe()
         return raw("ioctl", rfd, req | high << 32, 0)

@@ -15,16 +15,17 @@ from ..conftest import Sandbox
 
 HOME = "/home/u"
 DENIED = ["/home/u/.ssh", "/home/u/.aws"]
+PATH_DIRS = ["/usr/bin", "/home/u/.cargo/bin", "/home/u/go/bin", "/home/u/src/project/.venv/bin"]
 OWN = ["/home/u/.config/hive-relay", "/home/u/.local/state/hive-relay", "/home/u/.cache/hive-relay"]
 
 
 @pytest.mark.parametrize("workdir", [
     "/", "/home", HOME, "/etc", "/etc/nginx", "/usr/local/src", "/tmp", "/var/tmp", "/var", "/run/user/1000",
     "/home/u/.config", "/home/u/.config/nvim", "/home/u/.local/bin", "/home/u/.ssh", "/home/u/.aws/x",
-    "/home/u/.cache/hive-relay", "/proc/self",
+    "/home/u/.cache/hive-relay", "/proc/self", "/home/u/bin", "/home/u/.cargo/bin", "/home/u/go/bin/x",
 ])
 def test_refused_workdirs(workdir: str, report) -> None:
-    reason = refusal(workdir, HOME, DENIED, OWN, "/home/u/.config")
+    reason = refusal(workdir, HOME, DENIED, OWN, "/home/u/.config", PATH_DIRS)
     report.attack(reason is not None)
     assert reason and "; fix: " in reason and "\n" not in reason
 
@@ -32,7 +33,7 @@ def test_refused_workdirs(workdir: str, report) -> None:
 @pytest.mark.parametrize("workdir", ["/home/u/src/project", "/tmp/project", "/srv/app", "/home/u/.cache/other",
                                      "/var/tmp/x", "/work/main"])
 def test_normal_checkouts_are_accepted(workdir: str, report) -> None:
-    reason = refusal(workdir, HOME, DENIED, OWN, "/home/u/.config")
+    reason = refusal(workdir, HOME, DENIED, OWN, "/home/u/.config", PATH_DIRS)
     report.legit(reason is None)
     assert reason is None
 
