@@ -549,7 +549,7 @@ class UpstreamWatch:
                 return
             if self.last_ok.get(key, -1e18) >= times[0]:
                 return
-            line = (f"hive-relay: {key} is allowed but failed {len(times)} times in {now - times[0]:.0f} s "
+            line = (f"hive-relay: {key} is allowed but failed {len(times)} times in {now - times[0]:.1f} s "
                     f"({cause}): {LIKELY.get(cause, LIKELY['failed'])} The agent may be stuck reconnecting.")
             self.stuck[key] = cause
         if self.notify is not None:
