@@ -55,6 +55,7 @@ NOT_LISTED = "not in the egress allowlist"
 # An allowed host that keeps failing: FAIL_COUNT failures within FAIL_WINDOW seconds, none answered.
 FAIL_COUNT = 5
 FAIL_WINDOW = 30.0
+MAX_WATCHED = 4096  # host:port keys the watch remembers at once
 # What a failure most likely means, by its short cause (the summary and the stuck line use these).
 LIKELY = {
     "cannot resolve": "DNS does not answer for it: is this machine offline, or the name misspelt?",
@@ -543,6 +544,8 @@ class UpstreamWatch:
     def failed(self, host: str, port: int, cause: str) -> None:
         key, now = _key(host, port), self.clock()
         with self.lock:
+            if key not in self.failures and len(self.failures) >= MAX_WATCHED:
+                self.failures.clear()  # a box inventing names (under a wildcard) must not grow this without bound
             times = self.failures.setdefault(key, deque(maxlen=self.count))
             times.append(now)
             if key in self.stuck or len(times) < self.count or now - times[0] > self.window:
