@@ -112,6 +112,8 @@ def build_image(*, base: str | None = None, rebuild: bool = False, base_only: bo
 
 
 def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import light
+    from .hosts import render_rules
+
     data = plan.to_json()
     lines = [f"backend  {plan.backend}   mode {plan.mode}   tier {plan.tier}   profile {plan.profile} ({plan.profile_digest})",
              f"workdir  {plan.workdir}",
@@ -121,6 +123,7 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
                 f"user {c.user}, container {c.name}"] if (c := plan.container) else []),
              f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
              f"egress   {', '.join(plan.egress) if plan.proxy_listen else 'no network'}",
+             *[f"         {line}" for line in render_rules(plan.rules)],
              f"log      {plan.log_path or '-'}",
              f"env      set: {', '.join(k for k, _ in plan.env_set)}",
              f"         passed by name: {', '.join(plan.env_pass) or '-'}",

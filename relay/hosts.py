@@ -10,7 +10,7 @@ import re
 import socket
 from dataclasses import dataclass
 
-from .errors import UsageError
+from .errors import RelayError, UsageError
 
 DEFAULT_PORT = 443
 MAX_ENTRY_LEN = 300
@@ -38,6 +38,26 @@ class HostRule:
         if self.wildcard:
             return host.endswith("." + self.name)
         return host == self.name
+
+    @property
+    def specificity(self) -> tuple[int, int, int, int]:
+        """How specific the rule is; when several match, the highest wins: an exact name over a
+        wildcard, a longer wildcard suffix over a shorter one, a pinned entry over an unpinned one,
+        an explicit port over the implied 443."""
+        return (0 if self.wildcard else 1, len(self.name) if self.wildcard else 0,
+                self.pin_addr is not None, self.port is not None)
+
+    @property
+    def target(self) -> str:
+        """What the rule covers, with the port made explicit: `name:443`, `*.domain:443`."""
+        return ("*." if self.wildcard else "") + _fmt_hostport(self.name, self.port or DEFAULT_PORT)
+
+    def action(self) -> str:
+        if self.pin_addr is not None:
+            return f"pinned to {_fmt_hostport(self.pin_addr, self.pin_port)}"
+        if self.is_ip:
+            return "this IP address, listed explicitly"
+        return "DNS, public addresses only"
 
     def render(self) -> str:
         text = ("*." if self.wildcard else "") + _fmt_hostport(self.name, self.port)
@@ -107,6 +127,47 @@ def split_hostport(text: str, entry: str) -> tuple[str, int | None]:
     return text, None
 
 
+def _is_loopback(name: str) -> bool:
+    """`localhost`, `*.localhost` (RFC 6761), 127.0.0.0/8 and ::1, in the forms NO_PROXY keeps inside the box."""
+    if name == "localhost" or name.endswith(".localhost") or name == "::1":
+        return True
+    value = _ip_value(name)
+    if value is None:
+        return False
+    version, number = value
+    if version == 6 and _in(number, _V6_MAPPED):
+        version, number = 4, number & 0xFFFFFFFF
+    return version == 4 and number >> 24 == 127
+
+
+def _refuse_loopback(entry: str, name: str, port: int | None) -> None:
+    shown = port or DEFAULT_PORT
+    raise UsageError(
+        f"--allow-host {entry!r}: {name} never reaches the proxy (the box's NO_PROXY keeps localhost, 127.0.0.1 "
+        f"and ::1 inside the box, where nothing listens); fix: to reach a service on this host, give it a name "
+        f"and pin it, e.g. --allow-host hostsvc.test:{shown}=127.0.0.1:{shown}, and use hostsvc.test:{shown} "
+        "in the box"
+    )
+
+
+_PSL = None
+
+
+def is_public_suffix(domain: str) -> bool:
+    """True when `domain` is a public suffix (`com`, `co.uk`, `github.io`, an unknown TLD), judged by the
+    Public Suffix List bundled with the `publicsuffixlist` package (ICANN and private sections; no
+    download). Imported on first use: only a wildcard entry pays for it."""
+    global _PSL
+    if _PSL is None:
+        try:
+            from publicsuffixlist import PublicSuffixList
+        except ImportError:
+            raise RelayError("the publicsuffixlist package is missing, so wildcard entries cannot be checked; "
+                             "fix: pip install -r requirements.txt (bin/contribute-hive does it)") from None
+        _PSL = PublicSuffixList()
+    return bool(_PSL.is_public(domain))
+
+
 def parse_rule(entry: str) -> HostRule:
     """Parse one `--allow-host` / config egress entry, raising UsageError with the fix on bad input."""
     if not isinstance(entry, str) or not entry.strip():
@@ -126,6 +187,13 @@ def parse_rule(entry: str) -> HostRule:
         ) from None
     if wildcard and _is_ip(name):
         raise UsageError(f"--allow-host {entry!r}: a wildcard needs a domain, not an IP address")
+    if _is_loopback(name):
+        _refuse_loopback(entry, name, port)
+    if wildcard and is_public_suffix(name):
+        raise UsageError(
+            f"--allow-host {entry!r}: {name} is a public suffix (Public Suffix List), so *.{name} would allow "
+            f"every site registered under it; fix: list the hosts you need, or a wildcard under a domain, "
+            f"e.g. *.example.{name}")
     pin_addr = pin_port = None
     if pin:
         pin_host, pin_port = split_hostport(pin, entry)
@@ -140,14 +208,41 @@ def parse_rule(entry: str) -> HostRule:
 
 
 def find_rule(rules: tuple[HostRule, ...], host: str, port: int) -> HostRule | None:
-    """The first rule that allows host:port; an exact name wins over a wildcard."""
-    exact = [r for r in rules if not r.wildcard and r.matches(host, port)]
-    if exact:
-        return exact[0]
+    """The most specific rule that allows host:port (see HostRule.specificity); the first of equals."""
+    best = None
     for rule in rules:
-        if rule.wildcard and rule.matches(host, port):
-            return rule
-    return None
+        if rule.matches(host, port) and (best is None or rule.specificity > best.specificity):
+            best = rule
+    return best
+
+
+def explain(rules: tuple[HostRule, ...]) -> list[dict[str, object]]:
+    """Per host the allowlist covers: the rule that applies and the entries it overrides (the same
+    host and port, less specific). `--dry-run` shows it; the proxy decides with the same find_rule."""
+    out: dict[str, dict[str, object]] = {}
+    for rule in rules:
+        target = rule.target
+        if target in out:
+            continue
+        name = rule.name if not rule.wildcard else "x." + rule.name
+        port = rule.port or DEFAULT_PORT
+        winner = find_rule(rules, name, port) if not rule.wildcard else max(
+            (r for r in rules if r.target == target), key=lambda r: r.specificity)
+        assert winner is not None
+        overrides = [r.render() for r in rules if r.target == target and r is not winner
+                     and r.render() != winner.render()]
+        out[target] = {"host": target, "rule": winner.render(), "action": winner.action(),
+                       "overrides": list(dict.fromkeys(overrides))}
+    return list(out.values())
+
+
+def render_rules(rules: tuple[HostRule, ...]) -> list[str]:
+    """`explain` as text lines: `host:port ← entry (action; overrides ...)`."""
+    lines = []
+    for item in explain(rules):
+        over = f"; overrides {', '.join(item['overrides'])}" if item["overrides"] else ""  # type: ignore[arg-type]
+        lines.append(f"{item['host']} ← {item['rule']} ({item['action']}{over})")
+    return lines
 
 
 def _ip_value(addr: str) -> tuple[int, int] | None:

@@ -20,7 +20,7 @@ from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
 from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
-from .hosts import HostRule, parse_rule
+from .hosts import HostRule, explain, parse_rule
 from .native import render as render_native
 from .paths import config_home, own_paths, state_dir, tool_dir
 from .probe import HostFacts
@@ -110,6 +110,7 @@ class Plan:
         data["env_set"] = dict(self.env_set)
         data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
         data["command_line"] = shlex.join(self.command)
+        data["egress_rules"] = explain(self.rules)
         return data
 
 

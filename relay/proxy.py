@@ -8,6 +8,7 @@ Every decision is one JSON line in the run's log.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -15,9 +16,10 @@ import re
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,13 +51,38 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
+NOT_LISTED = "not in the egress allowlist"
+# An allowed host that keeps failing: FAIL_COUNT failures within FAIL_WINDOW seconds, none answered.
+FAIL_COUNT = 5
+FAIL_WINDOW = 30.0
+MAX_WATCHED = 4096  # host:port keys the watch remembers at once
+# What a failure most likely means, by its short cause (the summary and the stuck line use these).
+LIKELY = {
+    "cannot resolve": "DNS does not answer for it: is this machine offline, or the name misspelt?",
+    "no address": "DNS has no address for it: is the name misspelt?",
+    "refused": "nothing listens there: is the service (or the pinned address) up?",
+    "timed out": "no answer at all: is this machine offline, or a firewall dropping the traffic?",
+    "no route": "no route to it: is this machine offline?",
+    "failed": "the connection failed",
+}
+
+
 @dataclass(frozen=True)
 class Decision:
+    """`allowed` is the policy's verdict; `unreachable` marks an allowed host that could not be
+    reached (no DNS answer, refused, timed out, no route), with `cause` its short name."""
+
     allowed: bool
     host: str
     port: int
     reason: str
     addrs: tuple[tuple[str, int], ...] = ()
+    unreachable: bool = False
+    cause: str = ""
+
+    @property
+    def kind(self) -> str:
+        return "allow" if self.allowed else "unreachable" if self.unreachable else "deny"
 
 
 class RequestError(Exception):
@@ -284,7 +311,7 @@ def decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver
 def _decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver) -> Decision:
     rule = find_rule(rules, host, port)
     if rule is None:
-        return Decision(False, host, port, "not in the egress allowlist")
+        return Decision(False, host, port, NOT_LISTED)
     if rule.pin_addr is not None:
         return Decision(True, host, port, f"pinned to {rule.pin_addr}:{rule.pin_port}",
                         ((rule.pin_addr, rule.pin_port or port),))
@@ -293,9 +320,10 @@ def _decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolve
     try:
         addrs = resolver(host, port)
     except (OSError, UnicodeError) as err:
-        return Decision(False, host, port, f"cannot resolve: {err}")
+        detail = getattr(err, "strerror", None) or str(err)
+        return Decision(False, host, port, f"cannot resolve {host}: {detail}", unreachable=True, cause="cannot resolve")
     if not addrs:
-        return Decision(False, host, port, "resolves to no address")
+        return Decision(False, host, port, f"{host} resolves to no address", unreachable=True, cause="no address")
     internal = [a for a in addrs if is_internal_address(a)]
     if internal:
         return Decision(False, host, port, f"resolves to internal address {internal[0]}; pin it with NAME=ADDR:PORT")
@@ -329,6 +357,8 @@ class DecisionLog:
         self.backend = backend
         self.lock = threading.Lock()
         self.denied: Counter[str] = Counter()
+        self.unreachable: Counter[str] = Counter()
+        self.causes: dict[str, Counter[str]] = {}
         self.allowed = 0
         self.write_errors = 0
         self._fh = None
@@ -344,11 +374,17 @@ class DecisionLog:
         entry = {
             "time": round(time.time(), 3), "backend": self.backend, "host": decision.host,
             "port": decision.port, "method": method,
-            "decision": "allow" if decision.allowed else "deny", "reason": decision.reason,
+            "decision": decision.kind, "reason": decision.reason,
         }
+        if decision.unreachable:
+            entry["cause"] = decision.cause
         with self.lock:
+            key = f"{_fmt_hostport(decision.host, None)}:{decision.port}"
             if decision.allowed:
                 self.allowed += 1
+            elif decision.unreachable:
+                self.unreachable[key] += 1
+                self.causes.setdefault(key, Counter())[decision.cause] += 1
             else:
                 self.denied[f"{decision.host}:{decision.port}"] += 1
             if self._fh is not None:
@@ -372,6 +408,7 @@ class DecisionLog:
                 self._fh = None
 
     def summary(self) -> str | None:
+        """The refusals' line (hosts the policy denied), or None."""
         if not self.denied:
             return None
         top = ", ".join(f"{h} ×{n}" for h, n in self.denied.most_common(5))
@@ -379,12 +416,24 @@ class DecisionLog:
         cut = f"; the log stopped at {MAX_LOG_BYTES >> 20} MiB ({self.truncated} lines not written)" if self.truncated else ""
         return f"egress denied: {top}" + (f" and {more} more" if more > 0 else "") + cut
 
+    def unreachable_summary(self) -> str | None:
+        """Allowed hosts that could not be reached, each with its most frequent cause, or None."""
+        if not self.unreachable:
+            return None
+        top = ", ".join(f"{h} ×{n} ({self.causes[h].most_common(1)[0][0]})" for h, n in self.unreachable.most_common(5))
+        more = len(self.unreachable) - 5
+        return f"unreachable (allowed, but failed): {top}" + (f" and {more} more" if more > 0 else "")
 
-def _response(status: str, host: str, port: int, reason: str, hint: str) -> bytes:
+    def summary_lines(self) -> list[str]:
+        """Every summary line for the end of a run: unreachable first (it is what broke the run), then denied."""
+        return [line for line in (self.unreachable_summary(), self.summary()) if line]
+
+
+def _response(status: str, host: str, port: int, reason: str, hint: str, header: str = "Denied") -> bytes:
     reason = "".join(c if " " <= c <= "~" else "?" for c in reason)
     body = f"hive-relay: {status.split(' ', 1)[1].lower()} {host}:{port}: {reason}. {hint}\n".encode()
     head = (
-        f"HTTP/1.1 {status}\r\nX-Hive-Relay-Denied: {host}:{port}; {reason}\r\n"
+        f"HTTP/1.1 {status}\r\nX-Hive-Relay-{header}: {host}:{port}; {reason}\r\n"
         f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode("latin-1", "replace") + body
@@ -458,6 +507,74 @@ def _discard_pending(sock: socket.socket) -> None:
         pass
 
 
+def _stderr_line(line: str) -> None:
+    """One line on the terminal's stderr, readable in a raw-mode TUI too (CR before and after)."""
+    try:
+        sys.stderr.write(("\r" if sys.stderr.isatty() else "") + line + ("\r\n" if sys.stderr.isatty() else "\n"))
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class UpstreamWatch:
+    """Notices an agent stuck reconnecting: an allowed host that failed `count` times within `window`
+    seconds with no connection to it answered in that time. Each such host is announced once per run
+    (`notify`); `gave_up()` says whether the run as a whole is cut off: some host is stuck and no
+    allowed connection at all has succeeded for `window` seconds."""
+
+    def __init__(self, notify: Callable[[str], None] | None, count: int = FAIL_COUNT, window: float = FAIL_WINDOW,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.notify = notify
+        self.count = count
+        self.window = window
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.failures: dict[str, deque[float]] = {}
+        self.last_ok: dict[str, float] = {}
+        self.any_ok: float | None = None
+        self.stuck: dict[str, str] = {}  # host:port -> its cause, once announced
+        self.event = threading.Event()
+
+    def ok(self, host: str, port: int) -> None:
+        now = self.clock()
+        with self.lock:
+            self.last_ok[_key(host, port)] = now
+            self.any_ok = now
+
+    def failed(self, host: str, port: int, cause: str) -> None:
+        key, now = _key(host, port), self.clock()
+        with self.lock:
+            if key not in self.failures and len(self.failures) >= MAX_WATCHED:
+                self.failures.clear()  # a box inventing names (under a wildcard) must not grow this without bound
+            times = self.failures.setdefault(key, deque(maxlen=self.count))
+            times.append(now)
+            if key in self.stuck or len(times) < self.count or now - times[0] > self.window:
+                return
+            if self.last_ok.get(key, -1e18) >= times[0]:
+                return
+            line = (f"hive-relay: {key} is allowed but failed {len(times)} times in {now - times[0]:.1f} s "
+                    f"({cause}): {LIKELY.get(cause, LIKELY['failed'])} The agent may be stuck reconnecting.")
+            self.stuck[key] = cause
+        if self.notify is not None:
+            self.notify(line)
+        self.event.set()
+
+    def gave_up(self) -> str | None:
+        """`HOST:PORT keeps failing (CAUSE)` for the first stuck host when no allowed connection has
+        answered for `window` s, else None."""
+        if not self.event.is_set():
+            return None
+        with self.lock:
+            if self.any_ok is not None and self.clock() - self.any_ok < self.window:
+                return None
+            key, cause = next(iter(self.stuck.items()))
+            return f"{key} keeps failing ({cause}) and no allowed host answered for {self.window:g} s"
+
+
+def _key(host: str, port: int) -> str:
+    return f"{_fmt_hostport(host, None)}:{port}"
+
+
 class _Pending:
     """A connection still sending its request head: held by the reactor, no thread of its own."""
 
@@ -490,8 +607,11 @@ class EgressProxy:
         hint: str = "",
         max_connections: int = MAX_CONNECTIONS,
         head_timeout: float = HEAD_TIMEOUT,
+        notify: Callable[[str], None] | None = _stderr_line,
+        watch: UpstreamWatch | None = None,
     ) -> None:
         self.listener = listener
+        self.watch = watch or UpstreamWatch(notify)
         self.rules = rules
         self.log = log
         self.resolver = resolver
@@ -504,6 +624,11 @@ class EgressProxy:
         self._open = 0
         self._pending: dict[int, _Pending] = {}
         self._wake_r, self._wake_w = socket.socketpair()
+
+    def gave_up(self) -> str | None:
+        """For the runner's wait loop: why a non-interactive run should end now (an allowed host keeps
+        failing and nothing allowed answers), or None."""
+        return self.watch.gave_up()
 
     @property
     def open_connections(self) -> int:
@@ -679,15 +804,22 @@ class EgressProxy:
             else:
                 decision = decide(self.rules, host, port, self.resolver)
             if decision.allowed:
-                upstream, failure = self._connect(decision)
+                upstream, cause, detail = self._connect(decision)
                 if upstream is None:
-                    decision = Decision(False, host, port, f"upstream connect failed: {failure}")
-                    self.log.record(decision, method)
-                    _answer(client, _response("502 Bad Gateway", host, port, decision.reason, "The host is allowed but unreachable."))
-                    return
+                    decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
+                else:
+                    self.watch.ok(host, port)
             self.log.record(decision, method)
+            if decision.unreachable:
+                self.watch.failed(host, port, decision.cause)
+                status = "504 Gateway Timeout" if decision.cause == "timed out" else "502 Bad Gateway"
+                _answer(client, _response(status, host, port, decision.reason,
+                                          f"{host}:{port} is allowed, but this machine cannot reach it: "
+                                          f"{LIKELY.get(decision.cause, LIKELY['failed'])}", header="Unreachable"))
+                return
             if not decision.allowed:
-                _answer(client, _response("403 Forbidden", host, port, decision.reason, self.hint.format(host=host, port=port)))
+                hint = self.hint.format(host=host, port=port) if decision.reason == NOT_LISTED else ""
+                _answer(client, _response("403 Forbidden", host, port, decision.reason, hint))
                 return
             assert upstream is not None
             if body is None:
@@ -743,14 +875,30 @@ class EgressProxy:
         pump(upstream, client)
         _discard_pending(client)
 
-    def _connect(self, decision: Decision) -> tuple[socket.socket | None, str]:
-        failure = "no address"
+    def _connect(self, decision: Decision) -> tuple[socket.socket | None, str, str]:
+        """(the upstream socket, "", "") or (None, short cause, reason): every address tried in turn."""
+        cause, detail = "no address", f"{decision.host} has no address to connect to"
         for addr, port in decision.addrs:
             try:
                 sock = socket.create_connection((addr, port), timeout=CONNECT_TIMEOUT)
                 sock.settimeout(None)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return sock, ""
+                return sock, "", ""
             except OSError as err:
-                failure = err.strerror or str(err)
-        return None, failure
+                cause = _cause(err)
+                where = _fmt_hostport(addr, port)
+                detail = {"refused": f"upstream refused the connection ({where})",
+                          "timed out": f"upstream timed out after {CONNECT_TIMEOUT:g} s ({where})",
+                          "no route": f"no route to the upstream ({where})"}.get(
+                    cause, f"upstream connect failed ({where}): {err.strerror or err}")
+        return None, cause, detail
+
+
+def _cause(err: OSError) -> str:
+    if isinstance(err, TimeoutError) or err.errno == errno.ETIMEDOUT:
+        return "timed out"
+    if err.errno == errno.ECONNREFUSED:
+        return "refused"
+    if err.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EHOSTDOWN, errno.EADDRNOTAVAIL):
+        return "no route"
+    return "failed"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 from . import guard, janitor, jobctl, limits, procs, safefs
 from .banner import banner_lines, emit, note_lines
-from .errors import EXIT_TIMEOUT, RelayError
+from .errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
 from .netns import listen_in
 from .paths import config_home, state_dir
 from .placeholders import Registry
@@ -83,7 +83,8 @@ class _Signals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def _wait(proc: subprocess.Popen | BoxProcess | ContainerProcess, timeout: int | None, sigs: _Signals) -> tuple[int, str | None]:
+def _wait(proc: subprocess.Popen | BoxProcess | ContainerProcess, timeout: int | None, sigs: _Signals,
+          give_up: Callable[[], str | None] | None = None) -> tuple[int, str | None]:
     deadline = None if timeout is None else time.monotonic() + timeout
     forwarded = False
     while True:
@@ -100,6 +101,11 @@ def _wait(proc: subprocess.Popen | BoxProcess | ContainerProcess, timeout: int |
             proc.kill()
             proc.wait()
             return -1, "timeout"
+        why = give_up() if give_up is not None else None
+        if why:
+            proc.kill()
+            proc.wait()
+            return -1, f"upstream {why}"
 
 
 def _spawn(plan: Plan, env: dict[str, str], setup: Callable[[], None], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
@@ -116,6 +122,9 @@ def _finish(outcome: str | None, rc: int, plan: Plan) -> int:
     if outcome == "timeout":
         emit([f"hive-relay: timed out after {plan.timeout} s; the box was killed"])
         return EXIT_TIMEOUT
+    if outcome and outcome.startswith("upstream "):
+        emit([f"hive-relay: ended the --prompt run early (exit {EXIT_UPSTREAM}): {outcome.removeprefix('upstream ')}"])
+        return EXIT_UPSTREAM
     if outcome and outcome.startswith("signal"):
         signum = int(outcome.split()[1])
         if signum != signal.SIGINT:
@@ -219,7 +228,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
                 proc, proxy = container_runner.start(plan, caller_env, go_fd, lifeline)
             else:
                 proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile, lifeline, job)
-            rc, outcome = _wait(proc, plan.timeout, sigs)
+            rc, outcome = _wait(proc, plan.timeout, sigs, None if plan.interactive or proxy is None else proxy.gave_up)
             mark("agent_exited")
             if outcome is None and sigs.received:
                 outcome = f"signal {sigs.received}"
@@ -239,7 +248,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         messages = janitor.finish(jpid, lifeline)
         mark("torn_down")
         _dump_trace(caller_env)
-    summary = [proxy.log.summary()] if proxy is not None and proxy.log.summary() else []
+    summary = proxy.log.summary_lines() if proxy is not None else []
     if proxy is not None and proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({proxy.log.write_errors} errors): {plan.log_path}")
     emit([f"hive-relay: {line}" for line in summary + messages])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Sandbox, require_tool
+from .netnames import internal_name
 from .servers import Handler, start_echo, start_http
 
 pytestmark = pytest.mark.box
@@ -108,19 +109,20 @@ for target in sys.argv[1:]:
 def test_ip_literals_and_names_resolving_to_loopback_are_refused(box_sandbox: Sandbox, upstream: dict) -> None:
     s = box_sandbox
     echo = upstream["echo"]
+    name = internal_name()
     (s.workdir / "connect.py").write_text(CONNECT)
-    proc = s.box(f"{PY} connect.py 127.0.0.1:{echo} localhost:{echo} 169.254.169.254:80 [::1]:{echo} "
+    proc = s.box(f"{PY} connect.py 127.0.0.1:{echo} {name}:{echo} 169.254.169.254:80 [::1]:{echo} "
                  f"pinned.test:{echo}",
-                 "shell", "--allow-host", f"localhost:{echo}", "--allow-host", f"pinned.test:{echo}=127.0.0.1:{echo}")
+                 "shell", "--allow-host", f"{name}:{echo}", "--allow-host", f"pinned.test:{echo}=127.0.0.1:{echo}")
     out = proc.stdout
     assert f"127.0.0.1:{echo} -> HTTP/1.1 403" in out
-    assert f"localhost:{echo} -> HTTP/1.1 403" in out  # allowlisted name, but it resolves to loopback
+    assert f"{name}:{echo} -> HTTP/1.1 403" in out  # allowlisted name, but it resolves to an internal address
     assert "169.254.169.254:80 -> HTTP/1.1 403" in out
     assert f"[::1]:{echo} -> HTTP/1.1 403" in out
     assert f"pinned.test:{echo} -> HTTP/1.1 200" in out  # the legitimate pinned twin
     reasons = {e["host"]: e["reason"] for e in log_entries(s)}
     assert "IP literals" in reasons["127.0.0.1"]
-    assert "internal address 127.0.0.1" in reasons["localhost"]
+    assert "internal address" in reasons[name]
 
 
 def test_wildcard_matches_subdomains_only(box_sandbox: Sandbox, upstream: dict) -> None:

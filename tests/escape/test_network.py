@@ -13,6 +13,7 @@ import json
 import pytest
 
 from ..conftest import Sandbox
+from ..netnames import internal_name
 from ..servers import Handler, start_http
 
 PY = "/usr/bin/python3"
@@ -91,12 +92,13 @@ def test_connect_to_a_non_allowed_host_and_metadata(box: Sandbox, backend: str, 
 
 
 def test_allowed_name_resolving_to_a_private_address(box: Sandbox, backend: str, upstream: int, report) -> None:
+    name = internal_name()  # `localhost` itself is refused as an entry (NO_PROXY keeps it in the box)
     (box.workdir / "c.py").write_text(CONNECT)
-    out = run(box, backend, f"{PY} c.py 'CONNECT localhost:{upstream} HTTP/1.1' 'CONNECT pinned.test:{upstream} HTTP/1.1'",
-              f"localhost:{upstream}", f"pinned.test:{upstream}=127.0.0.1:{upstream}")
-    report.attack(f"localhost:{upstream} HTTP/1.1 :: HTTP/1.1 403" in out)
+    out = run(box, backend, f"{PY} c.py 'CONNECT {name}:{upstream} HTTP/1.1' 'CONNECT pinned.test:{upstream} HTTP/1.1'",
+              f"{name}:{upstream}", f"pinned.test:{upstream}=127.0.0.1:{upstream}")
+    report.attack(f"{name}:{upstream} HTTP/1.1 :: HTTP/1.1 403" in out)
     report.legit(f"pinned.test:{upstream} HTTP/1.1 :: HTTP/1.1 200" in out)
-    assert f"localhost:{upstream} HTTP/1.1 :: HTTP/1.1 403" in out and "internal address" in out
+    assert f"{name}:{upstream} HTTP/1.1 :: HTTP/1.1 403" in out and "internal address" in out
     assert f"pinned.test:{upstream} HTTP/1.1 :: HTTP/1.1 200" in out
 
 
