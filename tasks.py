@@ -96,6 +96,20 @@ def _error_with_flag(self: ParseMachine, msg: str) -> None:
 
 
 ParseMachine.error = _error_with_flag  # type: ignore[method-assign]
+
+# invoke accepts a repeatable flag with no value at all (`-a --dry-run`, or `-a` last); ours need one.
+_complete_flag = ParseMachine.complete_flag
+
+
+def _complete_flag_needs_value(self: ParseMachine) -> None:
+    flag = self.flag
+    if (flag is not None and flag.kind is list and not self.flag_got_value
+            and getattr(self.context, "name", None) in _OPTIONAL_POSITIONALS):
+        self.error(f"Flag {flag!r} needed value and was not given one!")
+    _complete_flag(self)
+
+
+ParseMachine.complete_flag = _complete_flag_needs_value  # type: ignore[method-assign]
 _parse_argv = Parser.parse_argv
 _COMPLETING: list[bool] = []
 

@@ -125,6 +125,8 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
                 f"user {c.user}, container {c.name}"] if (c := plan.container) else []),
              f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
              f"egress   {', '.join(plan.egress) if plan.proxy_listen else 'no network'}",
+             *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
+               if plan.proxy_listen else []),
              f"log      {plan.log_path or '-'}",
              f"env      set: {', '.join(k for k, _ in plan.env_set)}",
              f"         passed by name: {', '.join(plan.env_pass) or '-'}",
@@ -219,7 +221,7 @@ def seconds(value: str | int | None) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise UsageError(f"--timeout {value!r}: expected whole seconds, e.g. --timeout 600") from None
+        raise UsageError(f"--timeout {value!r}: expected whole seconds; fix: e.g. --timeout 600") from None
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...] | None]:
