@@ -9,9 +9,27 @@ from __future__ import annotations
 import sys
 
 from invoke import Context, task
-from invoke.parser.parser import ParseMachine
+from invoke.exceptions import ParseError
+from invoke.parser import Parser, ParserContext
+from invoke.parser.parser import ParseMachine, is_flag
 
-from relay.cli import HELP, contribute, guarded, request_from
+from relay.cli import (
+    COMMAND_HELP,
+    DESCRIPTION,
+    EPILOG,
+    HELP,
+    METAVARS,
+    contribute,
+    extra_argument,
+    flag_name,
+    guarded,
+    missing_value,
+    request_from,
+    seconds,
+    split_command,
+    unknown_option,
+    version_line,
+)
 from relay.errors import UsageError
 
 
@@ -21,12 +39,7 @@ def _exit(code: int) -> None:
 
 
 def _seconds(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise UsageError(f"--timeout {value!r}: expected whole seconds, e.g. --timeout 600") from None
+    return seconds(value)
 
 
 # invoke has no optional positionals: it demands every positional at the end of parsing.
@@ -46,9 +59,155 @@ def _complete_with_optional_positionals(self: ParseMachine) -> None:
 
 ParseMachine.complete_context = _complete_with_optional_positionals  # type: ignore[method-assign]
 
+# While positionals are missing, invoke takes *any* word as one, so `--dryrun shell` became the
+# backend '--dryrun'. A flag-like word that is no flag of ours is an unknown option; invoke's own
+# flags (--help) keep working in the task's context.
+_handle = ParseMachine.handle
 
-@task(positional=["backend", "mode"], iterable=["allow_host"], help=HELP)
-def contribute_hive(
+
+def _handle_flags_first(self: ParseMachine, token: str) -> None:
+    ctx = self.context
+    if (self.current_state != "unknown" and ctx is not None and getattr(ctx, "name", None) in _OPTIONAL_POSITIONALS
+            and is_flag(token) and token != "-" and token not in ctx.flags and token not in ctx.inverse_flags
+            and not self.waiting_for_flag_value and ctx.missing_positional_args):
+        if self.initial is not None and token in self.initial.flags:
+            flag = self.initial.flags[token]
+            if flag.name == "help":
+                flag.value = ctx.name
+            else:
+                self.switch_to_flag(token)
+            return
+        self.error(f"No idea what {token!r} is!")
+    _handle(self, token)
+
+
+ParseMachine.handle = _handle_flags_first  # type: ignore[method-assign]
+
+# invoke's parse errors become our one line and exit 2, like every other usage error.
+_error = ParseMachine.error
+
+
+def _error_with_flag(self: ParseMachine, msg: str) -> None:
+    try:
+        _error(self, msg)
+    except ParseError as err:
+        err.flag = self.flag  # type: ignore[attr-defined]
+        raise
+
+
+ParseMachine.error = _error_with_flag  # type: ignore[method-assign]
+
+# invoke accepts a repeatable flag with no value at all (`-a --dry-run`, or `-a` last); ours need one.
+_complete_flag = ParseMachine.complete_flag
+
+
+def _complete_flag_needs_value(self: ParseMachine) -> None:
+    flag = self.flag
+    if (flag is not None and flag.kind is list and not self.flag_got_value
+            and getattr(self.context, "name", None) in _OPTIONAL_POSITIONALS):
+        self.error(f"Flag {flag!r} needed value and was not given one!")
+    _complete_flag(self)
+
+
+ParseMachine.complete_flag = _complete_flag_needs_value  # type: ignore[method-assign]
+_parse_argv = Parser.parse_argv
+_COMPLETING: list[bool] = []
+
+
+def _usage_error(err: ParseError) -> UsageError:
+    msg, ctx = str(err), err.context
+    name = getattr(ctx, "name", None)
+    fix = f"`invoke --help {name}` lists the options" if name else "`invoke --list` lists the tasks"
+    if name == "contribute-hive":
+        fix = "`invoke --help contribute-hive` (or `contribute-hive --help`) lists the options"
+    if msg.startswith("No idea what ") and msg.endswith(" is!"):
+        token = msg[len("No idea what "):-len(" is!")].strip("'\"")
+        if is_flag(token):
+            return unknown_option(token, list(getattr(ctx, "flags", {})), fix)
+        if name == "contribute-hive":
+            return extra_argument(token)
+        if name:
+            return UsageError(f"unexpected argument {token!r} for {name}; fix: {fix}")
+        return UsageError(f"no task named {token!r}; fix: {fix}")
+    flag = getattr(err, "flag", None)
+    if flag is not None and "needed value" in msg:
+        return missing_value(flag_name(flag.name))
+    if flag is not None and "doesn't take any value" in msg:
+        return UsageError(f"{flag_name(flag.name)} takes no value; fix: {flag_name(flag.name)} alone")
+    return UsageError(f"{msg}; fix: {fix}")
+
+
+def _parse_argv_usage_errors(self: Parser, argv: list[str]):  # noqa: ANN202
+    try:
+        return _parse_argv(self, argv)
+    except ParseError as err:
+        if _COMPLETING or "contribute-hive" not in self.contexts:
+            raise  # completion wants the error itself; the core parse is invoke's own
+        print(f"hive-relay: error: {_usage_error(err).message}", file=sys.stderr)
+        _exit(2)
+
+
+Parser.parse_argv = _parse_argv_usage_errors  # type: ignore[method-assign]
+
+# `invoke --help contribute-hive` shows the same placeholders as `contribute-hive --help`.
+_help_for = ParserContext.help_for
+
+
+def _help_for_with_placeholders(self: ParserContext, flag: str):  # noqa: ANN202
+    names, text = _help_for(self, flag)
+    meta = METAVARS.get(self.flags[flag].name) if self.name == "contribute-hive" else None
+    if meta:
+        parts = [n.split("=")[0].split(" ")[0] for n in names.split(", ")]
+        names = ", ".join(f"{n} {meta}" if len(n) == 2 else f"{n}={meta}" for n in parts)
+    return names, text
+
+
+ParserContext.help_for = _help_for_with_placeholders  # type: ignore[method-assign]
+
+
+def _patch_completion() -> None:
+    """invoke's own `--complete` offers task names and flags; for contribute-hive it also offers the
+    backends, modes, profiles and isolation levels (what `invoke --print-completion-script bash` calls)."""
+    import invoke.program
+
+    original = invoke.program.complete
+
+    def complete(names, core, initial_context, collection, parser):  # noqa: ANN001, ANN202
+        import shlex
+
+        _COMPLETING.append(True)
+        try:
+            tokens = shlex.split(core.remainder)
+        except ValueError:
+            tokens = []
+        if "contribute-hive" in tokens and "--" not in tokens:
+            import os
+
+            from relay.cli import MODES
+            from relay.completion import names as config_names
+            from relay.plan import ISOLATIONS
+
+            found = config_names(dict(os.environ))
+            words = tokens[tokens.index("contribute-hive") + 1:]
+            prev = words[-1] if words else ""
+            values = {"-b": found["backends"], "--backend": found["backends"], "-m": MODES, "--mode": MODES,
+                      "-p": found["profiles"], "--profile": found["profiles"], "-i": ISOLATIONS,
+                      "--isolation": ISOLATIONS}
+            prev2 = words[-2] if len(words) > 1 else ""
+            if prev in values or prev2 in values:
+                print("\n".join(values.get(prev) or values[prev2]))
+            elif not prev.startswith("-"):
+                positionals = [w for w in words if not w.startswith("-")]
+                print("\n".join(found["backends"] + MODES if len(positionals) <= 1 else MODES))
+        return original(names, core, initial_context, collection, parser)
+
+    invoke.program.complete = complete
+
+
+_patch_completion()
+
+
+def _contribute_hive(
     c: Context,
     backend: str | None = None,
     mode: str | None = None,
@@ -61,17 +220,28 @@ def contribute_hive(
     dry_run: bool = False,
     json: bool = False,
     quiet: bool = False,
+    version: bool = False,
 ) -> None:
-    """Run a coding agent inside the hive relay box: BACKEND [local|container]."""
+    if version:
+        print(version_line())
+        _exit(0)
+    # invoke keeps what follows `--` only as one joined string; the words themselves come from argv,
+    # split where invoke splits it (the first `--`).
+    _, command = split_command(sys.argv[1:])
 
     def go() -> int:
         request = request_from(
             None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
-            workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=_seconds(timeout),
+            workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet)
 
     _exit(guarded(go))
+
+
+_contribute_hive.__doc__ = f"{DESCRIPTION}.\n\n{COMMAND_HELP}.\n\n{EPILOG}."
+contribute_hive = task(positional=["backend", "mode"], iterable=["allow_host"], help=HELP,
+                       name="contribute-hive")(_contribute_hive)
 
 
 @task(help={"json": "print the report as JSON"})

@@ -1,6 +1,16 @@
 # Shared by bin/contribute-hive and bin/test: find the host tools, build .venv once.
 # POSIX sh, sourced; sets ROOT, VENV, PY.
-ROOT=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
+# Follow symlinks to the real script, so a link on PATH (ln -s .../bin/contribute-hive ~/.local/bin/)
+# works from any directory; the workdir stays the caller's current directory.
+_hr_self=$0
+while [ -h "$_hr_self" ]; do
+  _hr_link=$(readlink -- "$_hr_self")
+  case $_hr_link in
+    /*) _hr_self=$_hr_link ;;
+    *) _hr_self=$(dirname -- "$_hr_self")/$_hr_link ;;
+  esac
+done
+ROOT=$(CDPATH= cd -- "$(dirname -- "$_hr_self")/.." && pwd)
 VENV=${HIVE_RELAY_VENV:-"$ROOT/.venv"}
 
 say() { printf 'hive-relay: %s\n' "$*" >&2; }

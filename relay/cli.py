@@ -30,7 +30,9 @@ def contribute(
     quiet: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> int:
-    """Resolve the request into a plan, then print it (dry run) or run it. Raises RelayError."""
+    """Resolve the request into a plan, then print it (dry run) or run it. Raises RelayError.
+    `request.argv_override` here is the user's `shell -- CMD ARGS`."""
+    command = request.argv_override
     env = dict(os.environ if env is None else env)
     from .runner import mark
 
@@ -42,6 +44,8 @@ def contribute(
     matrix = load_matrix(env, workdir=Path(os.path.realpath(request.workdir)))
     mark("config_loaded")
     backend = get_backend(matrix, request.backend)
+    if command is not None:
+        check_command_backend(backend.name, command)
     if not dry_run and request.argv_override is None and request.mode == "local":
         from .install import ensure_cli
 
@@ -124,6 +128,8 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
              f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
              f"egress   {', '.join(plan.egress) if plan.proxy_listen else 'no network'}",
              *[f"         {line}" for line in render_rules(plan.rules)],
+             *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
+               if plan.proxy_listen else []),
              f"log      {plan.log_path or '-'}",
              f"env      set: {', '.join(k for k, _ in plan.env_set)}",
              f"         passed by name: {', '.join(plan.env_pass) or '-'}",
@@ -135,6 +141,12 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
     return "\n".join(lines)
 
 
+# One source of truth for both entries (`invoke contribute-hive` and bin/contribute-hive / hive-relay /
+# `python -m relay`): names, short flags, value placeholders and help texts. tasks.py feeds invoke from it,
+# build_parser() feeds argparse, and tests/test_surface.py compares the two help outputs option by option.
+ALLOW_HOST_HELP = ("extra egress host, repeatable: NAME[:PORT], *.DOMAIN[:PORT] (its subdomains, not the domain "
+                   "itself) or NAME[:PORT]=ADDR:PORT (pinned to that address); a NAME without a port means 443 "
+                   "(HTTPS); plain HTTP needs the port: NAME:80")
 HELP = {
     "backend": "agent CLI: claude, codex, gemini, opencode or shell (also the first positional)",
     "mode": "local (bubblewrap box, default) or container (podman/docker) (also the second positional)",
@@ -142,42 +154,160 @@ HELP = {
     "isolation": "auto, process, supervised or container; an explicit choice is never downgraded",
     "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
     "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
-    "allow_host": "extra egress host, repeatable: NAME[:PORT] or NAME[:PORT]=ADDR:PORT (pinned)",
+    "allow_host": ALLOW_HOST_HELP,
     "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
     "quiet": "no banner (notes and refusals are still printed)",
+    "version": "print the version (hive-relay X.Y.Z) and exit",
 }
+# (dest, short flag, value placeholder or None for a switch). The short flags are the ones invoke derives
+# from the names (first free letter), so both entries accept the same ones.
+OPTIONS = (
+    ("allow_host", "a", "HOST[:PORT]"),
+    ("backend", "b", "BACKEND"),
+    ("dry_run", "d", None),
+    ("isolation", "i", "ISOLATION"),
+    ("json", "j", None),
+    ("mode", "m", "MODE"),
+    ("profile", "p", "PROFILE"),
+    ("quiet", "q", None),
+    ("prompt", "r", "PROMPT"),
+    ("timeout", "t", "SECONDS"),
+    ("version", "v", None),
+    ("workdir", "w", "DIR"),
+)
+METAVARS = {dest: meta for dest, _, meta in OPTIONS if meta}
+MODES = ("local", "container")
+DESCRIPTION = "Run a coding agent inside the hive relay box: BACKEND [local|container] [options] [-- CMD ARGS...]"
+COMMAND_HELP = ("-- CMD ARGS...: shell backend only: run CMD with ARGS in the box, each argument passed as is "
+                "(no shell string to quote); its exit code passes through")
 EPILOG = "exit codes: the agent's own; 2 usage/config; 3 refused (unenforceable or opt-in missing); 124 timeout; 128+N signal"
+HELP_FIX = "`contribute-hive --help` (or `invoke --help contribute-hive`) lists the options"
 
 
-def build_parser():  # noqa: ANN201 - argparse is imported lazily
+def version_line() -> str:
+    from . import __version__
+
+    return f"hive-relay {__version__}"
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def unknown_option(token: str, known: Sequence[str], fix: str = HELP_FIX) -> UsageError:
+    """An option neither entry knows; never mistaken for a backend or mode name."""
+    import difflib
+
+    name = token.split("=", 1)[0]
+    close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")] or list(known), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return UsageError(f"unknown option {name}; fix: {hint}{fix}")
+
+
+def missing_value(flag: str) -> UsageError:
+    dest = flag.lstrip("-").replace("-", "_")
+    meta = METAVARS.get(dest) or next((m for d, s, m in OPTIONS if s == dest and m), "VALUE")
+    long = flag_name(dest) if dest in METAVARS else flag
+    return UsageError(f"{flag} needs a value; fix: {long} {meta}")
+
+
+def extra_argument(token: str) -> UsageError:
+    return UsageError(f"unexpected argument {token!r} (BACKEND and MODE are already given); fix: quote a --prompt "
+                      f"that has spaces, or run a command with its arguments as `shell -- CMD ARGS...`")
+
+
+def seconds(value: str | int | None) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--timeout {value!r}: expected whole seconds; fix: e.g. --timeout 600") from None
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...] | None]:
+    """`... -- CMD ARGS`: the words before the first `--` and the command after it (None without `--`),
+    the same split invoke makes."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], tuple(argv[at + 1:])
+
+
+def check_command(command: tuple[str, ...] | None, prompt: str | None) -> None:
+    if command is None:
+        return
+    if not command:
+        raise UsageError("`--` is not followed by a command; fix: shell -- CMD ARGS..., e.g. shell -- ls -la")
+    if prompt is not None:
+        raise UsageError("both --prompt and `-- CMD ARGS` given; fix: pass one of them")
+
+
+def check_command_backend(backend: str, command: tuple[str, ...]) -> None:
+    if backend != "shell":
+        raise UsageError(f"`-- CMD ARGS` runs a command in the shell backend only, not in {backend!r}; "
+                         f"fix: contribute-hive shell -- {' '.join(command[:3])}, or --prompt for the agent")
+
+
+def _argument_parser(**kwargs):  # noqa: ANN003, ANN202 - argparse is imported lazily
     import argparse
 
+    class Parser(argparse.ArgumentParser):
+        """argparse whose usage errors are our one line with exit 2, like every other usage error."""
 
-    parser = argparse.ArgumentParser(
+        def error(self, message: str):  # noqa: ANN201
+            raise _translate_argparse(message, self)
+
+    return Parser(**kwargs)
+
+
+def build_parser():  # noqa: ANN201
+    parser = _argument_parser(
         prog="contribute-hive",
-        description="Run a coding agent inside the hive relay box (same surface as `invoke contribute-hive`).",
+        description=f"{DESCRIPTION} (the same surface as `invoke contribute-hive`). {COMMAND_HELP}",
         epilog=EPILOG,
     )
     parser.add_argument("backend_pos", nargs="?", metavar="BACKEND", help=HELP["backend"])
     parser.add_argument("mode_pos", nargs="?", metavar="MODE", help=HELP["mode"])
-    parser.add_argument("--backend", help=HELP["backend"])
-    parser.add_argument("--mode", help=HELP["mode"])
-    parser.add_argument("--profile", help=HELP["profile"])
-    parser.add_argument("--isolation", help=HELP["isolation"])
-    parser.add_argument("--prompt", help=HELP["prompt"])
-    parser.add_argument("--workdir", default=".", help=HELP["workdir"])
-    parser.add_argument("--allow-host", action="append", default=[], metavar="ENTRY", help=HELP["allow_host"])
-    parser.add_argument("--timeout", type=int, metavar="SECONDS", help=HELP["timeout"])
-    parser.add_argument("--dry-run", action="store_true", help=HELP["dry_run"])
-    parser.add_argument("--json", action="store_true", help=HELP["json"])
-    parser.add_argument("-q", "--quiet", action="store_true", help=HELP["quiet"])
+    for dest, short, meta in sorted(OPTIONS, key=lambda o: ["backend", "mode"].index(o[0])
+                                    if o[0] in ("backend", "mode") else 2):
+        names = [f"-{short}", flag_name(dest)]
+        if dest == "allow_host":
+            parser.add_argument(*names, dest=dest, action="append", default=[], metavar=meta, help=HELP[dest])
+        elif meta is None:
+            parser.add_argument(*names, dest=dest, action="store_true", help=HELP[dest])
+        else:
+            parser.add_argument(*names, dest=dest, metavar=meta, help=HELP[dest],
+                                **({"default": "."} if dest == "workdir" else {}))
     return parser
 
 
+def _translate_argparse(message: str, parser) -> UsageError:  # noqa: ANN001
+    known = [s for a in parser._actions for s in a.option_strings]
+    fix = HELP_FIX if parser.prog == "contribute-hive" else f"`{parser.prog} --help` lists the options"
+    if message.startswith("unrecognized arguments: "):
+        first = message.split(": ", 1)[1].split(" ")[0]
+        if first.startswith("-") and first != "-":
+            return unknown_option(first, known, fix)
+        return extra_argument(first) if parser.prog == "contribute-hive" else UsageError(
+            f"unexpected argument {first!r}; fix: {fix}")
+    if message.startswith("argument ") and "expected one argument" in message:
+        flag = message[len("argument "):].split(":", 1)[0].split("/")[-1]
+        return missing_value(flag)
+    if message.startswith("argument ") and "ignored explicit argument" in message:
+        flag = message[len("argument "):].split(":", 1)[0].split("/")[-1]
+        return UsageError(f"{flag} takes no value; fix: {flag} alone")
+    if message.startswith("ambiguous option: "):
+        return UsageError(f"{message}; fix: spell the option out ({fix})")
+    return UsageError(f"{message}; fix: {fix}")
+
+
 def request_from(
-    backend_pos: str | None, mode_pos: str | None, backend: str | None, mode: str | None, **rest: object
+    backend_pos: str | None, mode_pos: str | None, backend: str | None, mode: str | None,
+    command: tuple[str, ...] | None = None, **rest: object
 ) -> Request:
     """Merge positional and flag forms; the two may not disagree."""
     if backend_pos and backend and backend_pos != backend:
@@ -187,7 +317,11 @@ def request_from(
     name = backend or backend_pos
     if not name:
         raise UsageError("no backend given; usage: invoke contribute-hive BACKEND [local|container]")
-    return Request(backend=name, mode=mode or mode_pos or "local", run_id=new_run_id(), **rest)  # type: ignore[arg-type]
+    if name.startswith("-") or (mode or mode_pos or "").startswith("-"):
+        raise unknown_option(name if name.startswith("-") else (mode or mode_pos or ""), [])
+    check_command(command, rest.get("prompt"))  # type: ignore[arg-type]
+    return Request(backend=name, mode=mode or mode_pos or "local", run_id=new_run_id(),
+                   argv_override=command, **rest)  # type: ignore[arg-type]
 
 
 def guarded(fn, *args, **kwargs) -> int:  # noqa: ANN001
@@ -200,12 +334,17 @@ def guarded(fn, *args, **kwargs) -> int:  # noqa: ANN001
     except KeyboardInterrupt:
         emit(["hive-relay: interrupted"])
         return 130
+    except BrokenPipeError:
+        # `contribute-hive --dry-run | head`: the reader left; say nothing more, like `cat` would.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141
 
 
 def _build_image_main(argv: Sequence[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="contribute-hive build-image",
+    parser = _argument_parser(prog="contribute-hive build-image",
                                      description="Build the container-mode image for your uid (cached by content).")
     parser.add_argument("--base", help="base image with node 20+, npm and git (default: built offline with "
                                        "mmdebstrap + Node from npm)")
@@ -214,22 +353,42 @@ def _build_image_main(argv: Sequence[str]) -> int:
     parser.add_argument("--save-base", metavar="FILE", help="also save the base image to FILE")
     parser.add_argument("--base-archive", metavar="FILE", help="load a missing base image from FILE")
     ns = parser.parse_args(argv)
-    return guarded(build_image, base=ns.base, rebuild=ns.rebuild, base_only=ns.base_only, save_base=ns.save_base,
-                   base_archive=ns.base_archive)
+    return build_image(base=ns.base, rebuild=ns.rebuild, base_only=ns.base_only, save_base=ns.save_base,
+                       base_archive=ns.base_archive)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """bin/contribute-hive, `python -m relay` and the `hive-relay` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["build-image"]:
-        return _build_image_main(argv[1:])
-    ns = build_parser().parse_args(argv)
+        return guarded(_build_image_main, argv[1:])
+    if argv[:1] == ["completion"]:
+        return guarded(_completion_main, argv[1:])
+    words, command = split_command(argv)
+
     def go() -> int:
+        ns = build_parser().parse_args(words)
+        if ns.version:
+            print(version_line())
+            return 0
         request = request_from(
             ns.backend_pos, ns.mode_pos, ns.backend, ns.mode, profile=ns.profile, isolation=ns.isolation,
-            prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=ns.timeout,
+            prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
+            command=command,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet)
+
     return guarded(go)
+
+
+def _completion_main(argv: Sequence[str]) -> int:
+    from .completion import script
+
+    if len(argv) != 1 or argv[0] not in ("bash", "zsh"):
+        raise UsageError("completion needs a shell; fix: `hive-relay completion bash` (or zsh), e.g. "
+                         "source <(hive-relay completion bash)")
+    sys.stdout.write(script(argv[0], dict(os.environ)))
+    return 0
 
 
 if __name__ == "__main__":

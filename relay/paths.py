@@ -7,10 +7,30 @@ agree on the same directories.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _package_root() -> tuple[Path, bool]:
+    """Where config/backends.yaml, Dockerfile.contributor and bin/ live, and whether that is a checkout.
+    A checkout (or an editable install) has them beside relay/; `pip install .`/`pipx install .` puts
+    them in <prefix>/share/hive-relay (pyproject.toml, data-files)."""
+    checkout = PACKAGE_DIR.parent
+    if (checkout / "config" / "backends.yaml").is_file():
+        return checkout, True
+    import site
+
+    for prefix in (sys.prefix, site.getuserbase()):
+        data = Path(prefix) / "share" / "hive-relay"
+        if (data / "config" / "backends.yaml").is_file():
+            return data, False
+    return checkout, True
+
+
+PACKAGE_ROOT, IN_CHECKOUT = _package_root()
 
 
 def config_home(env: Mapping[str, str]) -> str:
@@ -33,7 +53,8 @@ def state_dir(env: Mapping[str, str]) -> str:
 def tool_dir(env: Mapping[str, str]) -> str:
     """Project-local npm installs of the agent CLIs (never `npm -g`), bound read-only into boxes.
     $HIVE_RELAY_TOOLS overrides it, e.g. to share one install between checkouts."""
-    return os.path.realpath(env.get("HIVE_RELAY_TOOLS") or os.path.join(PACKAGE_ROOT, ".cache", "npm"))
+    default = os.path.join(PACKAGE_ROOT, ".cache", "npm") if IN_CHECKOUT else os.path.join(cache_dir(env), "npm")
+    return os.path.realpath(env.get("HIVE_RELAY_TOOLS") or default)
 
 
 # The parts of hive relay's checkout that the host executes or reads as policy at the next launch.
@@ -46,6 +67,10 @@ def own_paths(env: Mapping[str, str]) -> list[str]:
     them: what the host runs or trusts at the next launch (its checkout's code and venv, the agent
     CLIs, the user config that may widen a box, the state and cache it reads back)."""
     paths = [os.path.join(str(PACKAGE_ROOT), part) for part in CHECKOUT_PARTS]
+    if not IN_CHECKOUT:  # installed: the code itself, and the venv (pipx) it runs from
+        paths.append(str(PACKAGE_DIR))
+        if sys.prefix != sys.base_prefix:
+            paths.append(sys.prefix)
     paths += [tool_dir(env), os.path.join(config_home(env), "hive-relay"), state_dir(env), str(cache_dir(env))]
     if env.get("HIVE_RELAY_CONFIG"):
         paths.append(env["HIVE_RELAY_CONFIG"])

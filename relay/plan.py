@@ -459,7 +459,7 @@ def _unsandboxed_plan(
     """The opt-in path: the CLI alone, with its own strictest native sandbox and the caller's environment."""
     native = render_native(backend.native_unsandboxed, home=facts.home, uid=facts.uid, workdir=workdir,
                            extra_deny=backend.deny, unsandboxed=True)
-    argv = agent_argv(backend, request.prompt, shell, workdir, tuple(native))
+    argv = list(request.argv_override or agent_argv(backend, request.prompt, shell, workdir, tuple(native)))
     interactive = request.prompt is None
     return Plan(
         backend=backend.name, mode=request.mode, tier="unsandboxed", profile="none",
