@@ -63,6 +63,9 @@ INFO_NAMES = ("attributes", "exclude", "grafts", "sparse-checkout")
 # Inside the writable object store: files that send git to other object stores.
 OBJECT_REDIRECTS = ("objects/info/alternates", "objects/info/http-alternates")
 
+# An empty regular file in the run dir: what a missing redirect file shows in the box (a /dev/null
+# mask would fail git's reads with EACCES on a nodev mount and make it warn on every command).
+EMPTY = "git/empty"
 INDEX_LIMIT = 256 << 20
 STATE_LIMIT = 16 << 20
 TEXT_LIMIT = 1 << 20
@@ -258,6 +261,7 @@ def plan_git(workdir: str, fs: FsView) -> GitPlan | None:
         planner.protect.append(dotgit)
     if gitdir != common and kind == "dir":
         planner.notes.append(f"{dotgit}/commondir sends git to {common}; the box works on that repository")
+    planner.points.append((EMPTY, "file"))
     return GitPlan(dirs=tuple(planner.dirs), mounts=tuple(planner.mounts), mount_points=tuple(planner.points),
                    protect=tuple(dict.fromkeys(planner.protect)), dotgit=dotgit, common=common,
                    notes=tuple(planner.notes))

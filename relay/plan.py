@@ -20,7 +20,7 @@ from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
 from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
-from .gitdir import GitPlan, plan_git
+from .gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from .hosts import HostRule, parse_rule
 from .native import render as render_native
 from .paths import own_paths, state_dir, tool_dir
@@ -335,6 +335,12 @@ def resolve(
         tmpfs_size=profile.memory // 4,
     )
     notes += fsplan.notes
+    if git is not None and run_dir:
+        # A missing objects/info/alternates reads as empty in the box, not as EACCES.
+        redirects = {os.path.join(d.host, r) for d in git.dirs if d.kind == "common" for r in OBJECT_REDIRECTS}
+        fsplan = replace(fsplan, mounts=tuple(
+            Mount("ro-bind", m.dst, os.path.join(run_dir, EMPTY)) if m.kind == "mask-file" and m.dst in redirects else m
+            for m in fsplan.mounts))
     # What the git plan binds read-only is protected too (reported with the rest).
     fsplan = replace(fsplan, protected=tuple(dict.fromkeys(
         fsplan.protected + tuple(m.dst for m in fsplan.mounts if m.kind == "ro-bind" and m in git_mounts))))
