@@ -72,10 +72,13 @@ class FsView:
 
     def read_small(self, path: str) -> bytes | None:
         """A small regular file's bytes, read with no link followed (None: absent or not a file)."""
+        return self.read_bounded(path, 4096)
+
+    def read_bounded(self, path: str, limit: int) -> bytes | None:
         from . import safefs
 
         try:
-            return safefs.read_file(path, 4096)
+            return safefs.read_file(path, limit)
         except OSError:
             return None
 

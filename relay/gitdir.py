@@ -86,6 +86,9 @@ class GitDir:
 
 @dataclass(frozen=True)
 class GitPlan:
+    """`gitlinks`: the submodule paths (relative to the workdir) that had their own `.git` at launch;
+    any other gitlink that has one after the box is a repository the box made, with its own config."""
+
     dirs: tuple[GitDir, ...]
     mounts: tuple[Mount, ...]
     mount_points: tuple[tuple[str, str], ...]  # (private rel path, "dir" | "file"), created before the box
@@ -93,6 +96,8 @@ class GitPlan:
     dotgit: str  # the workdir's `.git`
     common: str  # the main repository's git dir (worktrees must point back at it)
     notes: tuple[str, ...] = field(default=())
+    gitlinks: tuple[str, ...] = ()
+    index: str = ""  # the index of the workdir's own checkout (its gitlinks are checked at exit)
 
 
 def _read_pointer(fs: FsView, path: str) -> str | None:
@@ -259,12 +264,73 @@ def plan_git(workdir: str, fs: FsView) -> GitPlan | None:
                        common=common, notes=tuple(planner.notes))
     if kind == "file" or fs.lkind(dotgit) == "link":
         planner.protect.append(dotgit)
+    # Submodules checked out in the workdir: `git status` on the host recurses into them, reading
+    # their config. An embedded `.git` dir gets the same private treatment; a `.git` file (absorbed
+    # into .git/modules) is read-only, so it cannot be pointed at another git dir.
+    gitlinks: list[str] = []
+    index = os.path.join(gitdir, "index")
+    for i, path in enumerate(gitlinks_in(fs.read_bounded(index, INDEX_LIMIT) or b"")[:200]):
+        sub = os.path.join(workdir, path, ".git")
+        if not safefs.beneath(sub, workdir):
+            continue
+        lkind = fs.lkind(sub)
+        if lkind == "dir" and _looks_like_gitdir(fs, sub):
+            planner.add(sub, f"git/sub{i}", "common", True)
+        elif lkind in ("file", "link"):
+            planner.protect.append(sub)
+        else:
+            continue
+        gitlinks.append(path)
     if gitdir != common and kind == "dir":
         planner.notes.append(f"{dotgit}/commondir sends git to {common}; the box works on that repository")
     planner.points.append((EMPTY, "file"))
     return GitPlan(dirs=tuple(planner.dirs), mounts=tuple(planner.mounts), mount_points=tuple(planner.points),
                    protect=tuple(dict.fromkeys(planner.protect)), dotgit=dotgit, common=common,
-                   notes=tuple(planner.notes))
+                   notes=tuple(planner.notes), gitlinks=tuple(gitlinks), index=index)
+
+
+def gitlinks_in(data: bytes) -> list[str]:
+    """The paths of the gitlink entries (mode 160000: submodules) of an index (v2, v3, v4; SHA-1).
+    An index we cannot parse has none that we know of."""
+    out: list[str] = []
+    if len(data) < 12 or data[:4] != b"DIRC":
+        return out
+    version = int.from_bytes(data[4:8], "big")
+    count = int.from_bytes(data[8:12], "big")
+    pos, prev = 12, b""
+    try:
+        for _ in range(count):
+            start = pos
+            mode = int.from_bytes(data[pos + 24:pos + 28], "big")
+            flags = int.from_bytes(data[pos + 60:pos + 62], "big")
+            pos += 62
+            if version >= 3 and flags & 0x4000:
+                pos += 2
+            if version == 4:
+                strip, shift = 0, 0
+                while True:  # git's offset varint
+                    byte = data[pos]
+                    pos += 1
+                    strip = (strip << 7) | (byte & 0x7F) if shift else byte & 0x7F
+                    if not byte & 0x80:
+                        break
+                    strip += 1
+                    shift += 1
+                end = data.index(b"\0", pos)
+                name = prev[: len(prev) - strip] + data[pos:end]
+                pos = end + 1
+            else:
+                end = data.index(b"\0", pos)
+                name = data[pos:end]
+                pos = start + ((end - start + 8) // 8) * 8
+            prev = name
+            if mode == 0o160000:
+                out.append(name.decode("utf-8", errors="surrogateescape"))
+            if pos > len(data):
+                return out
+    except (IndexError, ValueError):
+        return out
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,12 +570,42 @@ def sync_back(plan: GitPlan, run_dir: str, before: dict[str, str | None], aside_
                 keep(rel + ".not-a-file", f"{err.strerror or err}\n".encode(), "not a regular file")
                 continue
             keep(rel, data or b"", "not on the allowlist")
+    _quarantine_new_gitlinks(plan, workdir, result)
     if result.aside:
         shown = ", ".join(a.split(" (")[0].split("/", 2)[-1] for a in result.aside[:6])
         more = f" and {len(result.aside) - 6} more" if len(result.aside) > 6 else ""
         result.messages.append(f"git: {len(result.aside)} file(s) the box left in .git were not synced back "
                                f"({shown}{more}); kept for review in {aside.dir}")
     return result
+
+
+def _quarantine_new_gitlinks(plan: GitPlan, workdir: str, result: SyncResult) -> None:
+    """A gitlink the box staged whose checkout has its own `.git`: the host's `git status` would
+    recurse into it and run what its config says. That `.git` is renamed out of git's sight."""
+    try:
+        data = safefs.read_file(plan.index, INDEX_LIMIT)
+    except OSError:
+        return
+    for path in gitlinks_in(data or b"")[:1000]:
+        if path in plan.gitlinks:
+            continue
+        rel = os.path.join(path, ".git")
+        if not safefs.beneath(os.path.join(workdir, rel), workdir):
+            continue
+        try:
+            with safefs.base_dir(workdir) as wfd, safefs.parent_of(wfd, rel) as (pfd, name):
+                try:
+                    os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                moved = safefs.unique_name(name, "rejected")
+                safefs.rename_noreplace(pfd, name, moved)
+        except OSError as err:
+            result.messages.append(f"git: could not move {os.path.join(workdir, rel)} aside: {err.strerror or err}; "
+                                   "do not run git in the workdir before removing it")
+            continue
+        result.messages.append(f"git: the box added {path} as a submodule with a git dir of its own (its config "
+                               f"could run commands); moved to {os.path.join(workdir, path, moved)} for review")
 
 
 def _sync_one(rfd: int, hfd: int, g: GitDir, name: str, key: str, before: str | None, keep, result) -> None:  # noqa: ANN001

@@ -269,3 +269,28 @@ def test_rename_into_git_and_no_leftovers(box: Sandbox, report) -> None:
     report.attack(clean)
     assert "RENAME-OK" in out and "SWITCH-OK" in out, out
     assert clean, (listing, after)
+
+
+def test_nested_repository_added_as_gitlink(box: Sandbox, report) -> None:
+    wd, m = repo(box), marker(box)
+    # A submodule that existed before: its absorbed `.git` file cannot be pointed elsewhere.
+    lib = box.root / "lib"
+    git(box.root, "init", "-q", str(lib))
+    git(lib, "commit", "-q", "--allow-empty", "-m", "lib")
+    git(wd, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
+    git(wd, "commit", "-q", "-m", "add lib")
+    out = run(box, f"""
+        echo "gitdir: ../evil.git" > lib/.git 2>/dev/null || echo SUBMODULE-DOTGIT-REFUSED
+        git -C lib config core.fsmonitor "touch {m}" 2>/dev/null || echo SUBMODULE-CONFIG-REFUSED
+        git init -q sub && git -C sub config core.fsmonitor "touch {m}"
+        git -C sub {' '.join(ID)} commit -q --allow-empty -m s
+        git add sub 2>/dev/null && git {' '.join(ID)} commit -qm gitlink && echo GITLINK-ADDED
+        git -C lib {' '.join(ID)} commit -q --allow-empty -m in-lib && echo LIB-COMMIT-OK
+    """)
+    blocked = ("SUBMODULE-DOTGIT-REFUSED" in out and "SUBMODULE-CONFIG-REFUSED" in out
+               and not (wd / "sub" / ".git").exists() and "moved to" in out and host_git_runs_nothing(box))
+    report.attack(blocked)
+    works = "LIB-COMMIT-OK" in out and "in-lib" in git(wd / "lib", "log", "--format=%s").stdout
+    report.legit(works)
+    assert blocked, out
+    assert works, out
