@@ -570,6 +570,7 @@ def sync_back(plan: GitPlan, run_dir: str, before: dict[str, str | None], aside_
                 keep(rel + ".not-a-file", f"{err.strerror or err}\n".encode(), "not a regular file")
                 continue
             keep(rel, data or b"", "not on the allowlist")
+    _sweep_links(plan, aside, result)
     _quarantine_new_gitlinks(plan, workdir, result)
     if result.aside:
         shown = ", ".join(a.split(" (")[0].split("/", 2)[-1] for a in result.aside[:6])
@@ -577,6 +578,57 @@ def sync_back(plan: GitPlan, run_dir: str, before: dict[str, str | None], aside_
         result.messages.append(f"git: {len(result.aside)} file(s) the box left in .git were not synced back "
                                f"({shown}{more}); kept for review in {aside.dir}")
     return result
+
+
+# Host git appends to reflogs and rerere writes its images through a symbolic link, and writes a
+# ref's lock file into a linked directory: in these trees a link the box made is removed.
+SWEPT = ("logs", "refs", "rr-cache")
+
+
+def _sweep_links(plan: GitPlan, aside: _Aside, result: SyncResult) -> None:
+    """Symbolic links and special files the box left in the writable trees it shared with the host
+    (the box is dead by now, so none comes back): recorded aside, then removed."""
+    budget = [200000]
+    for m in plan.mounts:
+        if m.kind != "bind" or os.path.basename(m.dst) not in SWEPT:
+            continue
+        try:
+            with safefs.base_dir(m.dst) as dfd:
+                _sweep_dir(dfd, "", m.dst, aside, result, budget)
+        except OSError:
+            continue
+
+
+def _sweep_dir(dfd: int, rel: str, root: str, aside: _Aside, result: SyncResult, budget: list[int]) -> None:
+    try:
+        fd = safefs.open_beneath(dfd, rel, os.O_RDONLY | os.O_DIRECTORY) if rel else os.dup(dfd)
+    except OSError:
+        return
+    try:
+        names = os.listdir(fd)
+        for name in names:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            sub = os.path.join(rel, name)
+            if stat.S_ISDIR(st.st_mode):
+                _sweep_dir(dfd, sub, root, aside, result, budget)
+                continue
+            if stat.S_ISREG(st.st_mode):
+                continue
+            what = f"-> {os.readlink(name, dir_fd=fd)}" if stat.S_ISLNK(st.st_mode) else "a special file"
+            os.unlink(name, dir_fd=fd)
+            label = os.path.join(os.path.basename(root), sub)
+            try:
+                aside.put(os.path.join("removed", label), f"{os.path.join(root, sub)} {what}\n".encode())
+            except OSError:
+                pass
+            result.aside.append(f"{label} (a link or special file in a tree host git writes through; removed)")
+    except OSError:
+        return
+    finally:
+        os.close(fd)
 
 
 def _quarantine_new_gitlinks(plan: GitPlan, workdir: str, result: SyncResult) -> None:

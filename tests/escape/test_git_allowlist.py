@@ -294,3 +294,25 @@ def test_nested_repository_added_as_gitlink(box: Sandbox, report) -> None:
     report.legit(works)
     assert blocked, out
     assert works, out
+
+
+def test_links_in_logs_and_refs_are_removed(box: Sandbox, report) -> None:
+    wd = repo(box)
+    target = box.workdir / "victim.txt"
+    target.write_text("precious\n")
+    git(wd, "add", "victim.txt")
+    git(wd, "commit", "-q", "-m", "victim")
+    out = run(box, f"""
+        rm .git/logs/HEAD && ln -s {target} .git/logs/HEAD && echo LOG-LINKED
+        mkdir -p elsewhere && mv .git/refs/tags elsewhere/ && ln -s "$PWD/elsewhere/tags" .git/refs/tags && echo REFS-LINKED
+        git branch kept && echo BRANCH-OK
+    """)
+    git(wd, "checkout", "-q", "-b", "after")
+    git(wd, "tag", "t1")
+    blocked = (target.read_text() == "precious\n" and not (wd / ".git" / "logs" / "HEAD").is_symlink()
+               and not (wd / ".git" / "refs" / "tags").is_symlink() and "LOG-LINKED" in out and "REFS-LINKED" in out)
+    report.attack(blocked)
+    works = "BRANCH-OK" in out and git(wd, "rev-parse", "kept").returncode == 0
+    report.legit(works)
+    assert blocked, out
+    assert works, out
