@@ -316,3 +316,21 @@ def test_links_in_logs_and_refs_are_removed(box: Sandbox, report) -> None:
     report.legit(works)
     assert blocked, out
     assert works, out
+
+
+def test_container_mode_has_the_same_allowlist(csandbox: Sandbox, report) -> None:
+    s = csandbox
+    wd, m = repo(s), marker(s)
+    proc = s.relay("shell", "container", "--quiet", "--prompt", f"""
+        git config core.fsmonitor "touch {m}" 2>/dev/null || echo CONFIG-REFUSED
+        echo c > c.txt && git add c.txt && git {' '.join(ID)} commit -qm in-container && echo COMMIT-OK
+        echo /elsewhere > .git/commondir
+    """, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    blocked = "CONFIG-REFUSED" in out and not (wd / ".git" / "commondir").exists() and host_git_runs_nothing(s)
+    report.attack(blocked)
+    works = "COMMIT-OK" in out and "in-container" in git(wd, "log", "--format=%s").stdout
+    report.legit(works)
+    assert blocked, out
+    assert works, out
