@@ -573,8 +573,10 @@ def sync_back(plan: GitPlan, run_dir: str, before: dict[str, str | None], aside_
     _sweep_links(plan, aside, result)
     _quarantine_new_gitlinks(plan, workdir, result)
     if result.aside:
-        shown = ", ".join(a.split(" (")[0].split("/", 2)[-1] for a in result.aside[:6])
-        more = f" and {len(result.aside) - 6} more" if len(result.aside) > 6 else ""
+        # One line: each file with its reason, the first few shown, and where they all are.
+        shown = "; ".join(f"{a.split(' (', 1)[0].split('/', 2)[-1]}: {a.split(' (', 1)[1].rstrip(')')}"
+                          for a in result.aside[:4])
+        more = f"; and {len(result.aside) - 4} more" if len(result.aside) > 4 else ""
         result.messages.append(f"git: {len(result.aside)} file(s) the box left in .git were not synced back "
                                f"({shown}{more}); kept for review in {aside.dir}")
     return result

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from ..conftest import Sandbox
@@ -334,3 +336,30 @@ def test_container_mode_has_the_same_allowlist(csandbox: Sandbox, report) -> Non
     report.legit(works)
     assert blocked, out
     assert works, out
+
+
+def test_concurrent_host_edit_is_never_overwritten(box: Sandbox, report) -> None:
+    """The host stages a file while the box works: the host's index wins, the box's is kept aside."""
+    wd = repo(box)
+    (wd / "host.txt").write_text("host\n")
+    (wd / "boxed.txt").write_text("box\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "shell", "local", "--quiet", "--prompt",
+         "git add boxed.txt && git branch from-box && touch ready && while [ ! -e go ]; do sleep 0.05; done"],
+        cwd=wd, env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (wd / "ready").exists():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        git(wd, "add", "host.txt")
+        (wd / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    staged = git(wd, "diff", "--cached", "--name-only").stdout.split()
+    kept = "index: changed on the host during the session" in err and "kept for review" in err
+    report.attack(staged == ["host.txt"] and kept)
+    report.legit(proc.returncode == 0 and git(wd, "rev-parse", "from-box").returncode == 0)
+    assert staged == ["host.txt"] and kept, (staged, err)
+    assert proc.returncode == 0, out + err
