@@ -2,7 +2,8 @@
 
 The rules, in order: the host read-only; private /tmp, /run and $HOME; the workdir and the
 profile's grants bound back (parents first); then write protections inside the workdir;
-then the deny list, which always wins. Symlinks are resolved first so that a link cannot
+then the deny list, which always wins. The workdir's git dir is planned by relay/gitdir.py (a
+private copy with an allowlist of writable parts) and enters here as `git_mounts`. Symlinks are resolved first so that a link cannot
 carry a denied path into the box, and a missing denied path that could be created under a
 writable bind is masked at its first missing component.
 """
