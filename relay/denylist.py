@@ -58,8 +58,8 @@ def protected_paths(workdir: str) -> list[str]:
 
 def nested_git_paths(workdir: str) -> list[str]:
     """Hooks and config of existing submodules and linked worktrees under .git: they run on the host
-    too. Superseded in bwrap and container boxes by the private git dir (relay/gitdir.py), which
-    drops every protected path under `.git`; kept for the bats parity and dry-run plans.
+    too. Superseded in bwrap and container boxes by the private git dir (relay/gitdir.py): where
+    that exists, every protected path under `.git` is dropped from the plan.
     (A repo the agent creates from scratch is not protected; see the README threat model.)"""
     found: list[str] = []
     git = os.path.join(workdir, ".git")

@@ -38,6 +38,8 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import safefs
@@ -352,7 +354,23 @@ def _limit(name: str) -> int:
 UNSAFE = "unsafe"  # the host's copy was a link, a special or a huge file: never synced
 
 
-def prepare(plan: GitPlan, run_dir: str) -> dict[str, str | None]:
+@contextmanager
+def host_dir(path: str, workdir: str) -> Iterator[int]:
+    """A host git dir's fd: beneath the workdir with no link followed on any component when it lies
+    there (a box could have swapped a parent for a link), as a trusted base otherwise."""
+    if not safefs.beneath(path, workdir):
+        with safefs.base_dir(path) as fd:
+            yield fd
+        return
+    with safefs.base_dir(workdir) as wfd:
+        fd = safefs.open_beneath(wfd, os.path.relpath(path, workdir), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def prepare(plan: GitPlan, run_dir: str, workdir: str) -> dict[str, str | None]:
     """Make the private git dirs (mount points, copies of the state files). Returns the copy-in
     digests, keyed by private rel path (None: absent on the host; UNSAFE: not copied)."""
     before: dict[str, str | None] = {}
@@ -367,7 +385,7 @@ def prepare(plan: GitPlan, run_dir: str) -> dict[str, str | None]:
                 else:
                     safefs.create_new(pfd, name, b"", 0o444)
         for g in plan.dirs:
-            with safefs.base_dir(g.host) as hfd:
+            with host_dir(g.host, workdir) as hfd:
                 for name in g.state:
                     key = os.path.join(g.private, name)
                     try:
@@ -543,18 +561,13 @@ def sync_back(plan: GitPlan, run_dir: str, before: dict[str, str | None], aside_
     with safefs.base_dir(run_dir) as rfd:
         for g in plan.dirs:
             try:
-                hctx = safefs.base_dir(g.host)
-                hfd = hctx.__enter__()
+                with host_dir(g.host, workdir) as hfd:
+                    for name in g.state:
+                        key = os.path.join(g.private, name)
+                        known.add(key)
+                        _sync_one(rfd, hfd, g, name, key, before.get(key), keep, result)
             except OSError as err:
                 result.messages.append(f"could not sync {g.host} back: {err.strerror or err}")
-                continue
-            try:
-                for name in g.state:
-                    key = os.path.join(g.private, name)
-                    known.add(key)
-                    _sync_one(rfd, hfd, g, name, key, before.get(key), keep, result)
-            finally:
-                hctx.__exit__(None, None, None)
             if g.kind == "common":
                 _new_worktrees(rfd, g, plan, known, before, keep, result, workdir)
         leftovers: list[str] = []
@@ -723,7 +736,7 @@ def _new_worktrees(rfd: int, g: GitDir, plan: GitPlan, known: set[str], before: 
             continue
         host_wt = os.path.join(g.host, "worktrees", wid)
         try:
-            with safefs.base_dir(g.host) as hfd:
+            with host_dir(g.host, workdir) as hfd:
                 if safefs.lstat_beneath(hfd, os.path.join("worktrees", wid)) is not None:
                     continue  # the host made one of that name meanwhile: kept aside below
                 datas = {}

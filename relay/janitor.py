@@ -83,7 +83,7 @@ def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False
         if data is not None:
             safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True)
     if state.git is not None:
-        state.git_before = gitdir.prepare(state.git, state.run_dir)
+        state.git_before = gitdir.prepare(state.git, state.run_dir, state.workdir)
 
 
 @contextmanager
