@@ -697,6 +697,41 @@ def _sync_one(rfd: int, hfd: int, g: GitDir, name: str, key: str, before: str | 
         result.synced.append(os.path.join(g.host, name))
     elif box is not None:
         keep(key, box, "changed on the host during the session")
+        if name == "packed-refs":
+            _restore_packed(hfd, box, g, result)
+
+
+def _restore_packed(hfd: int, box: bytes, g: GitDir, result: SyncResult) -> None:
+    """The box packed refs (deleting the loose ones, live) but its packed-refs conflicts with the
+    host's: each ref it packed that the host now has nowhere is written back as a loose ref."""
+    try:
+        host = safefs.read_beneath(hfd, "packed-refs", STATE_LIMIT) or b""
+    except OSError:
+        return
+    held = {ln.split(b" ", 1)[1] for ln in host.split(b"\n") if b" " in ln and not ln.startswith(b"#")}
+    restored = 0
+    for line in box.split(b"\n"):
+        m = re.fullmatch(b"(" + _HEX + b") (.+)", line)
+        if not m or m.group(2) in held or not valid_refname(m.group(2)):
+            continue
+        ref = m.group(2).decode()
+        try:
+            if safefs.lstat_beneath(hfd, ref) is not None:
+                continue
+            with safefs.parent_of(hfd, ref, create=True, mode=0o755) as (pfd, leaf):
+                safefs.create_new(pfd, leaf + ".lock", m.group(1) + b"\n", 0o644)
+                try:
+                    safefs.rename_noreplace(pfd, leaf + ".lock", leaf)
+                    restored += 1
+                finally:
+                    try:
+                        os.unlink(leaf + ".lock", dir_fd=pfd)
+                    except OSError:
+                        pass
+        except OSError:
+            continue
+    if restored:
+        result.messages.append(f"git: {restored} ref(s) the box had packed were written back to {g.host} as loose refs")
 
 
 def _new_worktrees(rfd: int, g: GitDir, plan: GitPlan, known: set[str], before: dict[str, str | None], keep,  # noqa: ANN001

@@ -363,3 +363,33 @@ def test_concurrent_host_edit_is_never_overwritten(box: Sandbox, report) -> None
     report.legit(proc.returncode == 0 and git(wd, "rev-parse", "from-box").returncode == 0)
     assert staged == ["host.txt"] and kept, (staged, err)
     assert proc.returncode == 0, out + err
+
+
+def test_packed_refs_conflict_loses_no_branch(box: Sandbox, report) -> None:
+    """The box packs its refs (deleting the loose ones) while the host rewrites packed-refs: the
+    box's packed-refs is kept aside, and every branch it packed is still there on the host."""
+    wd = repo(box)
+    git(wd, "branch", "b1")
+    git(wd, "branch", "b2")
+    git(wd, "tag", "host-packed")
+    git(wd, "pack-refs")  # packed-refs exists on the host before the box
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "shell", "local", "--quiet", "--prompt",
+         "git branch b3 && git pack-refs --all && touch ready && while [ ! -e go ]; do sleep 0.05; done"],
+        cwd=wd, env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (wd / "ready").exists():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        git(wd, "tag", "-d", "host-packed")  # rewrites packed-refs on the host
+        (wd / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    branches = git(wd, "branch", "--format=%(refname:short)").stdout.split()
+    kept = "packed-refs: changed on the host during the session" in err
+    report.attack(kept and "host-packed" not in git(wd, "tag").stdout)
+    report.legit(proc.returncode == 0 and sorted(branches) == ["b1", "b2", "b3", "main"])
+    assert kept, err
+    assert sorted(branches) == ["b1", "b2", "b3", "main"], (branches, err)
