@@ -65,6 +65,12 @@ class FsView:
             return "link"
         return "dir" if stat.S_ISDIR(mode) else "file"
 
+    def readlink(self, path: str) -> str | None:
+        try:
+            return os.readlink(path)
+        except OSError:
+            return None
+
     def listdir(self, path: str) -> list[str]:
         try:
             return os.listdir(path)

@@ -99,6 +99,7 @@ class GitPlan:
     common: str  # the main repository's git dir (worktrees must point back at it)
     notes: tuple[str, ...] = field(default=())
     gitlinks: tuple[str, ...] = ()
+    dotgit_link: str | None = None  # `.git` was this symbolic link: a link cannot be made read-only
     index: str = ""  # the index of the workdir's own checkout (its gitlinks are checked at exit)
 
 
@@ -288,7 +289,8 @@ def plan_git(workdir: str, fs: FsView) -> GitPlan | None:
     planner.points.append((EMPTY, "file"))
     return GitPlan(dirs=tuple(planner.dirs), mounts=tuple(planner.mounts), mount_points=tuple(planner.points),
                    protect=tuple(dict.fromkeys(planner.protect)), dotgit=dotgit, common=common,
-                   notes=tuple(planner.notes), gitlinks=tuple(gitlinks), index=index)
+                   notes=tuple(planner.notes), gitlinks=tuple(gitlinks), index=index,
+                   dotgit_link=fs.readlink(dotgit) if fs.lkind(dotgit) == "link" else None)
 
 
 def gitlinks_in(data: bytes) -> list[str]:
@@ -584,6 +586,7 @@ def sync_back(plan: GitPlan, run_dir: str, before: dict[str, str | None], aside_
                 continue
             keep(rel, data or b"", "not on the allowlist")
     _sweep_links(plan, aside, result)
+    _restore_dotgit_link(plan, workdir, result)
     _quarantine_new_gitlinks(plan, workdir, result)
     if result.aside:
         # One line: each file with its reason, the first few shown, and where they all are.
@@ -644,6 +647,30 @@ def _sweep_dir(dfd: int, rel: str, root: str, aside: _Aside, result: SyncResult,
         return
     finally:
         os.close(fd)
+
+
+def _restore_dotgit_link(plan: GitPlan, workdir: str, result: SyncResult) -> None:
+    """A `.git` that is a symbolic link cannot be made read-only (a mount follows it): if the box
+    replaced it, its replacement is moved aside and the link put back."""
+    if plan.dotgit_link is None:
+        return
+    try:
+        with safefs.base_dir(workdir) as wfd:
+            try:
+                st = os.stat(".git", dir_fd=wfd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode) and os.readlink(".git", dir_fd=wfd) == plan.dotgit_link:
+                    return
+                moved = safefs.unique_name(".git", "rejected")
+                safefs.rename_noreplace(wfd, ".git", moved)
+            except FileNotFoundError:
+                moved = None
+            os.symlink(plan.dotgit_link, ".git", dir_fd=wfd)
+    except OSError as err:
+        result.messages.append(f"git: the box replaced the link {workdir}/.git and it could not be put back "
+                               f"({err.strerror or err}); do not run git in the workdir before checking it")
+        return
+    where = f"; the box's .git is at {os.path.join(workdir, moved)} for review" if moved else ""
+    result.messages.append(f"git: the box replaced the link {workdir}/.git; the link is back{where}")
 
 
 def _quarantine_new_gitlinks(plan: GitPlan, workdir: str, result: SyncResult) -> None:

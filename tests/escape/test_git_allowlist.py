@@ -393,3 +393,21 @@ def test_packed_refs_conflict_loses_no_branch(box: Sandbox, report) -> None:
     report.legit(proc.returncode == 0 and sorted(branches) == ["b1", "b2", "b3", "main"])
     assert kept, err
     assert sorted(branches) == ["b1", "b2", "b3", "main"], (branches, err)
+
+
+def test_dotgit_as_a_link_is_put_back(box: Sandbox, report) -> None:
+    wd, m = repo(box), marker(box)
+    store = box.root / "store.git"
+    (wd / ".git").rename(store)
+    (wd / ".git").symlink_to(store)
+    out = run(box, f"""
+        echo more >> README.md && git {' '.join(ID)} commit -qam via-link && echo COMMIT-OK
+        rm .git && git init -q && git config core.fsmonitor "touch {m}" && echo REPLACED
+    """)
+    blocked = ("REPLACED" in out and (wd / ".git").is_symlink() and os.readlink(wd / ".git") == str(store)
+               and "the link is back" in out and host_git_runs_nothing(box))
+    report.attack(blocked)
+    works = "COMMIT-OK" in out and "via-link" in git(wd, "log", "--format=%s").stdout
+    report.legit(works)
+    assert blocked, out
+    assert works, out
