@@ -411,3 +411,15 @@ def test_dotgit_as_a_link_is_put_back(box: Sandbox, report) -> None:
     report.legit(works)
     assert blocked, out
     assert works, out
+
+
+def test_no_git_dir_cannot_be_created_in_a_plain_workdir(box: Sandbox, report) -> None:
+    """A workdir that is no repository: the box cannot make `.git` there (the host's next `git init`
+    or a parent's git would read it), while other dirs and files are created as usual."""
+    wd = box.workdir
+    out = run(box, "git init -q 2>/dev/null || echo INIT-REFUSED; mkdir -p .git/hooks 2>/dev/null || echo MKDIR-REFUSED; "
+                   "mkdir -p src && echo x > src/a && echo CREATE-OK")
+    report.attack("INIT-REFUSED" in out and "MKDIR-REFUSED" in out and not (wd / ".git").exists())
+    report.legit("CREATE-OK" in out and (wd / "src" / "a").exists())
+    assert "INIT-REFUSED" in out and "MKDIR-REFUSED" in out and not (wd / ".git").exists(), out
+    assert "CREATE-OK" in out, out
