@@ -68,6 +68,7 @@ OBJECT_REDIRECTS = ("objects/info/alternates", "objects/info/http-alternates")
 # An empty regular file in the run dir: what a missing redirect file shows in the box (a /dev/null
 # mask would fail git's reads with EACCES on a nodev mount and make it warn on every command).
 EMPTY = "git/empty"
+ORIG = "git-orig"  # run dir copies of what the box started from (not bound into the box)
 INDEX_LIMIT = 256 << 20
 STATE_LIMIT = 16 << 20
 TEXT_LIMIT = 1 << 20
@@ -399,6 +400,10 @@ def prepare(plan: GitPlan, run_dir: str, workdir: str) -> dict[str, str | None]:
                     if data is not None:
                         with safefs.parent_of(rfd, key, create=True, mode=0o755) as (pfd, leaf):
                             safefs.create_new(pfd, leaf, data, 0o644)
+                    if name == "packed-refs":
+                        # The host's packed-refs as the box found it, outside the box's reach.
+                        with safefs.parent_of(rfd, os.path.join(ORIG, key), create=True) as (pfd, leaf):
+                            safefs.create_new(pfd, leaf, data or b"", 0o600)
     return before
 
 
@@ -725,17 +730,30 @@ def _sync_one(rfd: int, hfd: int, g: GitDir, name: str, key: str, before: str | 
     elif box is not None:
         keep(key, box, "changed on the host during the session")
         if name == "packed-refs":
-            _restore_packed(hfd, box, g, result)
+            _restore_packed(hfd, box, g, result, _orig_packed(rfd, key))
 
 
-def _restore_packed(hfd: int, box: bytes, g: GitDir, result: SyncResult) -> None:
+def _orig_packed(rfd: int, key: str) -> bytes:
+    try:
+        return safefs.read_beneath(rfd, os.path.join(ORIG, key), STATE_LIMIT) or b""
+    except OSError:
+        return b""
+
+
+def _packed_names(data: bytes) -> set[bytes]:
+    return {ln.split(b" ", 1)[1] for ln in data.split(b"\n") if b" " in ln and not ln.startswith(b"#")}
+
+
+def _restore_packed(hfd: int, box: bytes, g: GitDir, result: SyncResult, orig: bytes) -> None:
     """The box packed refs (deleting the loose ones, live) but its packed-refs conflicts with the
-    host's: each ref it packed that the host now has nowhere is written back as a loose ref."""
+    host's: each ref it packed that was loose when it started (or that it made) and that the host
+    now has nowhere is written back as a loose ref. A ref that was packed already is the host's
+    to delete."""
     try:
         host = safefs.read_beneath(hfd, "packed-refs", STATE_LIMIT) or b""
     except OSError:
         return
-    held = {ln.split(b" ", 1)[1] for ln in host.split(b"\n") if b" " in ln and not ln.startswith(b"#")}
+    held = _packed_names(host) | _packed_names(orig)
     restored = 0
     for line in box.split(b"\n"):
         m = re.fullmatch(b"(" + _HEX + b") (.+)", line)

@@ -389,7 +389,8 @@ def test_packed_refs_conflict_loses_no_branch(box: Sandbox, report) -> None:
             proc.kill()
     branches = git(wd, "branch", "--format=%(refname:short)").stdout.split()
     kept = "packed-refs: changed on the host during the session" in err
-    report.attack(kept and "host-packed" not in git(wd, "tag").stdout)
+    kept = kept and "host-packed" not in git(wd, "tag").stdout  # the host's deletion stands
+    report.attack(kept)
     report.legit(proc.returncode == 0 and sorted(branches) == ["b1", "b2", "b3", "main"])
     assert kept, err
     assert sorted(branches) == ["b1", "b2", "b3", "main"], (branches, err)
