@@ -26,6 +26,15 @@ a hook, `commondir`, a rebase todo list, a worktree whose `commondir`/`gitdir` p
 kept aside too, in a reviewable directory under hive relay's state dir, and one line says so.
 Nothing of it is ever live on the host.
 
+Around that, after the box (it is dead by then, so nothing races the janitor):
+- links and special files it left in `logs/`, `refs/`, `rr-cache/` (trees it shared with the host,
+  where host git appends reflogs or writes through a link) are recorded aside and removed;
+- when its packed-refs conflicts with the host's, the refs it packed out of their loose files are
+  written back as loose refs, so `git pack-refs` in the box never loses a branch;
+- a `.git` that is a symbolic link (no mount can make a link read-only) is put back if replaced;
+- a gitlink it staged whose checkout has a `.git` of its own (a repository it made, with its own
+  config, which the host's `git status` would recurse into) has that `.git` moved aside.
+
 The host side of a redirect that already exists (a `.git` file of a linked worktree, a
 `commondir`) is followed the way git follows it, so the box's git works on the same repository;
 the `.git` file itself is read-only in the box.
