@@ -25,7 +25,9 @@ SECRET_SYSTEM = (
     "/var/run/podman", "/run/containerd",
 )
 # Inside the workdir: write-protected, because the host runs them later (hooks, rc files,
-# editor tasks, agent settings that can declare hooks or MCP servers).
+# editor tasks, agent settings that can declare hooks or MCP servers). The `.git/` entries only
+# matter where the workdir has no git dir (they mask `.git`, so none is created) or for the process
+# tier; a git dir that exists is private and allowlisted instead (relay/gitdir.py).
 PROTECT_WORKDIR = (
     ".git/hooks", ".git/config", ".bashrc", ".bash_profile", ".profile", ".zshrc", ".zshenv",
     ".zprofile", ".envrc", ".vscode", ".idea", ".mcp.json", ".claude/commands",
@@ -56,7 +58,9 @@ def protected_paths(workdir: str) -> list[str]:
 
 def nested_git_paths(workdir: str) -> list[str]:
     """Hooks and config of existing submodules and linked worktrees under .git: they run on the host
-    too. (A repo the agent creates from scratch is not protected; see the README threat model.)"""
+    too. Superseded in bwrap and container boxes by the private git dir (relay/gitdir.py): where
+    that exists, every protected path under `.git` is dropped from the plan.
+    (A repo the agent creates from scratch is not protected; see the README threat model.)"""
     found: list[str] = []
     git = os.path.join(workdir, ".git")
     for sub in ("modules", "worktrees"):

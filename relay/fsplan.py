@@ -2,7 +2,8 @@
 
 The rules, in order: the host read-only; private /tmp, /run and $HOME; the workdir and the
 profile's grants bound back (parents first); then write protections inside the workdir;
-then the deny list, which always wins. Symlinks are resolved first so that a link cannot
+then the deny list, which always wins. The workdir's git dir is planned by relay/gitdir.py (a
+private copy with an allowlist of writable parts) and enters here as `git_mounts`. Symlinks are resolved first so that a link cannot
 carry a denied path into the box, and a missing denied path that could be created under a
 writable bind is masked at its first missing component.
 """
@@ -53,6 +54,40 @@ class FsView:
 
     def is_symlink(self, path: str) -> bool:
         return os.path.islink(path)
+
+    def lkind(self, path: str) -> str:
+        """Like kind, but a symbolic link is "link" (not followed)."""
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            return "missing"
+        if stat.S_ISLNK(mode):
+            return "link"
+        return "dir" if stat.S_ISDIR(mode) else "file"
+
+    def readlink(self, path: str) -> str | None:
+        try:
+            return os.readlink(path)
+        except OSError:
+            return None
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return os.listdir(path)
+        except OSError:
+            return []
+
+    def read_small(self, path: str) -> bytes | None:
+        """A small regular file's bytes, read with no link followed (None: absent or not a file)."""
+        return self.read_bounded(path, 4096)
+
+    def read_bounded(self, path: str, limit: int) -> bytes | None:
+        from . import safefs
+
+        try:
+            return safefs.read_file(path, limit)
+        except OSError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -122,6 +157,7 @@ def plan_filesystem(
     secrets: Iterable[str],
     protected: Iterable[str],
     extra_binds: Iterable[Mount] = (),
+    git_mounts: Iterable[Mount] = (),
     fs: FsView | None = None,
     tmpfs_size: int | None = None,
 ) -> FsPlan:
@@ -154,6 +190,13 @@ def plan_filesystem(
     binds.append((_depth(real_workdir), 1, Mount("bind", real_workdir, real_workdir)))
     binds += [(_depth(m.dst), 0, m) for m in extra_binds if m.src and fs.kind(m.src) != "missing"]
     mounts += [m for _, _, m in sorted(binds, key=lambda b: (b[0], b[1]))]
+    # The workdir's git dir by allowlist (relay/gitdir.py): its private copy and the binds inside it,
+    # parents first. A bind whose source resolves into a denied path is left out.
+    for m in git_mounts:
+        if m.kind != "private-bind" and m.src and any(_under(m.src, s) for s in secret_reals):
+            notes.append(f"{m.dst} is not shown in the box: it resolves into a denied path")
+            continue
+        mounts.append(m)
 
     placeholders: list[str] = []
     masked: set[str] = set()

@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import guard, limits, safefs
+from . import gitdir, guard, limits, safefs
 from .digest import sha256
 from .placeholders import Registry
 from .procs import pid_alive
@@ -36,6 +36,9 @@ class RunState:
     cgroup: limits.Cgroup | None = None
     lock_dir: str | None = None  # our state dir: where the sync-back lock lives
     container_rm: list[str] | None = None  # argv that force-removes this run's container
+    git: gitdir.GitPlan | None = None  # the private git dirs (relay/gitdir.py)
+    git_before: dict[str, str | None] = field(default_factory=dict)  # their state files at copy-in
+    workdir: str = ""
 
 
 # The files synced back (e.g. ~/.claude.json) hold settings and project history, never bulk data.
@@ -60,8 +63,8 @@ def box_copy_path(state: RunState, host_path: str) -> str:
 
 def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False,
             git_excludes: str | None = None) -> None:
-    """Create the private run dir, its tmp (process tier), the box's git excludes file and copies
-    of synced files."""
+    """Create the private run dir, its tmp (process tier), the box's git excludes file, copies
+    of synced files and the private git dirs."""
     if state.run_dir is None:
         return
     os.makedirs(state.run_dir, mode=0o700)
@@ -79,6 +82,8 @@ def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False
         state.sync[host_path] = _digest(data)
         if data is not None:
             safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True)
+    if state.git is not None:
+        state.git_before = gitdir.prepare(state.git, state.run_dir, state.workdir)
 
 
 @contextmanager
@@ -122,6 +127,21 @@ def _sync_back(state: RunState, messages: list[str]) -> None:
             messages.append(f"could not sync {host_path} back: {err.strerror or err}")
 
 
+def _sync_git(state: RunState, messages: list[str]) -> None:
+    """The allowlisted git state files back to the host; the rest kept aside for review."""
+    assert state.run_dir is not None and state.git is not None
+    aside_root = os.path.join(state.lock_dir or os.path.join(state.home, ".local", "state", "hive-relay"), "git-aside")
+    tag = os.path.basename(state.run_dir).removeprefix("hive-relay-")
+    try:
+        with _sync_lock(state):
+            result = gitdir.sync_back(state.git, state.run_dir, state.git_before, aside_root, tag, state.workdir)
+    except OSError as err:
+        messages.append(f"could not sync the box's git state back: {err.strerror or err}; the host's .git is "
+                        "as it was before the session, apart from objects, refs and logs")
+        return
+    messages += result.messages
+
+
 def teardown(state: RunState) -> list[str]:
     """Undo everything the run created on the host; returns messages for the user."""
     messages: list[str] = []
@@ -138,6 +158,8 @@ def teardown(state: RunState) -> list[str]:
             messages.append(f"could not clean placeholder files: {err.strerror or err}")
     if state.run_dir is not None:
         _sync_back(state, messages)
+        if state.git is not None:
+            _sync_git(state, messages)
         shutil.rmtree(state.run_dir, ignore_errors=True)
     return messages
 

@@ -20,6 +20,7 @@ from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
 from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
+from .gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from .hosts import HostRule, explain, parse_rule
 from .native import render as render_native
 from .paths import config_home, own_paths, state_dir, tool_dir
@@ -99,6 +100,7 @@ class Plan:
     git_excludes: tuple[str, ...] = ()
     unsandboxed: bool = False
     container: ContainerRun | None = None
+    git: GitPlan | None = None  # the workdir's git dir by allowlist (relay/gitdir.py)
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -314,19 +316,43 @@ def resolve(
             extra_binds.append(Mount("ro-bind", install_dir, install_dir))
 
     run_dir = os.path.join(caller_env.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
+    protected = protected_paths(workdir) + nested_git_paths(workdir)
+    git = plan_git(workdir, fs) if tier in ("supervised", "container") else None
+    git_mounts: list[Mount] = []
+    if git is not None:
+        # The git dir is private and allowlisted; the deny-list entries under it are moot, and
+        # resolving a linked one (`.git/hooks -> ..`) would freeze the workdir.
+        protected = [p for p in protected if not safe_beneath(p, git.dotgit)] + list(git.protect)
+        notes += git.notes
+        if run_dir:
+            git_mounts = [replace(m, src=os.path.join(run_dir, m.src or "")) if m.kind == "private-bind" else m
+                          for m in git.mounts]
+        else:
+            git_mounts = [replace(m, src=os.path.join("/RUN-DIR", m.src or "")) if m.kind == "private-bind" else m
+                          for m in git.mounts]
     fsplan = plan_filesystem(
         home=home,
         workdir=workdir,
         home_source=os.path.join(run_dir, "home") if (sync and run_dir) else None,
         grants=grants,
         secrets=secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
-        protected=protected_paths(workdir) + nested_git_paths(workdir) + own_paths(caller_env),
+        protected=protected + own_paths(caller_env),
         extra_binds=extra_binds,
+        git_mounts=git_mounts,
         fs=fs,
         # Box-private tmpfs (/tmp, /var/tmp, /run, $HOME) is memory: cap each at a quarter of the limit.
         tmpfs_size=profile.memory // 4,
     )
     notes += fsplan.notes
+    if git is not None and run_dir:
+        # A missing objects/info/alternates reads as empty in the box, not as EACCES.
+        redirects = {os.path.join(d.host, r) for d in git.dirs if d.kind == "common" for r in OBJECT_REDIRECTS}
+        fsplan = replace(fsplan, mounts=tuple(
+            Mount("ro-bind", m.dst, os.path.join(run_dir, EMPTY)) if m.kind == "mask-file" and m.dst in redirects else m
+            for m in fsplan.mounts))
+    # What the git plan binds read-only is protected too (reported with the rest).
+    fsplan = replace(fsplan, protected=tuple(dict.fromkeys(
+        fsplan.protected + tuple(m.dst for m in fsplan.mounts if m.kind == "ro-bind" and m in git_mounts))))
     # Placeholders would show up in the agent's `git status`; a box-only excludes file hides them.
     git_excludes = tuple(sorted("/" + os.path.relpath(p, workdir) for p in fsplan.placeholders
                                 if p.startswith(workdir.rstrip("/") + "/")))
@@ -448,8 +474,13 @@ def resolve(
         log_path=log_path if proxy_listen else None,
         run_dir=run_dir,
         container=container.run if container else None,
+        git=git if tier in ("supervised", "container") else None,
         notes=tuple(notes),
     )
+
+
+def safe_beneath(path: str, base: str) -> bool:
+    return os.path.normpath(path) == os.path.normpath(base) or path.startswith(base.rstrip("/") + "/")
 
 
 def _unsandboxed_plan(

@@ -171,9 +171,10 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     own_cgroup = container is None and plan.limits.method.startswith("cgroup")
     if own_cgroup:
         limits.sweep_stale()
-    needs_run_dir = bool(plan.sync_files) or process_tier or bool(plan.git_excludes) or container is not None
+    needs_run_dir = (bool(plan.sync_files) or process_tier or bool(plan.git_excludes) or container is not None
+                     or plan.git is not None)
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
-                             placeholders=plan.placeholders, owner=os.getpid())
+                             placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir)
     if plan.placeholders or plan.protected or plan.denied:
         state.registry = Registry(state_dir(dict(caller_env)))
         try:
