@@ -19,7 +19,10 @@ from .probe import probe
 
 
 def new_run_id() -> str:
-    return f"{os.getpid()}-{os.urandom(4).hex()}"
+    """`PID-START-BOOT-RANDOM`: names the launcher by pid and start time (see sweep)."""
+    from .sweep import new_run_id as run_id
+
+    return run_id()
 
 
 def contribute(

@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import guard, janitor, jobctl, limits, procs, safefs
+from . import guard, janitor, jobctl, limits, procs, safefs, sweep
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
 from .netns import listen_in
@@ -156,12 +156,9 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     emit(note_lines(plan.notes))
     process_tier = plan.tier == "process"
     container = plan.container
-    if plan.run_dir:
-        janitor.sweep_stale_run_dirs(os.path.dirname(plan.run_dir))
     # Our own cgroups are for local boxes; a container's limits belong to its engine.
     own_cgroup = container is None and plan.limits.method.startswith("cgroup")
-    if own_cgroup:
-        limits.sweep_stale()
+    sweep.at_launch(os.path.dirname(plan.run_dir) if plan.run_dir else None, state_dir(dict(caller_env)), own_cgroup)
     needs_run_dir = bool(plan.sync_files) or process_tier or bool(plan.git_excludes) or container is not None
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid())
