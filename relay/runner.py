@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import guard, janitor, jobctl, limits, procs, safefs, sweep
+from . import exitreport, guard, janitor, jobctl, limits, procs, safefs, sweep
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, RelayError
 from .netns import listen_in
@@ -191,6 +191,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
     use_rlimits = state.cgroup is None
     nofile = limits.raise_nofile()
+    watch = exitreport.begin(plan)
     jpid, lifeline = janitor.spawn(state)
     proc = None
     proxy = None
@@ -231,6 +232,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     summary = [proxy.log.summary()] if proxy is not None and proxy.log.summary() else []
     if proxy is not None and proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({proxy.log.write_errors} errors): {plan.log_path}")
+    messages += exitreport.end(watch, plan, caller_env, run_id)
     emit([f"hive-relay: {line}" for line in summary + messages])
     return _finish(outcome, rc, plan)
 

@@ -92,11 +92,12 @@ def new_run_id() -> str:
 
 
 def parse_run_id(run_id: str) -> Owner | None:
-    """The owner a run id names; None for a name that is not one of ours."""
+    """The owner a run id names (any `-SUFFIX` after it, such as `-verify`, belongs to the same
+    run); None for a name that is not one of ours."""
     parts = run_id.split("-")
-    if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit() and parts[2].isalnum():
+    if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit() and parts[2].isalnum():
         return Owner(int(parts[0]), int(parts[1]), parts[2])
-    if len(parts) == 2 and parts[0].isdigit() and parts[1].isalnum():
+    if len(parts) in (2, 3) and parts[0].isdigit() and parts[1].isalnum():
         return Owner(int(parts[0]))
     return None
 
