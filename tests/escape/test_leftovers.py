@@ -88,7 +88,8 @@ def test_exit_report_quiet_for_ordinary_source_edits(box_sandbox: Sandbox, repor
     assert "v2" in (s.workdir / "run.sh").read_text()
 
 
-def _children(pid: int) -> list[int]:
+def _janitors(pid: int) -> list[int]:
+    """The launcher's forked children that lead a session of their own: its janitor."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -98,7 +99,7 @@ def _children(pid: int) -> list[int]:
                 fields = fh.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(fields[1]) == pid and int(fields[3]) == int(name):
             found.append(int(name))
     return found
 
@@ -136,7 +137,7 @@ def _cgroups(run_id: str) -> list[str]:
 def _start_waiting_box(s: Sandbox, flag: str) -> subprocess.Popen:
     """A box that waits until FLAG appears in the workdir (written by the test from the host)."""
     return subprocess.Popen([sys.executable, "-m", "relay", "claude", "local", "--quiet", "--prompt",
-                             f"while [ ! -e {flag} ]; do sleep 0.05; done; echo released"],
+                             f"touch started-{flag}; while [ ! -e {flag} ]; do sleep 0.05; done; echo released"],
                             cwd=s.workdir, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -147,17 +148,17 @@ def _owned_by(s: Sandbox, pid: int) -> list[str]:
 def test_launcher_and_janitor_killed_leave_nothing_after_the_next_box(box_sandbox: Sandbox, report) -> None:
     s = box_sandbox
     launcher = _start_waiting_box(s, "never")
-    _wait_for(lambda: _run_dirs(s, launcher.pid) and _owned_by(s, launcher.pid), "the box's run dir and placeholders")
+    _wait_for(lambda: (s.workdir / "started-never").exists(), "the box running")
     run_dir = _run_dirs(s, launcher.pid)[0]
     run_id = run_dir.name.removeprefix("hive-relay-")
     assert sweep.parse_run_id(run_id) == sweep.me(launcher.pid)
     placeholders = _owned_by(s, launcher.pid)
     cgroups = _cgroups(run_id)
-    janitors = [p for p in _children(launcher.pid) if b"bwrap" not in _cmdline(p).split(b"\0")[0]]
+    janitors = [p for p in _janitors(launcher.pid) if _cmdline(p) == _cmdline(launcher.pid)]
     assert len(janitors) == 1, janitors
     os.kill(janitors[0], signal.SIGKILL)
     os.kill(launcher.pid, signal.SIGKILL)
-    launcher.communicate()
+    launcher.communicate(timeout=60)
     _wait_for(lambda: not os.path.exists(f"/proc/{janitors[0]}"), "the janitor's end")
     left = run_dir.exists() and all(os.path.lexists(p) for p in placeholders)
     assert left, "nothing was left behind: the test would prove nothing"
