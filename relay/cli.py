@@ -19,7 +19,10 @@ from .probe import probe
 
 
 def new_run_id() -> str:
-    return f"{os.getpid()}-{os.urandom(4).hex()}"
+    """`PID-START-BOOT-RANDOM`: names the launcher by pid and start time (see sweep)."""
+    from .sweep import new_run_id as run_id
+
+    return run_id()
 
 
 def contribute(
@@ -53,6 +56,13 @@ def contribute(
         ensure_cli(backend, env, template[0])
     facts = probe(env)
     mark("probed")
+    if not dry_run:
+        # Before planning: the plan looks at the workdir, where a dead launcher's placeholders may
+        # still stand; swept after planning, they would vanish under the plan's mounts.
+        from .paths import state_dir
+        from .sweep import at_launch
+
+        at_launch(env.get("XDG_RUNTIME_DIR") or "/tmp", state_dir(env), cgroups=True)
     plan = resolve(backend, matrix, request, facts, env)
     mark("resolved")
     if dry_run:

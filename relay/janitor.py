@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from . import gitdir, guard, limits, safefs
 from .digest import sha256
 from .placeholders import Registry
-from .procs import pid_alive
 
 
 @dataclass
@@ -297,18 +296,8 @@ def finish(pid: int, lifeline: int) -> list[str]:
 
 
 def sweep_stale_run_dirs(base: str) -> None:
-    """Remove run dirs of launchers that died together with their janitor (e.g. a reboot)."""
-    try:
-        names = [n for n in os.listdir(base) if n.startswith("hive-relay-")]
-    except OSError:
-        return
-    for name in names:
-        owner = name[len("hive-relay-"):].split("-")[0]
-        if not owner.isdigit() or pid_alive(int(owner)):
-            continue
-        path = os.path.join(base, name)
-        try:
-            if os.stat(path).st_uid == os.getuid():
-                shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass
+    """Remove run dirs of launchers that died together with their janitor (e.g. a reboot); the
+    owner is checked by pid and start time (see sweep)."""
+    from .sweep import run_dirs
+
+    run_dirs(base)

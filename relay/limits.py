@@ -15,7 +15,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from .procs import pid_alive
+from .sweep import gone
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PREFIX = "hive-relay-"
@@ -123,11 +123,11 @@ def sweep_stale() -> int:
         except OSError:
             continue
         for name in names:
-            owner = name[len(PREFIX):].split("-")[0]
-            if owner.isdigit() and pid_alive(int(owner)):
-                continue
+            path = os.path.join(base, name)
             try:
-                os.rmdir(os.path.join(base, name))
+                if not gone(name, PREFIX, os.stat(path, follow_symlinks=False).st_ctime):
+                    continue
+                os.rmdir(path)
                 removed += 1
             except OSError:
                 pass

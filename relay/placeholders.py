@@ -5,7 +5,8 @@ bwrap needs a mount point to mask a missing path, so an empty file appears on th
 box's lifetime. Two boxes in one workdir must not race on creating it, and one box's teardown
 must not unlink it while another box still masks it (unlinking a mount point detaches the mount
 in every namespace). So each placeholder is reference-counted by launcher pid in a registry
-under the state dir, guarded by flock; the last live user removes it.
+under the state dir, guarded by flock; the last live user removes it. A reference is an owner
+(pid, start time, boot: see sweep), so a pid reused after its launcher died keeps nothing alive.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import safefs
-from .procs import pid_alive
+from .sweep import Owner, alive, me, owner_from_json
 
 # The registry lists placeholder paths and pids; a few hundred entries at most.
 MAX_REGISTRY = 1 << 20
@@ -64,6 +65,7 @@ class Registry:
         """Create the missing placeholders (empty files, or empty dirs where `is_dir`) and take a
         reference on them, plus on any existing path that is a registered placeholder of another box.
         Each is created beneath its trusted base (the workdir, the home) with no link followed."""
+        owner = me(pid)
         with self._locked() as data:
             _prune(data)
             for path, is_dir in missing:
@@ -76,28 +78,46 @@ class Registry:
                 except OSError:
                     continue  # bwrap will report what is wrong
                 entry = data.setdefault(path, {"base": base, "pids": []})
-                entry["pids"].append(pid)
+                entry["pids"].append(owner.as_json())
             for path in existing:
-                if path in data and pid not in data[path]["pids"]:
-                    data[path]["pids"].append(pid)
+                if path in data and not any(_pid(o) == pid for o in data[path]["pids"]):
+                    data[path]["pids"].append(owner.as_json())
 
     def release(self, pid: int) -> None:
         """Drop this pid's references; remove placeholders nobody alive uses any more."""
         with self._locked() as data:
             for entry in data.values():
-                entry["pids"] = [p for p in entry["pids"] if p != pid]
+                entry["pids"] = [p for p in entry["pids"] if _pid(p) != pid]
+            _prune(data)
+
+    def sweep(self) -> None:
+        """Every launch: drop references whose owner is gone (a launcher killed with its janitor, a
+        power cut) and remove the placeholders nobody alive uses. No registry, nothing to do."""
+        try:
+            os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        with self._locked() as data:
             _prune(data)
 
 
+def _owners(values: object) -> list[dict]:
+    owners = [owner_from_json(v) for v in values] if isinstance(values, list) else []
+    return [o.as_json() for o in owners if o is not None]
+
+
+def _pid(ref: dict) -> int:
+    return ref["pid"]
+
+
 def _entry(value: object) -> dict:
-    """Registry entries: {"base": DIR, "pids": [...]}; older registries held the pid list alone."""
+    """Registry entries: {"base": DIR, "pids": [{"pid", "start", "boot"}, ...]}; older registries
+    held bare pids, or the pid list alone."""
     if isinstance(value, list):
-        return {"base": None, "pids": [p for p in value if isinstance(p, int)]}
+        return {"base": None, "pids": _owners(value)}
     if isinstance(value, dict):
-        pids = value.get("pids")
         base = value.get("base")
-        return {"base": base if isinstance(base, str) else None,
-                "pids": [p for p in pids if isinstance(p, int)] if isinstance(pids, list) else []}
+        return {"base": base if isinstance(base, str) else None, "pids": _owners(value.get("pids"))}
     return {"base": None, "pids": []}
 
 
@@ -118,7 +138,7 @@ def _is_placeholder(st: os.stat_result) -> bool:
 def _prune(data: dict[str, dict]) -> None:
     for path in list(data):
         entry = data[path]
-        entry["pids"] = [p for p in entry["pids"] if pid_alive(p)]
+        entry["pids"] = [p for p in entry["pids"] if alive(Owner(p["pid"], p["start"], p["boot"]))]
         if entry["pids"]:
             continue
         del data[path]

@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import guard, janitor, jobctl, limits, procs, safefs
+from . import exitreport, guard, janitor, jobctl, limits, procs, safefs
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
 from .netns import listen_in
@@ -165,12 +165,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     emit(note_lines(plan.notes))
     process_tier = plan.tier == "process"
     container = plan.container
-    if plan.run_dir:
-        janitor.sweep_stale_run_dirs(os.path.dirname(plan.run_dir))
     # Our own cgroups are for local boxes; a container's limits belong to its engine.
     own_cgroup = container is None and plan.limits.method.startswith("cgroup")
-    if own_cgroup:
-        limits.sweep_stale()
     needs_run_dir = (bool(plan.sync_files) or process_tier or bool(plan.git_excludes) or container is not None
                      or plan.git is not None)
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
@@ -204,6 +200,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
     use_rlimits = state.cgroup is None
     nofile = limits.raise_nofile()
+    watch = exitreport.begin(plan)
     jpid, lifeline = janitor.spawn(state)
     # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
     # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
@@ -252,6 +249,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     summary = proxy.log.summary_lines() if proxy is not None else []
     if proxy is not None and proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({proxy.log.write_errors} errors): {plan.log_path}")
+    messages += exitreport.end(watch, plan, caller_env, run_id)
     emit([f"hive-relay: {line}" for line in summary + messages])
     return _finish(outcome, rc, plan)
 
@@ -379,8 +377,13 @@ def _start_supervised(
             return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
         janitor.tell(lifeline, child)
         if state.cgroup is not None:
-            for pid_ in (proc.pid, child):
-                limits.join(state.cgroup, pid_)
+            try:
+                for pid_ in (proc.pid, child):
+                    limits.join(state.cgroup, pid_)
+            except ProcessLookupError:
+                if proc.poll() is not None:
+                    return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
+                raise
         limits.apply_to(child, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
         if plan.proxy_listen:
             try:
