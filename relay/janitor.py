@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import guard, limits, safefs
+from . import agentstate, guard, limits, safefs
 from .digest import sha256
 from .placeholders import Registry
 from .procs import pid_alive
@@ -36,6 +36,7 @@ class RunState:
     cgroup: limits.Cgroup | None = None
     lock_dir: str | None = None  # our state dir: where the sync-back lock lives
     container_rm: list[str] | None = None  # argv that force-removes this run's container
+    agent: agentstate.AgentState | None = None  # private copies of the agent's state dirs
 
 
 # The files synced back (e.g. ~/.claude.json) hold settings and project history, never bulk data.
@@ -79,6 +80,8 @@ def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False
         state.sync[host_path] = _digest(data)
         if data is not None:
             safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True)
+    if state.agent is not None:
+        agentstate.copy_in(state.agent, box_home)
 
 
 @contextmanager
@@ -111,7 +114,10 @@ def _sync_back(state: RunState, messages: list[str]) -> None:
             continue
         try:
             with _sync_lock(state):
-                if _digest(_read_host(host_path, state.home)) == before:
+                current = _read_host(host_path, state.home)
+                if _digest(current) == before:
+                    if state.agent is not None:
+                        box = agentstate.filter_synced(state.agent, host_path, current, box)
                     base = state.home if safefs.beneath(host_path, state.home) else None
                     safefs.write_file(host_path, box, 0o600, base=base)
                 else:
@@ -138,6 +144,8 @@ def teardown(state: RunState) -> list[str]:
             messages.append(f"could not clean placeholder files: {err.strerror or err}")
     if state.run_dir is not None:
         _sync_back(state, messages)
+        if state.agent is not None:
+            agentstate.sync_back(state.agent, os.path.join(state.run_dir, "home"), messages)
         shutil.rmtree(state.run_dir, ignore_errors=True)
     return messages
 
