@@ -627,3 +627,88 @@ def _read_manifest_fd(kfd: int) -> dict | None:
     if not isinstance(value, dict) or not isinstance(value.get("files"), dict):
         raise ValueError("not a kept-state manifest")
     return value
+
+
+# --- accept-state -------------------------------------------------------------------------------------------
+
+def kept_runs(state_dir: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(os.path.join(state_dir, "kept")) if RUN_ID.match(n))
+    except OSError:
+        return []
+
+
+def accept(state_dir: str, home: str, run: str, paths: tuple[str, ...] = ()) -> list[str]:
+    """Take kept-aside files of one run into $HOME after review (all, or the named ones). Every file is
+    checked first: one that changed on the host since the run refuses the whole call, so nothing is
+    half-accepted. Returns what was accepted. Raises UsageError with the fix."""
+    from .errors import UsageError
+
+    runs = kept_runs(state_dir)
+    listing = f"pick one of: {', '.join(runs[-5:])}" if runs else "nothing is kept aside at the moment"
+    if not RUN_ID.match(run):
+        raise UsageError(f"accept-state: {run!r} is not a run id; fix: {listing}")
+    kept = os.path.join(state_dir, "kept", run)
+    try:
+        with safefs.base_dir(os.path.dirname(kept)) as pfd:
+            kfd = safefs.open_beneath(pfd, run, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        raise UsageError(f"accept-state: no state is kept aside for run {run}; fix: {listing}") from None
+    try:
+        try:
+            manifest = _read_manifest_fd(kfd)
+        except (OSError, ValueError):
+            manifest = None
+        if not manifest:
+            raise UsageError(f"accept-state: {kept}/{MANIFEST} is missing or unreadable; fix: review and copy the "
+                             "files by hand, then delete that directory")
+        files: dict[str, dict] = manifest["files"]
+        wanted = [_rel_arg(p, home, files, kept) for p in paths] if paths else sorted(files)
+        with safefs.base_dir(home) as hfd:
+            for rel in wanted:
+                entry = files[rel]
+                if entry.get("kind") == "file" and not entry.get("stored"):
+                    raise UsageError(f"accept-state: ~/{rel} was over the size bound and not stored; fix: let the "
+                                     f"agent recreate it, or accept the other files by name")
+                expected = entry.get("host_sha256")
+                if _digest_host(hfd, rel) != expected:
+                    raise UsageError(f"accept-state: ~/{rel} changed on the host since run {run} (or was in conflict); "
+                                     f"fix: merge {kept}/{rel} into it by hand")
+            for rel in wanted:
+                entry = files[rel]
+                parent = os.path.dirname(rel)
+                dfd = _mkdirs(hfd, parent) if parent else os.dup(hfd)
+                try:
+                    name = os.path.basename(rel)
+                    if entry.get("kind") == "link":
+                        tmp = safefs.unique_name(name, "tmp")
+                        os.symlink(str(entry.get("target", "")), tmp, dir_fd=dfd)
+                        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                    else:
+                        with safefs.parent_of(kfd, rel) as (sfd, sname):
+                            _copy_into(sfd, sname, dfd, name, mode=0o600, replace=True)
+                            os.unlink(sname, dir_fd=sfd)
+                finally:
+                    os.close(dfd)
+                del files[rel]
+        if files:
+            safefs.replace_in(kfd, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    finally:
+        os.close(kfd)
+    if not files:
+        import shutil
+
+        shutil.rmtree(kept, ignore_errors=True)
+    return ["~/" + rel for rel in wanted]
+
+
+def _rel_arg(arg: str, home: str, files: dict[str, dict], kept: str) -> str:
+    from .errors import UsageError
+
+    rel = arg[2:] if arg.startswith("~/") else os.path.relpath(arg, home) if os.path.isabs(arg) else arg
+    rel = os.path.normpath(rel)
+    if rel not in files:
+        shown = ", ".join("~/" + f for f in sorted(files)[:5]) + (", …" if len(files) > 5 else "")
+        raise UsageError(f"accept-state: {arg} is not kept aside in this run; fix: name one of: {shown} "
+                         f"(see {kept}/{MANIFEST})")
+    return rel

@@ -282,7 +282,14 @@ def resolve(
         else:
             # Under $HOME: a private copy in the box's home. Elsewhere (an absolute path): bound as before.
             for path in (expand(p, home, uid) for p in backend.home_rw):
-                if path.startswith(home.rstrip("/") + "/"):
+                if path.startswith(home.rstrip("/") + "/") and fs.is_symlink(path):
+                    real = fs.realpath(path)
+                    leak = next((s for s in secret_paths(home, uid, backend.deny, None)
+                                 if real == s or real.startswith(s.rstrip("/") + "/")), None)
+                    notes.append(f"grant {path} skipped: it resolves into denied {leak}" if leak else
+                                 f"{path} is a symbolic link, which is never followed: the box starts with an empty "
+                                 "private one and nothing of it is synced back")
+                elif path.startswith(home.rstrip("/") + "/"):
                     state_dirs.append(path)
                 else:
                     grants.append(Grant(path, True))
