@@ -346,7 +346,7 @@ def _decide(state: AgentState, hfd: int, bfd: int, change: _Change, keep: re.Pat
             new = None
         keys = guard.changed_exec_keys(old, new, rel) if new is not None else ["(unreadable or oversized file)"]
         if keys:
-            change.action, change.why = "rejected", ", ".join(keys)
+            change.action, change.why = "rejected", "changed " + ", ".join(keys)
             return
     elif not keep.match(rel):
         change.action, change.why = "keep", "not in home.keep"
@@ -470,7 +470,8 @@ def sync_back(state: AgentState, box_home: str, messages: list[str]) -> None:
             for change in changes:
                 if change.action == "rejected":
                     _reject(state, bfd, change, messages)
-            aside = [c for c in changes if c.action in ("keep", "conflict")]
+            # A rejected settings file is kept next to it (the guard's convention) and here, for accept-state.
+            aside = [c for c in changes if c.action in ("keep", "conflict", "rejected")]
             dropped = _write_kept(state, hfd, bfd, aside) if aside else 0
             if aside or state.extra_kept:
                 messages.append(_summary(state, aside, dropped))
@@ -490,10 +491,10 @@ def _reject(state: AgentState, bfd: int, change: _Change, messages: list[str]) -
             return
         aside = safefs.keep_aside(host_path, data, "rejected", base=state.home)
     except OSError as err:
-        messages.append(f"reverted {host_path}: the box changed {change.why}, which would run on the host later; "
+        messages.append(f"reverted {host_path}: the box {change.why}, which would run on the host later; "
                         f"its version could not be kept ({err.strerror or err})")
         return
-    messages.append(f"reverted {host_path}: the box changed {change.why}, which would run on the host later; "
+    messages.append(f"reverted {host_path}: the box {change.why}, which would run on the host later; "
                     f"its version is kept at {aside}")
 
 
@@ -520,7 +521,7 @@ def _write_kept(state: AgentState, hfd: int, bfd: int, aside: list[_Change]) -> 
                 "why": change.why, "kind": change.kind, "stored": stored,
                 **({"target": change.link} if change.link is not None else {}),
                 # What accept-state expects on the host (None: absent); a conflict never matches.
-                "host_sha256": _digest_host(hfd, change.rel) if host_unchanged and change.action == "keep"
+                "host_sha256": _digest_host(hfd, change.rel) if host_unchanged and change.action in ("keep", "rejected")
                 else "(changed on the host during the session)",
             }
         safefs.replace_in(kfd, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())

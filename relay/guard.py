@@ -20,8 +20,10 @@ EXEC_KEYS = frozenset({
     # claude / gemini (JSON)
     "hooks", "mcpServers", "apiKeyHelper", "awsAuthRefresh", "awsCredentialExport", "otelHeadersHelper",
     "statusLine", "env", "tools",
-    # codex (TOML)
-    "notify", "mcp_servers", "shell_environment_policy", "profiles",
+    # codex (TOML): also where the API key goes (a provider's base_url) and what the agent may do unasked
+    "notify", "mcp_servers", "shell_environment_policy", "profiles", "profile", "model_provider", "model_providers",
+    "openai_base_url", "chatgpt_base_url", "approval_policy", "sandbox_mode", "sandbox_workspace_write",
+    "experimental_instructions_file", "model_instructions_file", "otel", "features",
     # opencode (JSON)
     "mcp", "plugin", "command",
 })
