@@ -331,6 +331,8 @@ def _changes(state: AgentState, bfd: int) -> list[_Change]:
                     target = os.readlink(name, dir_fd=pfd)
                     if before is None or before.link != target:
                         changes.append(_Change(path, "link", link=target))
+                elif path in state.guard:  # a guarded settings file replaced by a FIFO, directory, ...
+                    changes.append(_Change(path, "special"))
         finally:
             os.close(top)
     return changes
@@ -344,7 +346,10 @@ def _host_now(hfd: int, rel: str) -> Ident | None:
 def _decide(state: AgentState, hfd: int, bfd: int, change: _Change, keep: re.Pattern[str]) -> None:
     rel = change.rel
     before = state.files.get(rel)
-    if change.kind == "link":
+    if rel in state.guard and change.kind != "file":
+        change.action, change.why = "rejected", f"replaced it by a {'symbolic link' if change.kind == 'link' else 'special file or directory'}"
+        return
+    if change.kind != "file":
         change.action, change.why = "keep", "a symbolic link"
         return
     if _excluded(state, rel):
@@ -413,7 +418,9 @@ def _write_host(hfd: int, bfd: int, change: _Change, before: Copied | None) -> N
 def _keep_aside(kfd: int, bfd: int, change: _Change, budget: list[int]) -> bool:
     """Copy the box's version into the kept dir (a new tree we own); False when over the bound."""
     if change.kind == "link":
-        return True  # listed in the manifest with its target; no link is made
+        return True
+    if change.kind != "file":
+        return False  # listed in the manifest with its target; no link is made
     st = safefs.lstat_beneath(bfd, change.rel)
     if st is None or st.st_size > budget[0]:
         return False
@@ -497,6 +504,9 @@ def _reject(state: AgentState, bfd: int, change: _Change, messages: list[str]) -
     """A guarded settings file whose exec keys the box changed: the host's file stays as it was; the
     box's version is kept next to it under an unguessable name (the guard's convention)."""
     host_path = os.path.join(state.home, change.rel)
+    if change.kind != "file":
+        messages.append(f"reverted {host_path}: the box {change.why}; the host's file is as it was, nothing of it is taken")
+        return
     try:
         data = safefs.read_beneath(bfd, change.rel, guard.MAX_SETTINGS)
         if data is None:
