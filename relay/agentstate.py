@@ -366,9 +366,15 @@ def _decide(state: AgentState, hfd: int, bfd: int, change: _Change, keep: re.Pat
             change.action, change.why = "rejected", "changed " + ", ".join(keys)
             return
     elif not keep.match(rel):
+        if _same_as_host(hfd, bfd, rel):
+            change.action = "same"
+            return
         change.action, change.why = "keep", "not in home.keep"
         return
     host_before = before.host if before else None
+    if _same_as_host(hfd, bfd, rel):
+        change.action = "same"  # e.g. a file the CLI regenerates, byte for byte what the host has
+        return
     if before is not None and before.copy is None:
         change.action, change.why = "conflict", "the host's file was not copied into the box"
         return
@@ -378,6 +384,18 @@ def _decide(state: AgentState, hfd: int, bfd: int, change: _Change, keep: re.Pat
         change.action = "merge"
     else:
         change.action, change.why = "conflict", "changed on the host during the session"
+
+
+def _same_as_host(hfd: int, bfd: int, rel: str) -> bool:
+    """The box's file has exactly the bytes of the host's (a regular file there, read with no link)."""
+    host, box = safefs.lstat_beneath(hfd, rel), safefs.lstat_beneath(bfd, rel)
+    if host is None or box is None or not stat.S_ISREG(host.st_mode) or host.st_size != box.st_size \
+            or host.st_size > safefs.DEFAULT_LIMIT:
+        return False
+    try:
+        return safefs.read_beneath(hfd, rel) == safefs.read_beneath(bfd, rel)
+    except OSError:
+        return False
 
 
 def _appended_both(hfd: int, bfd: int, rel: str, before: Copied) -> bool:

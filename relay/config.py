@@ -139,12 +139,12 @@ def _paths(value: Any, where: _Where, key: str) -> tuple[str, ...]:
     return paths
 
 
-_KEEP_PART = re.compile(r"^(\*\*|[A-Za-z0-9._@+=,~ -]*(\*[A-Za-z0-9._@+=,~ -]*)?)$")
+_KEEP_PART = re.compile(r"^(\*\*|(?:[A-Za-z0-9._@+=,~ -]|\*(?!\*))*)$")
 
 
 def _keep_patterns(value: Any, where: _Where, key: str) -> tuple[str, ...]:
     """home.keep: what the host takes back from a box's private copy of the agent's state. Each entry is
-    `~/` plus path parts: a literal name, a name with one `*` (any characters but `/`), or `**` (any
+    `~/` plus path parts: a literal name, a name with `*` (any characters but `/`), or `**` (any
     number of parts). Nothing else (no `?`, `[...]`, `..`, absolute paths), so a pattern means one thing."""
     patterns = _str_list(value, where, key)
     for pattern in patterns:

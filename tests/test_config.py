@@ -174,7 +174,7 @@ def test_repo_config_symlink_is_one_line_exit_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("pattern", ["~/*", "~/**", "/abs/path", "~/.claude/../x", "~/.claude/[ab]", "~/.claude/?",
-                                     "~/.claude//x", "relative/x", "~/.claude/a**"])
+                                     "~/.claude//x", "relative/x", "~/.claude/a**", "~/.claude/a**b"])
 def test_bad_keep_pattern_is_one_line_with_the_fix(tmp_path: Path, pattern: str) -> None:
     path = write(tmp_path / "b.yaml", "backends:\n  claude:\n    command: [claude]\n    prompt_command: [claude, '{prompt}']\n"
                  f"    home: {{keep: ['{pattern}']}}\n")
