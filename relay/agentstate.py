@@ -43,6 +43,9 @@ COPY_BUDGET = 512 << 20
 # What one run may keep aside for review; beyond it, files are only listed in the manifest.
 KEPT_BUDGET = 64 << 20
 MANIFEST = "kept.json"
+# A box that leaves a million files behind does not get a million-entry manifest: past this many
+# changed entries, the rest are counted, not handled (none of them comes back).
+MAX_CHANGES = 20000
 SQLITE_SUFFIXES = ("-wal", "-shm", "-journal")
 # ~/.claude.json keys that make claude start a program: an MCP server, or the approval of one.
 CLAUDE_JSON_EXEC = ("mcpServers", "enabledMcpjsonServers", "disabledMcpjsonServers", "enableAllProjectMcpServers")
@@ -81,6 +84,7 @@ class AgentState:
     copied_bytes: int = 0
     left_out: int = 0
     copy_seconds: float = 0.0
+    overflow: int = 0  # changed entries past MAX_CHANGES: neither synced nor kept
     notes: list[str] = field(default_factory=list)
     extra_kept: list[tuple[str, str]] = field(default_factory=list)  # synced files kept aside: (rel, why)
 
@@ -262,8 +266,11 @@ def copy_in(state: AgentState, box_home: str) -> None:
                     elif stat.S_ISLNK(st.st_mode):
                         target = os.readlink(name, dir_fd=pfd)
                         state.files[path] = Copied(_ident(st), link=target)
-                        with safefs.parent_of(bfd, path) as (dfd, leaf):
-                            os.symlink(target, leaf, dir_fd=dfd)
+                        try:
+                            with safefs.parent_of(bfd, path) as (dfd, leaf):
+                                os.symlink(target, leaf, dir_fd=dfd)
+                        except OSError:
+                            state.left_out += 1
                     elif stat.S_ISREG(st.st_mode):
                         plan.append((-st.st_mtime, len(plan), path, st, src, sub))
             budget = COPY_BUDGET
@@ -322,6 +329,9 @@ def _changes(state: AgentState, bfd: int) -> list[_Change]:
             for sub, st, pfd, name in _walk(top):
                 path = f"{rel}/{sub}"
                 before = state.files.get(path)
+                if len(changes) >= MAX_CHANGES:
+                    state.overflow += 1
+                    continue
                 if stat.S_ISREG(st.st_mode):
                     if before is not None and before.copy is not None and before.copy[1:3] == (st.st_ino, st.st_size) \
                             and before.copy[4] == st.st_ctime_ns:
@@ -510,7 +520,7 @@ def sync_back(state: AgentState, box_home: str, messages: list[str]) -> None:
             # A rejected settings file is kept next to it (the guard's convention) and here, for accept-state.
             aside = [c for c in changes if c.action in ("keep", "conflict", "rejected")]
             dropped = _write_kept(state, hfd, bfd, aside) if aside else 0
-            if aside or state.extra_kept:
+            if aside or state.extra_kept or state.overflow:
                 messages.append(_summary(state, aside, dropped))
     except OSError as err:
         messages.append(f"could not sync the agent's state back: {err.strerror or err}")
@@ -579,7 +589,8 @@ def _summary(state: AgentState, aside: list[_Change], dropped: int) -> str:
             + (f" ({conflicts} in conflict with the host)" if conflicts else "")
             + f": {shown}; nothing of them runs until you review {state.kept_dir} and accept with "
             f"`invoke accept-state {state.run_id}`"
-            + (f" ({dropped} listed only: over the {KEPT_BUDGET >> 20} MiB bound)" if dropped else ""))
+            + (f" ({dropped} listed only: over the {KEPT_BUDGET >> 20} MiB bound)" if dropped else "")
+            + (f"; {state.overflow} more entries were dropped unseen (over {MAX_CHANGES})" if state.overflow else ""))
 
 
 # --- ~/.claude.json -------------------------------------------------------------------------------------
