@@ -269,6 +269,17 @@ def build_image(c: Context, base: str | None = None, rebuild: bool = False, base
                   base_archive=base_archive))
 
 
+@task(positional=["run"], iterable=["path"], help={
+    "run": "the run id the exit line named (its kept-aside files are in ~/.local/state/hive-relay/kept/RUN/)",
+    "path": "only this kept file (~/.claude/x), repeatable; default: all of the run's",
+})
+def accept_state(c: Context, run: str, path: list[str] | None = None) -> None:
+    """Accept an agent's kept-aside state (plugins, settings, new files...) into ~ after you reviewed it."""
+    from relay.cli import accept_state as run_accept_state
+
+    _exit(guarded(run_accept_state, run, tuple(path or ())))
+
+
 @task(help={"args": "extra arguments for pytest, e.g. '-k proxy -x'"})
 def test(c: Context, args: str = "") -> None:
     """Run the whole test suite (pytest, then the bats shell tests)."""

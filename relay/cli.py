@@ -367,6 +367,43 @@ def _build_image_main(argv: Sequence[str]) -> int:
                        base_archive=ns.base_archive)
 
 
+ACCEPT_HELP = (
+    "At exit, a box's changes to the agent's state that `home.keep` does not allow (plugins, extensions, "
+    "commands, settings, MCP servers, new files, conflicts with the host) are kept aside in "
+    "~/.local/state/hive-relay/kept/RUN/ with a kept.json manifest, and the exit line names RUN. Review those "
+    "files, then accept them: each is copied to its place under ~ (all of the run's, or the PATHs named). A file "
+    "that changed on the host since the run is refused (merge it by hand); nothing is half-accepted.")
+
+
+def accept_state(run: str, paths: Sequence[str] = (), env: Mapping[str, str] | None = None) -> int:
+    """`invoke accept-state RUN`: take kept-aside agent state into $HOME after review."""
+    from .agentstate import accept
+    from .paths import state_dir
+
+    env = dict(os.environ if env is None else env)
+    home = env.get("HOME") or os.path.expanduser("~")
+    done = accept(state_dir(env), home, run, tuple(paths))
+    print(f"hive-relay: accepted {len(done)} file(s) from run {run}: {', '.join(done)}")
+    return 0
+
+
+def _accept_state_main(argv: Sequence[str]) -> int:
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise UsageError(f"accept-state: {message}; fix: see `python -m relay accept-state --help`")
+
+    parser = Parser(prog="contribute-hive accept-state", description=ACCEPT_HELP)
+    parser.add_argument("run", metavar="RUN", help="the run id the exit line named (e.g. 12345-0a1b2c3d)")
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="only these kept files (~/.claude/x or .claude/x)")
+
+    def go() -> int:
+        ns = parser.parse_args(argv)
+        return accept_state(ns.run, ns.paths)
+    return guarded(go)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """bin/contribute-hive, `python -m relay` and the `hive-relay` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -374,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return guarded(_build_image_main, argv[1:])
     if argv[:1] == ["completion"]:
         return guarded(_completion_main, argv[1:])
+    if argv[:1] == ["accept-state"]:
+        return guarded(_accept_state_main, argv[1:])
     words, command = split_command(argv)
 
     def go() -> int:

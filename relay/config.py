@@ -55,6 +55,7 @@ class Backend:
     opt_in: str
     nested_userns: bool = False
     home_guard: tuple[str, ...] = ()
+    home_keep: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,25 @@ def _paths(value: Any, where: _Where, key: str) -> tuple[str, ...]:
         if "\0" in path or any(part == ".." for part in path.split("/")):
             raise where.fail(key, f"path {path!r} contains '..'", "write the path without '..'")
     return paths
+
+
+_KEEP_PART = re.compile(r"^(\*\*|(?:[A-Za-z0-9._@+=,~ -]|\*(?!\*))*)$")
+
+
+def _keep_patterns(value: Any, where: _Where, key: str) -> tuple[str, ...]:
+    """home.keep: what the host takes back from a box's private copy of the agent's state. Each entry is
+    `~/` plus path parts: a literal name, a name with `*` (any characters but `/`), or `**` (any
+    number of parts). Nothing else (no `?`, `[...]`, `..`, absolute paths), so a pattern means one thing."""
+    patterns = _str_list(value, where, key)
+    for pattern in patterns:
+        parts = pattern.split("/")
+        ok = (pattern.startswith("~/") and len(parts) > 1 and all(parts[1:])
+              and not any(p in (".", "..") for p in parts[1:]) and all(_KEEP_PART.match(p) for p in parts[1:])
+              and parts[1] not in ("*", "**"))
+        if not ok:
+            raise where.fail(key, f"{pattern!r} is not a keep pattern",
+                             "write ~/dir/file, ~/dir/*.jsonl or ~/dir/sub/** (no '..', '?', '[' or leading '*')")
+    return patterns
 
 
 def _env_names(value: Any, where: _Where, key: str) -> tuple[str, ...]:
@@ -243,10 +263,12 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
             values["install_npm"] = _str(inst.get("npm"), where, "install.npm")
             values["install_bin"] = _str(inst.get("bin"), where, "install.bin")
     if "home" in data:
-        home = _section(data["home"], where, "home", {"ro", "rw", "sync", "guard"})
+        home = _section(data["home"], where, "home", {"ro", "rw", "sync", "guard", "keep"})
         for part in ("ro", "rw", "sync", "guard"):
             if part in home:
                 values[f"home_{part}"] = _paths(home[part], where, f"home.{part}")
+        if "keep" in home:
+            values["home_keep"] = _keep_patterns(home["keep"], where, "home.keep")
     if "egress" in data:
         values["egress"] = _hosts(data["egress"], where, "egress")
     if "env" in data:
@@ -456,7 +478,8 @@ def apply_user(
 NARROWABLE = {"egress", "home", "deny", "env"}
 # What a repo config may do to each Backend field. Every field not named here (and any field added
 # later) must come out exactly as the base has it, so a new key is refused by default.
-REPO_MAY_NARROW = ("egress", "home_ro", "home_rw", "home_sync", "env_pass")  # result ⊆ base
+# home_keep: fewer kept paths means more of the box's writes are kept aside for review, never more synced.
+REPO_MAY_NARROW = ("egress", "home_ro", "home_rw", "home_sync", "home_keep", "env_pass")  # result ⊆ base
 REPO_MAY_ADD = ("deny",)  # result ⊇ base: every added deny entry narrows the box
 # home.guard is host-side: the guard reads and restores those files with the caller's rights.
 # A repo may repeat base entries, but not add one (the host would touch a path the repo chose)

@@ -22,9 +22,10 @@ EXEC_KEYS = frozenset({
     "statusLine", "env", "tools",
     # claude: plugins and marketplaces run code; project MCP approvals run a box-written .mcp.json
     "enabledPlugins", "extraKnownMarketplaces", "enableAllProjectMcpServers", "enabledMcpjsonServers",
-    # codex (TOML): another provider's base_url receives the key; approval/sandbox settings stick
-    "notify", "mcp_servers", "shell_environment_policy", "profiles", "model_provider", "model_providers",
-    "approval_policy", "sandbox_mode",
+    # codex (TOML): also where the API key goes (a provider's base_url) and what the agent may do unasked
+    "notify", "mcp_servers", "shell_environment_policy", "profiles", "profile", "model_provider", "model_providers",
+    "openai_base_url", "chatgpt_base_url", "approval_policy", "sandbox_mode", "sandbox_workspace_write",
+    "experimental_instructions_file", "model_instructions_file", "otel", "features",
     # opencode (JSON)
     "mcp", "plugin", "command",
 })

@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import gitdir, guard, limits, safefs
+from . import agentstate, gitdir, guard, limits, safefs
 from .digest import sha256
 from .placeholders import Registry
 
@@ -38,6 +38,7 @@ class RunState:
     git: gitdir.GitPlan | None = None  # the private git dirs (relay/gitdir.py)
     git_before: dict[str, str | None] = field(default_factory=dict)  # their state files at copy-in
     workdir: str = ""
+    agent: agentstate.AgentState | None = None  # private copies of the agent's state dirs
 
 
 # The files synced back (e.g. ~/.claude.json) hold settings and project history, never bulk data.
@@ -83,6 +84,8 @@ def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False
             safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True)
     if state.git is not None:
         state.git_before = gitdir.prepare(state.git, state.run_dir, state.workdir)
+    if state.agent is not None:
+        agentstate.copy_in(state.agent, box_home)
 
 
 @contextmanager
@@ -115,7 +118,10 @@ def _sync_back(state: RunState, messages: list[str]) -> None:
             continue
         try:
             with _sync_lock(state):
-                if _digest(_read_host(host_path, state.home)) == before:
+                current = _read_host(host_path, state.home)
+                if _digest(current) == before:
+                    if state.agent is not None:
+                        box = agentstate.filter_synced(state.agent, host_path, current, box)
                     base = state.home if safefs.beneath(host_path, state.home) else None
                     safefs.write_file(host_path, box, 0o600, base=base)
                 else:
@@ -157,6 +163,8 @@ def teardown(state: RunState) -> list[str]:
             messages.append(f"could not clean placeholder files: {err.strerror or err}")
     if state.run_dir is not None:
         _sync_back(state, messages)
+        if state.agent is not None:
+            agentstate.sync_back(state.agent, os.path.join(state.run_dir, "home"), messages)
         if state.git is not None:
             _sync_git(state, messages)
         shutil.rmtree(state.run_dir, ignore_errors=True)

@@ -97,6 +97,9 @@ class Plan:
     seccomp_policy: SeccompPolicy | None = None
     fs_rules: tuple[tuple[str, str], ...] = ()
     guarded_files: tuple[str, ...] = ()
+    state_dirs: tuple[str, ...] = ()  # the backend's state dirs: private copies in the box's home (agentstate)
+    home_keep: tuple[str, ...] = ()  # what of those copies comes back at exit
+    state_exclude: tuple[str, ...] = ()  # denied paths inside them: never copied, never synced back
     git_excludes: tuple[str, ...] = ()
     unsandboxed: bool = False
     container: ContainerRun | None = None
@@ -279,9 +282,28 @@ def resolve(
     grants: list[Grant] = []
     sync: list[str] = []
     guarded: list[str] = []
+    state_dirs: list[str] = []
     if profile.backend_home:
         grants += [Grant(expand(p, home, uid), False) for p in backend.home_ro]
-        grants += [Grant(expand(p, home, uid), True) for p in backend.home_rw]
+        if tier == "process":  # no mount namespace for a private copy: the state dirs stay read-only
+            grants += [Grant(expand(p, home, uid), False) for p in backend.home_rw]
+            if backend.home_rw:
+                notes.append("the process tier cannot give the agent a private copy of its state dirs, so they are "
+                             "read-only (logins and sessions are not saved); install bubblewrap for the supervised box")
+        else:
+            # Under $HOME: a private copy in the box's home. Elsewhere (an absolute path): bound as before.
+            for path in (expand(p, home, uid) for p in backend.home_rw):
+                if path.startswith(home.rstrip("/") + "/") and fs.is_symlink(path):
+                    real = fs.realpath(path)
+                    leak = next((s for s in secret_paths(home, uid, backend.deny, None)
+                                 if real == s or real.startswith(s.rstrip("/") + "/")), None)
+                    notes.append(f"grant {path} skipped: it resolves into denied {leak}" if leak else
+                                 f"{path} is a symbolic link, which is never followed: the box starts with an empty "
+                                 "private one and nothing of it is synced back")
+                elif path.startswith(home.rstrip("/") + "/"):
+                    state_dirs.append(path)
+                else:
+                    grants.append(Grant(path, True))
         sync = [expand(p, home, uid) for p in backend.home_sync]
         guarded = [expand(p, home, uid) for p in backend.home_guard]
     if profile.toolchain:
@@ -291,6 +313,9 @@ def resolve(
     # Read-only grants must land after a writable parent, so order ro after rw at equal depth.
     grants = sorted(dict.fromkeys(grants), key=lambda g: (g.path, not g.writable))
 
+    # Denied and hive relay's own paths inside a state dir are never copied in nor synced back.
+    state_exclude = tuple(sorted({p for p in secret_paths(home, uid, backend.deny, None) + own_paths(caller_env)
+                                  if any(p == d or p.startswith(d + "/") for d in state_dirs)}))
     tools = tool_dir(caller_env)
     box_path = caller_env.get("PATH") or SAFE_PATH
     box_path = f"{tools}/node_modules/.bin:{box_path}"
@@ -333,7 +358,7 @@ def resolve(
     fsplan = plan_filesystem(
         home=home,
         workdir=workdir,
-        home_source=os.path.join(run_dir, "home") if (sync and run_dir) else None,
+        home_source=os.path.join(run_dir, "home") if ((sync or state_dirs) and run_dir) else None,
         grants=grants,
         secrets=secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
         protected=protected + own_paths(caller_env),
@@ -440,7 +465,8 @@ def resolve(
         ) + argv
 
     policy = {
-        "tier": tier, "grants": [asdict(g) for g in grants], "sync": sync, "guard": guarded, "denied": fsplan.denied,
+        "tier": tier, "grants": [asdict(g) for g in grants], "sync": sync, "guard": guarded, "state": state_dirs,
+        "keep": backend.home_keep if state_dirs else (), "denied": fsplan.denied,
         "protected": fsplan.protected, "egress": egress, "env": sorted(env_pass), "limits": asdict(limits),
         "seccomp": seccomp.summary(), "fs_rules": fs_rules,
     }
@@ -470,6 +496,9 @@ def resolve(
         box_uid=box_uid,
         sync_files=tuple(sync) if tier != "process" else (),
         guarded_files=tuple(guarded),
+        state_dirs=tuple(state_dirs),
+        home_keep=tuple(expand(p, home, uid) for p in backend.home_keep) if state_dirs else (),
+        state_exclude=state_exclude,
         git_excludes=git_excludes,
         log_path=log_path if proxy_listen else None,
         run_dir=run_dir,

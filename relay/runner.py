@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import exitreport, guard, janitor, jobctl, limits, procs, safefs
+from . import agentstate, exitreport, guard, janitor, jobctl, limits, procs, safefs
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
 from .netns import listen_in
@@ -167,8 +167,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     container = plan.container
     # Our own cgroups are for local boxes; a container's limits belong to its engine.
     own_cgroup = container is None and plan.limits.method.startswith("cgroup")
-    needs_run_dir = (bool(plan.sync_files) or process_tier or bool(plan.git_excludes) or container is not None
-                     or plan.git is not None)
+    needs_run_dir = (bool(plan.sync_files) or bool(plan.state_dirs) or process_tier or bool(plan.git_excludes)
+                     or container is not None or plan.git is not None)
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir)
     if plan.placeholders or plan.protected or plan.denied:
@@ -182,11 +182,17 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
     state.guarded = {path: guard.snapshot(path, state.home) for path in plan.guarded_files}
     state.lock_dir = state_dir(dict(caller_env))
+    if state.run_dir and (plan.state_dirs or plan.sync_files):
+        state.agent = agentstate.new(state.home, plan.state_dirs, plan.home_keep, plan.guarded_files, state.lock_dir,
+                                     os.path.basename(state.run_dir).removeprefix("hive-relay-"), plan.state_exclude)
     try:
         janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
                         git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)
     except OSError as err:
         raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
+    if state.agent is not None:
+        mark("state_copied")
+        emit(note_lines(tuple(state.agent.notes)))
     go_fd = None
     if container is not None:
         from . import container_runner

@@ -171,3 +171,24 @@ def test_repo_config_symlink_is_one_line_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "symbolic link" in lines[0] and "fix:" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("pattern", ["~/*", "~/**", "/abs/path", "~/.claude/../x", "~/.claude/[ab]", "~/.claude/?",
+                                     "~/.claude//x", "relative/x", "~/.claude/a**", "~/.claude/a**b"])
+def test_bad_keep_pattern_is_one_line_with_the_fix(tmp_path: Path, pattern: str) -> None:
+    path = write(tmp_path / "b.yaml", "backends:\n  claude:\n    command: [claude]\n    prompt_command: [claude, '{prompt}']\n"
+                 f"    home: {{keep: ['{pattern}']}}\n")
+    with pytest.raises(ConfigError, match=r"backend 'claude': key 'home.keep': .* is not a keep pattern; fix: ") as err:
+        load_shipped(path)
+    assert "\n" not in str(err.value)
+
+
+def test_repo_config_may_drop_keep_patterns_but_not_add_one(tmp_path: Path) -> None:
+    base = load_shipped()
+    keep = list(base["claude"].home_keep)
+    narrowed = apply_repo(dict(base), write(tmp_path / "n" / ".hive-relay.yaml",
+                                            f"backends:\n  claude:\n    home: {{keep: ['{keep[0]}']}}\n"))
+    assert narrowed["claude"].home_keep == (keep[0],)
+    with pytest.raises(ConfigError, match=r"key 'home.keep': repo config may only narrow, but adds ~/.claude/commands/\*\*"):
+        apply_repo(dict(base), write(tmp_path / "w" / ".hive-relay.yaml",
+                                     "backends:\n  claude:\n    home: {keep: ['~/.claude/commands/**']}\n"))

@@ -64,7 +64,9 @@ def test_container_argv_has_the_policy_and_no_values_of_secrets(sandbox: Sandbox
     assert "sk-secret-value" not in joined and ".ssh" not in joined
     if backend == "codex":
         assert "--env" in argv and "OPENAI_API_KEY" in argv  # by name
-        assert f"{sandbox.home}/.codex:{sandbox.home}/.codex:rw" in argv
+        # ~/.codex is a private copy inside the run's home, not the host's dir.
+        assert f"{sandbox.home}/.codex:{sandbox.home}/.codex:rw" not in argv
+        assert f"{plan.run_dir}/home:{sandbox.home}:rw" in argv
     assert f"{sandbox.workdir}:{sandbox.workdir}:rw" in argv
     assert argv[argv.index("--entrypoint") + 1] == "/opt/hive-relay/bin/container-entrypoint"
     assert plan.container is not None and argv[argv.index(plan.container.image) + 1:] == list(plan.argv)

@@ -60,7 +60,9 @@ def test_per_backend_grants_and_hosts_never_cross(sandbox: Sandbox) -> None:
     claude = plan_for(sandbox, "claude")
     home = str(sandbox.home)
     bound = {m.dst for m in claude.mounts if m.kind in ("bind", "ro-bind")}
-    assert f"{home}/.claude" in bound
+    # The state dir is a private copy in the box's home, never the host's dir bound in.
+    assert claude.state_dirs == (f"{home}/.claude",) and f"{home}/.claude" not in bound
+    assert any(m.kind == "private-bind" and m.dst == home for m in claude.mounts)
     assert f"{home}/.codex" not in bound and f"{home}/.gemini" not in bound
     assert "api.anthropic.com" in claude.egress
     assert not any("openai" in h or "google" in h for h in claude.egress)
@@ -69,7 +71,7 @@ def test_per_backend_grants_and_hosts_never_cross(sandbox: Sandbox) -> None:
 def test_codex_never_sees_claude(sandbox: Sandbox) -> None:
     codex = plan_for(sandbox, "codex")
     bound = {m.dst for m in codex.mounts if m.kind in ("bind", "ro-bind")}
-    assert f"{sandbox.home}/.codex" in bound and f"{sandbox.home}/.claude" not in bound
+    assert codex.state_dirs == (f"{sandbox.home}/.codex",) and f"{sandbox.home}/.claude" not in bound
     assert "api.openai.com" in codex.egress and not any("anthropic" in h for h in codex.egress)
 
 
