@@ -35,8 +35,8 @@ class HostRule:
         want_port = self.port if self.port is not None else DEFAULT_PORT
         if port != want_port:
             return False
-        if self.wildcard:
-            return host.endswith("." + self.name)
+        if self.wildcard:  # subdomains are names: `1.2.3.4` or `::ffff:1.2.3.4` is never under `*.2.3.4`
+            return host.endswith("." + self.name) and not _is_ip(host)
         return host == self.name
 
     @property

@@ -4,6 +4,9 @@ It accepts on a listening socket that lives in the box's network namespace (hand
 the in-box init), so the box reaches exactly this proxy and nothing else. Allowed streams
 are spliced byte for byte, unbuffered, so SSE and websockets flow as they are produced.
 Every decision is one JSON line in the run's log.
+
+What is allowed is not decided here: `egress.decide` judges each request, and this module only
+does the I/O around it (parse, resolve when asked, connect, splice, log).
 """
 
 from __future__ import annotations
@@ -23,18 +26,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import safefs
+from . import egress, safefs
+from .egress import NOT_LISTED, Decision
 from .errors import UsageError
-from .hosts import (
-    HostRule,
-    _fmt_hostport,
-    _is_ip,
-    find_rule,
-    is_internal_address,
-    is_unspecified_target,
-    normalize_host,
-    split_hostport,
-)
+from .hosts import HostRule, _fmt_hostport, normalize_host, split_hostport
 
 MAX_HEAD = 32 * 1024
 HEAD_TIMEOUT = 30.0  # a whole request head must arrive within this, however it trickles in
@@ -51,7 +46,6 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
-NOT_LISTED = "not in the egress allowlist"
 # An allowed host that keeps failing: FAIL_COUNT failures within FAIL_WINDOW seconds, none answered.
 FAIL_COUNT = 5
 FAIL_WINDOW = 30.0
@@ -65,24 +59,6 @@ LIKELY = {
     "no route": "no route to it: is this machine offline?",
     "failed": "the connection failed",
 }
-
-
-@dataclass(frozen=True)
-class Decision:
-    """`allowed` is the policy's verdict; `unreachable` marks an allowed host that could not be
-    reached (no DNS answer, refused, timed out, no route), with `cause` its short name."""
-
-    allowed: bool
-    host: str
-    port: int
-    reason: str
-    addrs: tuple[tuple[str, int], ...] = ()
-    unreachable: bool = False
-    cause: str = ""
-
-    @property
-    def kind(self) -> str:
-        return "allow" if self.allowed else "unreachable" if self.unreachable else "deny"
 
 
 class RequestError(Exception):
@@ -299,39 +275,17 @@ def _norm(host: str) -> str:
 
 
 def decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver) -> Decision:
-    """Apply the matching rules: allowlist, IP literals, names resolving to internal addresses, and
-    never 0.0.0.0/8 or `::` (they reach the host's own listeners), not even listed or pinned."""
-    decision = _decide(rules, host, port, resolver)
-    unspecified = [a for a, _ in decision.addrs if is_unspecified_target(a)]
-    if decision.allowed and unspecified:
-        return Decision(False, host, port, f"{unspecified[0]} is never a connect target (it reaches the host itself)")
-    return decision
-
-
-def _decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver) -> Decision:
-    rule = find_rule(rules, host, port)
-    if rule is None:
-        return Decision(False, host, port, NOT_LISTED)
-    if rule.pin_addr is not None:
-        return Decision(True, host, port, f"pinned to {rule.pin_addr}:{rule.pin_port}",
-                        ((rule.pin_addr, rule.pin_port or port),))
-    if rule.is_ip:
-        return Decision(True, host, port, "IP listed explicitly", ((host, port),))
+    """`egress.decide` with the DNS lookup done: the resolver is asked only when the verdict depends
+    on the name's addresses, and a failed lookup is an I/O outcome (unreachable, "cannot resolve")."""
+    decision = egress.decide(rules, host, port)
+    if not decision.needs_dns:
+        return decision
     try:
         addrs = resolver(host, port)
     except (OSError, UnicodeError) as err:
         detail = getattr(err, "strerror", None) or str(err)
         return Decision(False, host, port, f"cannot resolve {host}: {detail}", unreachable=True, cause="cannot resolve")
-    if not addrs:
-        return Decision(False, host, port, f"{host} resolves to no address", unreachable=True, cause="no address")
-    internal = [a for a in addrs if is_internal_address(a)]
-    if internal:
-        return Decision(False, host, port, f"resolves to internal address {internal[0]}; pin it with NAME=ADDR:PORT")
-    return Decision(True, host, port, "allowlisted", tuple((a, port) for a in addrs))
-
-
-def _is_ip_literal(host: str) -> bool:
-    return _is_ip(host)
+    return egress.decide(rules, host, port, tuple(addrs))
 
 
 # One run's decision log; a box that floods refusals is summarized, not logged line by line.
@@ -799,10 +753,7 @@ class EgressProxy:
                                           "Use CONNECT host:port or one plain http:// request per connection."))
                 return
             host, port, method = req.host, req.port, req.method
-            if _is_ip_literal(host) and not any(r.is_ip and r.name == host for r in self.rules):
-                decision = Decision(False, host, port, "IP literals are refused unless listed explicitly")
-            else:
-                decision = decide(self.rules, host, port, self.resolver)
+            decision = decide(self.rules, host, port, self.resolver)
             if decision.allowed:
                 upstream, cause, detail = self._connect(decision)
                 if upstream is None:

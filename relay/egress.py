@@ -1,0 +1,117 @@
+"""The egress policy: which hosts a box may reach, and the one decision on each connection.
+
+Two questions, one function each, both pure (no socket, no DNS, no clock):
+
+- `allowed_rules(backend, profile, extra)`: the allowlist a launch gets. The plan stores its
+  result (`Plan.rules`) and the proxy is handed those very `HostRule`s, so an entry is parsed
+  once, by `hosts.parse_rule` (which config also uses to validate), and never rendered to text
+  and parsed back on its way to the proxy.
+- `decide(rules, host, port, resolved)`: allow, deny, or unreachable, for one request. The proxy
+  only does the I/O around it (parse the request, resolve when asked to, connect, splice, log),
+  so what "allowed" means can be read, and tested, in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import RefusedError
+from .hosts import HostRule, _is_ip, find_rule, is_internal_address, is_unspecified_target, parse_rule
+
+if TYPE_CHECKING:
+    from .config import Backend
+    from .profiles import Profile
+
+NOT_LISTED = "not in the egress allowlist"
+IP_NOT_LISTED = "IP literals are refused unless listed explicitly"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """`allowed` is the policy's verdict; `unreachable` marks an allowed host that could not be
+    reached (no DNS answer, refused, timed out, no route), with `cause` its short name. `addrs` are
+    what the proxy connects to, in order: for a pinned name its pin, never what DNS says.
+
+    `needs_dns` is not a verdict: the rule that applies is an unpinned name, so the answer depends
+    on what the name resolves to; ask again with the addresses. It exists so that a name the policy
+    refuses is never looked up (a lookup alone would carry the name out through DNS)."""
+
+    allowed: bool
+    host: str
+    port: int
+    reason: str
+    addrs: tuple[tuple[str, int], ...] = ()
+    unreachable: bool = False
+    cause: str = ""
+    needs_dns: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "allow" if self.allowed else "unreachable" if self.unreachable else "deny"
+
+
+def parse_entries(entries: Iterable[str]) -> tuple[HostRule, ...]:
+    """`NAME[:PORT][=ADDR:PORT]` entries (config `egress`, `--allow-host`) as rules, in order; the
+    first bad entry raises UsageError with its fix."""
+    return tuple(parse_rule(entry) for entry in entries)
+
+
+def allowed_rules(backend: Backend, profile: Profile, extra: Sequence[HostRule] = ()) -> tuple[HostRule, ...]:
+    """Which hosts this backend may reach under this profile: the backend's `egress` entries, then
+    the caller's `--allow-host` rules (`extra`, parsed by the caller so a bad entry is reported
+    before anything else), duplicates dropped. A profile without network reaches nothing, and
+    refuses `extra` rather than silently dropping them."""
+    if not profile.network:
+        if extra:
+            raise RefusedError(
+                f"profile {profile.name!r} has no network, so --allow-host cannot be honoured; "
+                "fix: use --profile agent, or drop --allow-host"
+            )
+        return ()
+    return tuple(dict.fromkeys(parse_entries(backend.egress) + tuple(extra)))
+
+
+def render(rules: Iterable[HostRule]) -> tuple[str, ...]:
+    """The rules as entries, for display and for the plan's `egress` key; never parsed back."""
+    return tuple(rule.render() for rule in rules)
+
+
+def decide(rules: Sequence[HostRule], host: str, port: int, resolved: Sequence[str] | None = None) -> Decision:
+    """The policy's verdict on a request for `host:port` (`host` normalized, as `hosts.normalize_host`
+    gives it), given what `host` resolved to (`resolved`), or None when it was not looked up.
+
+    - The most specific matching rule applies (`hosts.find_rule`); no rule: deny. A wildcard never
+      matches an IP literal, and an IP literal not listed as itself is refused.
+    - A pinned rule connects to its pin and an IP rule to that IP: DNS is not asked, and the
+      address may be internal (listing it is the explicit consent).
+    - An unpinned name needs DNS (`needs_dns` when `resolved` is None). No address at all is
+      unreachable; any internal address among the answers denies the whole name (DNS rebinding).
+    - 0.0.0.0/8 and `::` reach the host's own listeners: never a connect target, pinned or not.
+
+    DNS failures and connect failures are I/O outcomes, decided by the proxy, not here."""
+    if _is_ip(host) and not any(rule.is_ip and rule.name == host for rule in rules):
+        return Decision(False, host, port, IP_NOT_LISTED)
+    rule = find_rule(tuple(rules), host, port)
+    if rule is None:
+        return Decision(False, host, port, NOT_LISTED)
+    if rule.pin_addr is not None:
+        decision = Decision(True, host, port, f"pinned to {rule.pin_addr}:{rule.pin_port}",
+                            ((rule.pin_addr, rule.pin_port or port),))
+    elif rule.is_ip:
+        decision = Decision(True, host, port, "IP listed explicitly", ((host, port),))
+    elif resolved is None:
+        return Decision(False, host, port, "needs DNS", needs_dns=True)
+    elif not resolved:
+        return Decision(False, host, port, f"{host} resolves to no address", unreachable=True, cause="no address")
+    else:
+        internal = [a for a in resolved if is_internal_address(a)]
+        if internal:
+            return Decision(False, host, port,
+                            f"resolves to internal address {internal[0]}; pin it with NAME=ADDR:PORT")
+        decision = Decision(True, host, port, "allowlisted", tuple((a, port) for a in resolved))
+    unspecified = [a for a, _ in decision.addrs if is_unspecified_target(a)]
+    if unspecified:
+        return Decision(False, host, port, f"{unspecified[0]} is never a connect target (it reaches the host itself)")
+    return decision
