@@ -73,7 +73,7 @@ def allowed_rules(backend: Backend, profile: Profile, extra: Sequence[HostRule] 
     return tuple(dict.fromkeys(parse_entries(backend.egress) + tuple(extra)))
 
 
-def render(rules: Iterable[HostRule]) -> tuple[str, ...]:
+def as_entries(rules: Iterable[HostRule]) -> tuple[str, ...]:
     """The rules as entries, for display and for the plan's `egress` key; never parsed back."""
     return tuple(rule.render() for rule in rules)
 

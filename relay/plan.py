@@ -18,10 +18,11 @@ from .config import Backend, Matrix
 from .container_argv import ContainerRun
 from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
+from .egress import allowed_rules, as_entries, parse_entries
 from .errors import RefusedError, UsageError
 from .fsplan import FsView, Grant, Mount, plan_filesystem
 from .gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
-from .hosts import HostRule, explain, parse_rule
+from .hosts import HostRule, explain
 from .native import render as render_native
 from .paths import config_home, own_paths, state_dir, tool_dir
 from .probe import HostFacts
@@ -105,13 +106,11 @@ class Plan:
     container: ContainerRun | None = None
     git: GitPlan | None = None  # the workdir's git dir by allowlist (relay/gitdir.py)
     notes: tuple[str, ...] = field(default=())
-
-    @property
-    def rules(self) -> tuple[HostRule, ...]:
-        return tuple(parse_rule(e) for e in self.egress)
+    rules: tuple[HostRule, ...] = ()  # egress.allowed_rules: handed to the proxy as is; `egress` is their text
 
     def to_json(self) -> dict:
         data = asdict(self)
+        del data["rules"]  # shown as `egress` and `egress_rules`
         data["env_set"] = dict(self.env_set)
         data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
         data["command_line"] = shlex.join(self.command)
@@ -260,7 +259,7 @@ def resolve(
         raise UsageError(f"--workdir {request.workdir}: not an existing directory; fix: create it or pass another")
     if request.timeout is not None and request.timeout <= 0:
         raise UsageError("--timeout must be a positive number of seconds")
-    extra_rules = tuple(parse_rule(h) for h in request.allow_hosts)
+    extra_rules = parse_entries(request.allow_hosts)
 
     choice = choose_tier(request, facts, backend, matrix, caller_env)
     tier, notes = choice.tier, list(choice.notes)
@@ -387,17 +386,9 @@ def resolve(
     else:
         git_excludes = ()
 
-    egress: tuple[str, ...] = ()
-    proxy_listen = None
-    if profile.network:
-        rules = tuple(parse_rule(e) for e in backend.egress) + extra_rules
-        egress = tuple(dict.fromkeys(r.render() for r in rules))
-        proxy_listen = PROXY_LISTEN
-    elif extra_rules:
-        raise RefusedError(
-            f"profile {profile.name!r} has no network, so --allow-host cannot be honoured; "
-            "fix: use --profile agent, or drop --allow-host"
-        )
+    rules = allowed_rules(backend, profile, extra_rules)
+    egress = as_entries(rules)
+    proxy_listen = PROXY_LISTEN if profile.network else None
 
     env_set: dict[str, str] = {"HOME": home, "TMPDIR": "/tmp", "HIVE_RELAY": "1", "HIVE_RELAY_BACKEND": backend.name}
     env_pass = _env_names(profile, backend, caller_env)
@@ -488,6 +479,7 @@ def resolve(
         protected=fsplan.protected,
         placeholders=fsplan.placeholders,
         egress=egress,
+        rules=rules,
         proxy_listen=proxy_listen,
         limits=limits,
         seccomp=tuple(seccomp.summary()),
