@@ -8,16 +8,22 @@ most specific rule decides, and a name the policy refuses is never looked up.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.config import load_shipped
+from relay.config import load_matrix, load_shipped
 from relay.egress import IP_NOT_LISTED, NOT_LISTED, Decision, allowed_rules, as_entries, decide, parse_entries
 from relay.errors import RefusedError
 from relay.hosts import HostRule, _is_ip, find_rule, is_internal_address, is_unspecified_target, normalize_host
+from relay.plan import Request, resolve
+from relay.probe import HostFacts
 from relay.profiles import resolve_profile
 from relay.proxy import decide as proxy_decide
+
+from .conftest import Sandbox
 
 PUBLIC = "93.184.216.34"
 RULES = parse_entries((
@@ -200,3 +206,20 @@ def test_the_most_specific_rule_decides(data: st.DataObject, host: str, port: in
     assert winner is next(r for r in matching if r.specificity == winner.specificity)  # the first of equals
     for resolved in (None, (PUBLIC,), ("10.1.2.3",)):
         assert decide(rules, host, port, resolved) == decide((winner,), host, port, resolved)
+
+
+def test_the_plan_carries_the_rules_the_proxy_gets(sandbox: Sandbox) -> None:
+    """`Plan.rules` is `allowed_rules`' answer as HostRules; `egress` is only their text, and the JSON
+    keeps its keys (`egress`, `egress_rules`) without a new one."""
+    env = {k: v for k, v in sandbox.env.items() if k != "HIVE_RELAY_CONFIG"}
+    matrix = load_matrix(env, None)
+    facts = HostFacts(uid=1000, gid=1000, home=str(sandbox.home), user="u", shell="/bin/bash", tty=False,
+                      bwrap="/usr/bin/bwrap", bwrap_version="0.8.0", seccomp=True, box_python="/usr/bin/python3")
+    pin = "fake.test:8443=127.0.0.1:9999"
+    request = Request(backend="claude", workdir=str(sandbox.workdir), run_id="1-test", allow_hosts=(pin,))
+    plan = resolve(matrix.backends["claude"], matrix, request, facts, env)
+    want = allowed_rules(matrix.backends["claude"], resolve_profile("agent", {}), parse_entries((pin,)))
+    assert plan.rules == want and plan.egress == as_entries(want)
+    data = plan.to_json()
+    assert "rules" not in data and json.loads(json.dumps(data))["egress"] == list(plan.egress)
+    assert {e["host"] for e in data["egress_rules"]} >= {"api.anthropic.com:443", "fake.test:8443"}
