@@ -1,7 +1,7 @@
 """Egress allowlist entries: parsing `NAME[:PORT][=ADDR:PORT]` and matching a request against them.
 
-Pure functions only, so the proxy, the plan and the property tests share one definition
-of what "allowed" means.
+Pure functions only: the vocabulary (rules, their matching and specificity, the special-purpose
+address tables) that `egress.decide` and `egress.allowed_rules` build the one policy from.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def find_rule(rules: tuple[HostRule, ...], host: str, port: int) -> HostRule | N
 
 def explain(rules: tuple[HostRule, ...]) -> list[dict[str, object]]:
     """Per host the allowlist covers: the rule that applies and the entries it overrides (the same
-    host and port, less specific). `--dry-run` shows it; the proxy decides with the same find_rule."""
+    host and port, less specific). `--dry-run` shows it; `egress.decide` uses the same find_rule."""
     out: dict[str, dict[str, object]] = {}
     for rule in rules:
         target = rule.target
