@@ -63,6 +63,7 @@ def _kind_of(name: str) -> str | None:
 @dataclass
 class Walk:
     dirs: dict[str, int] = field(default_factory=dict)  # rel dir -> mtime_ns
+    names: dict[str, frozenset[str]] = field(default_factory=dict)  # rel dir -> its entry names
     watched: dict[str, tuple[str, Sig]] = field(default_factory=dict)  # rel file -> (kind, signature)
     new_exec: list[str] = field(default_factory=list)
     entries: int = 0
@@ -87,6 +88,7 @@ class _Dir:
         try:
             w.dirs[rel] = os.fstat(self.fd).st_mtime_ns
             self.entries = list(os.scandir(self.fd))
+            w.names[rel] = frozenset(e.name for e in self.entries)
         except BaseException:
             os.close(self.fd)
             raise
@@ -181,7 +183,10 @@ def _entries(root_fd: int, rel: str, d: _Dir, w: Walk, before: Walk | None, star
                 _watch(w, sub, kind, d.lstat(e.name))
             elif fresh and not site:
                 st = d.lstat(e.name)
-                if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111 and st.st_ctime_ns >= started_ns:
+                # New by name since the start, or written/chmod'ed during the run (ctime): a file the
+                # host itself put there just before the launch is neither.
+                new = before is not None and e.name not in before.names.get(rel, frozenset())
+                if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111 and (new or st.st_ctime_ns >= started_ns):
                     w.new_exec.append(sub)
         except OSError:
             continue
@@ -236,7 +241,8 @@ def tracked_paths(index: bytes) -> set[str] | None:
 def start(workdir: str) -> Watch | None:
     """Snapshot the watched places of the workdir before the box runs; None when it cannot be read."""
     t0 = time.perf_counter()
-    started = time.time_ns() - 1_000_000_000  # file times use a coarse clock
+    # File times use the kernel's coarse clock, a jiffy or so behind time_ns(): 20 ms of margin.
+    started = time.time_ns() - 20_000_000
     try:
         with safefs.base_dir(workdir) as fd:
             before = walk(fd)
