@@ -357,6 +357,46 @@ def _build_image_main(argv: Sequence[str]) -> int:
                        base_archive=ns.base_archive)
 
 
+# `logs` and `clean`: the same help texts for `invoke logs|clean` and `hive-relay logs|clean`.
+LOGS_HELP = {
+    "run": "the run to show: a run id (PID-HEX as in the listing), any unique part of it, or `last`; "
+           "without it, the runs are listed",
+    "denied": "only what was not allowed (denied, and allowed hosts that were unreachable); "
+              "without RUN, from the newest run",
+}
+LOGS_DOC = "Read the egress logs: list the runs, or show one run's proxy decisions."
+CLEAN_HELP = {
+    "dry_run": "print what would be removed, remove nothing",
+    "all": "also every egress log of finished runs, the current container image and its base (what "
+           "the Uninstall section of the README uses)",
+}
+CLEAN_DOC = ("Remove caches, superseded images, installed agent CLIs and stale state; print what was removed "
+             "and how much.")
+
+
+def _logs_main(argv: Sequence[str]) -> int:
+    from .logs import show
+
+    parser = _argument_parser(prog="hive-relay logs", description=LOGS_DOC)
+    parser.add_argument("run", nargs="?", metavar="RUN", help=LOGS_HELP["run"])
+    parser.add_argument("-d", "--denied", action="store_true", help=LOGS_HELP["denied"])
+    ns = parser.parse_args(argv)
+    return show(ns.run, denied=ns.denied)
+
+
+def _clean_main(argv: Sequence[str]) -> int:
+    from .clean import clean
+
+    parser = _argument_parser(prog="hive-relay clean", description=CLEAN_DOC)
+    parser.add_argument("-d", "--dry-run", action="store_true", help=CLEAN_HELP["dry_run"])
+    parser.add_argument("-a", "--all", action="store_true", help=CLEAN_HELP["all"])
+    ns = parser.parse_args(argv)
+    return clean(dry_run=ns.dry_run, everything=ns.all)
+
+
+SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """bin/contribute-hive, `python -m relay` and the `hive-relay` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -364,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return guarded(_build_image_main, argv[1:])
     if argv[:1] == ["completion"]:
         return guarded(_completion_main, argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return guarded(SUBCOMMANDS[argv[0]], argv[1:])
     words, command = split_command(argv)
 
     def go() -> int:

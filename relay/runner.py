@@ -248,6 +248,9 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             os.close(go_fd)
         messages = janitor.finish(jpid, lifeline)
         mark("torn_down")
+        from .logs import prune_after_run
+
+        prune_after_run(plan.log_path)
         _dump_trace(caller_env)
     summary = proxy.log.summary_lines() if proxy is not None else []
     if proxy is not None and proxy.log.write_errors:
