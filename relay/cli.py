@@ -115,18 +115,30 @@ def build_image(*, base: str | None = None, rebuild: bool = False, base_only: bo
     return 0
 
 
+def egress_text(plan) -> str:  # noqa: ANN001 - Plan
+    """The dry run's egress line, in the banner's words when nothing is allowed."""
+    if not plan.proxy_listen:
+        return "no network"
+    if not plan.egress:
+        from .banner import egress_summary
+
+        return egress_summary(plan).removeprefix("egress: ")  # "none (proxy refuses all)", as the banner says
+    return ", ".join(plan.egress)
+
+
 def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import light
+    from .banner import human_size
     from .hosts import render_rules
 
     data = plan.to_json()
     lines = [f"backend  {plan.backend}   mode {plan.mode}   tier {plan.tier}   profile {plan.profile} ({plan.profile_digest})",
              f"workdir  {plan.workdir}",
              f"argv     {' '.join(plan.argv)}",
-             f"limits   {plan.limits.memory} bytes memory, {plan.limits.pids} processes via {plan.limits.method}",
+             f"limits   {human_size(plan.limits.memory)} memory, {plan.limits.pids} processes via {plan.limits.method}",
              *([f"engine   {c.kind} {'rootless' if c.rootless else 'rootful'} ({c.engine}), image {c.image}, "
                 f"user {c.user}, container {c.name}"] if (c := plan.container) else []),
              f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
-             f"egress   {', '.join(plan.egress) if plan.proxy_listen else 'no network'}",
+             f"egress   {egress_text(plan)}",
              *[f"         {line}" for line in render_rules(plan.rules)],
              *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
                if plan.proxy_listen else []),
