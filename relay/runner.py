@@ -171,8 +171,11 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     own_cgroup = container is None and plan.limits.method.startswith("cgroup")
     if own_cgroup:
         limits.sweep_stale()
+    from . import passwd
+
+    own_passwd = plan.box_uid is not None and passwd.needed(plan.mounts)
     needs_run_dir = (bool(plan.sync_files) or process_tier or bool(plan.git_excludes) or container is not None
-                     or plan.git is not None)
+                     or plan.git is not None or own_passwd)
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir)
     if plan.placeholders or plan.protected or plan.denied:
@@ -189,6 +192,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     try:
         janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
                         git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)
+        if own_passwd and plan.run_dir and plan.box_uid is not None:
+            passwd.write(plan.run_dir, plan.box_uid, plan.box_uid, dict(plan.env_set).get("HOME", "/"), caller_env)
     except OSError as err:
         raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
     go_fd = None

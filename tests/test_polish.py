@@ -24,3 +24,32 @@ def test_dry_run_says_egress_none_like_the_banner_and_prints_human_sizes(box_san
     tight = s.relay("shell", "--profile", "tight", "--dry-run").stdout
     assert "limits   256MiB memory, 64 processes" in tight
     assert "egress   no network" in s.relay("shell", "--profile", "default", "--dry-run").stdout
+
+
+@pytest.mark.box
+def test_the_box_user_carries_the_callers_name_never_the_hosts_uid_1000_owner(box_sandbox: Sandbox) -> None:
+    import os
+    import pwd
+
+    s = box_sandbox
+    me = pwd.getpwuid(os.getuid()).pw_name
+    proc = s.box("id -un; id -gn; id -u; getent passwd $(id -u); echo x >> /etc/passwd && echo WROTE; "
+                 "awk -F: '{print $1}' /etc/passwd | sort | uniq -d | sed 's/^/DUP /'")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == me and lines[1] == me, proc.stdout
+    box_uid = int(lines[2])
+    entry = lines[3].split(":")
+    assert entry[0] == me and entry[2] == str(box_uid), lines[3]
+    assert "WROTE" not in proc.stdout and not any(ln.startswith("DUP ") for ln in lines), proc.stdout
+    if os.getuid() == 0:
+        # Root callers run as 1000 in the box; the host's owner of 1000 (if any) is not named there.
+        assert box_uid == 1000 and entry[5] == str(s.home), lines[3]  # the box's HOME
+        try:
+            host_owner = pwd.getpwuid(1000).pw_name
+        except KeyError:
+            host_owner = None
+        if host_owner and host_owner != me:
+            assert host_owner not in proc.stdout
+    else:
+        assert box_uid == os.getuid()  # the host's own entry, unchanged
