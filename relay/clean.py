@@ -218,6 +218,8 @@ def plan_clean(env: Mapping[str, str], everything: bool) -> tuple[list[Item], li
     st = _ours(stray)
     if st is not None and stat.S_ISREG(st.st_mode):
         items.append(Item("stray lock", stray, st.st_size))
+    for path in selftest_keys(home):
+        items.append(Item("selftest key", path, du(path)))
     logs_dir = logs_mod.logs_dir(env)
     for f in _doomed_logs(logs_dir, everything):
         items.append(Item("egress log", os.path.join(logs_dir, f.name), f.size))
@@ -228,6 +230,22 @@ def plan_clean(env: Mapping[str, str], everything: bool) -> tuple[list[Item], li
         if skipped:
             notes.append(f"images: skipped, {skipped}")
     return items, notes, engine
+
+
+SELFTEST_KEY_PREFIX = "id_hive_relay_selftest_"  # relay/selftest.py plants these for one run
+
+
+def selftest_keys(home: str) -> list[str]:
+    """Keys a selftest that was killed left in ~/.ssh (regular files of ours, with our prefix)."""
+    ssh = os.path.join(home, ".ssh")
+    if _ours(ssh) is None:
+        return []
+    try:
+        names = sorted(n for n in os.listdir(ssh) if n.startswith(SELFTEST_KEY_PREFIX))
+    except OSError:
+        return []
+    return [os.path.join(ssh, n) for n in names
+            if (st := _ours(os.path.join(ssh, n))) is not None and stat.S_ISREG(st.st_mode)]
 
 
 def _doomed_logs(directory: str, everything: bool) -> list[logs_mod.LogFile]:
@@ -256,9 +274,9 @@ def _remove(item: Item, env: Mapping[str, str], engine: list[str] | None) -> Non
             ok = safefs.unlink_beneath(dfd, name, only_if=lambda st: stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid())
         item.kept = None if ok else "changed meanwhile"
         return
-    if item.what == "stray lock":
+    if item.what in ("stray lock", "selftest key"):
         with safefs.base_dir(os.path.dirname(item.path)) as dfd:
-            ok = safefs.unlink_beneath(dfd, STRAY_SYNC_LOCK,
+            ok = safefs.unlink_beneath(dfd, os.path.basename(item.path),
                                        only_if=lambda st: stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid())
         item.kept = None if ok else "changed meanwhile"
         return

@@ -53,3 +53,61 @@ def test_the_box_user_carries_the_callers_name_never_the_hosts_uid_1000_owner(bo
             assert host_owner not in proc.stdout
     else:
         assert box_uid == os.getuid()  # the host's own entry, unchanged
+
+
+def _invoke_argv(*args: str) -> list[str]:
+    import sys
+
+    from .conftest import REPO
+
+    return [sys.executable, "-m", "invoke", "--search-root", str(REPO), *args]
+
+
+@pytest.mark.box
+def test_selftest_prints_only_its_table_in_a_terminal(box_sandbox: Sandbox) -> None:
+    import pexpect
+
+    s = box_sandbox
+    argv = _invoke_argv("selftest", "--backend", "shell")
+    child = pexpect.spawn(argv[0], argv[1:], cwd=str(s.workdir), env=s.env, encoding="utf-8", timeout=240,
+                          dimensions=(50, 200))
+    child.expect(pexpect.EOF)
+    child.close()
+    lines = [ln for ln in child.before.replace("\r", "").split("\n") if ln.strip()]
+    assert child.exitstatus == 0, child.before
+    assert lines[0].split() == ["backend", "tier", "profile", "probe", "kind", "result", "detail"], lines[:3]
+    assert not [ln for ln in lines if ln.startswith("hive-relay")], lines
+    assert lines[-1].endswith("legitimate uses working")
+
+
+@pytest.mark.box
+def test_selftest_attacks_a_planted_key_when_the_user_has_no_ssh_dir(box_sandbox: Sandbox) -> None:
+    import json
+    import shutil
+    import subprocess
+
+    s = box_sandbox
+    shutil.rmtree(s.home / ".ssh")
+    proc = subprocess.run(_invoke_argv("selftest", "--backend", "shell", "--json"), cwd=s.workdir, env=s.env,
+                          capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr == ""
+    row = next(r for r in json.loads(proc.stdout) if r["probe"] == "read ~/.ssh")
+    assert row["ok"] and "planted key: " in row["detail"], row
+    assert not (s.home / ".ssh").exists(), "the planted key (and the dir made for it) were left behind"
+    # With the user's own ~/.ssh, only the planted key goes, and it goes even when the box left a link.
+    (s.home / ".ssh").mkdir(mode=0o700)
+    (s.home / ".ssh" / "id_ed25519").write_text("KEY\n")
+    again = subprocess.run(_invoke_argv("selftest", "--backend", "shell", "--json"), cwd=s.workdir, env=s.env,
+                           capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sorted(p.name for p in (s.home / ".ssh").iterdir()) == ["id_ed25519"]
+
+
+def test_clean_removes_a_selftest_key_a_killed_selftest_left(sandbox: Sandbox) -> None:
+    key = sandbox.home / ".ssh" / "id_hive_relay_selftest_0123456789ab"
+    key.write_text("x\n")
+    proc = sandbox.relay("clean")
+    assert proc.returncode == 0 and not key.exists(), proc.stdout
+    assert (sandbox.home / ".ssh" / "id_rsa").exists()
+    assert any(ln.startswith("removed") and "selftest key" in ln for ln in proc.stdout.splitlines())
