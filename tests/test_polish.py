@@ -111,3 +111,73 @@ def test_clean_removes_a_selftest_key_a_killed_selftest_left(sandbox: Sandbox) -
     assert proc.returncode == 0 and not key.exists(), proc.stdout
     assert (sandbox.home / ".ssh" / "id_rsa").exists()
     assert any(ln.startswith("removed") and "selftest key" in ln for ln in proc.stdout.splitlines())
+
+
+def _doctor(s: Sandbox, *args: str, env: dict[str, str] | None = None):
+    import subprocess
+
+    return subprocess.run(_invoke_argv("doctor", *args), cwd=s.workdir, env=env or s.env, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_doctor_gives_every_miss_line_a_fix(sandbox: Sandbox) -> None:
+    import os
+    import sys
+
+    s = sandbox
+    bare = s.root / "bare-bin"  # a PATH with python and nothing else: no bwrap, no engines, no npm CLIs
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    proc = _doctor(s, env={**s.env, "PATH": str(bare)})
+    assert proc.returncode == 0, proc.stderr
+    misses = [ln for ln in proc.stdout.splitlines() if ln.startswith("MISS")]
+    assert any(" bubblewrap " in ln for ln in misses) and any(" podman " in ln for ln in misses), proc.stdout
+    assert any(" user namespaces " in ln for ln in misses), proc.stdout
+    assert [ln for ln in misses if "fix: " not in ln] == []
+    full = _doctor(s)
+    assert [ln for ln in full.stdout.splitlines() if ln.startswith("MISS") and "fix: " not in ln] == []
+    assert os.environ.get("PATH")  # the real host's own MISS lines (if any) were checked too
+
+
+def test_doctor_never_shows_an_engine_that_does_not_answer_as_ok(sandbox: Sandbox) -> None:
+    import json
+    import shutil
+
+    from .conftest import require_tool
+
+    require_tool("docker")
+    s = sandbox
+    only = s.root / "engine-bin"
+    only.mkdir()
+    (only / "docker").symlink_to(shutil.which("docker"))
+    env = {**s.env, "PATH": f"{only}:/usr/bin:/bin", "DOCKER_HOST": f"unix://{s.root}/no-such.sock"}
+    data = json.loads(_doctor(s, "--json", env=env).stdout)
+    docker = next(c for c in data["components"] if c["name"] == "docker")
+    assert not docker["ok"] and "does not answer" in docker["detail"] and "fix: " in docker["detail"], docker
+
+
+def test_doctor_leaves_no_pause_process_or_engine_dirs_behind(sandbox: Sandbox) -> None:
+    import os
+
+    from .conftest import require_tool
+
+    require_tool("podman")
+    s = sandbox
+    run = s.root / "run"
+    before = {p.relative_to(s.root) for p in s.root.rglob("*")}
+    proc = _doctor(s)
+    assert proc.returncode == 0, proc.stderr
+    assert "podman" in proc.stdout
+    after = {p.relative_to(s.root) for p in s.root.rglob("*")}
+    new = sorted(str(p) for p in after - before if not str(p).startswith("home/.cache/hive-relay"))
+    assert new in ([], ["home/.cache"]), new  # only hive relay's own probe memo
+    marker = f"XDG_RUNTIME_DIR={run}".encode()
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if marker in fh.read().split(b"\0"):
+                    left.append(pid)
+        except OSError:
+            continue
+    assert left == [], f"processes started by doctor are still running: {left}"
