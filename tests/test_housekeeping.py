@@ -206,3 +206,19 @@ def test_clean_rejects_bad_input_with_one_line(sandbox: Sandbox) -> None:
     assert "unknown option --force" in one_error_line(sandbox.relay("clean", "--force"))
     assert "unexpected argument 'x'" in one_error_line(sandbox.relay("clean", "x"))
     assert "unknown option --force" in one_error_line(invoke(sandbox, "clean", "--force"))
+
+
+@pytest.mark.parametrize("task", ["logs", "clean"])
+def test_logs_and_clean_say_the_same_on_both_entries(sandbox: Sandbox, task: str) -> None:
+    import re
+
+    from relay.cli import CLEAN_HELP, LOGS_HELP
+
+    texts = LOGS_HELP if task == "logs" else CLEAN_HELP
+    listing = invoke(sandbox, "--list").stdout
+    assert re.search(rf"^\s+{task}\s+\S", listing, re.M), listing
+    flat = [" ".join(invoke(sandbox, "--help", task).stdout.split()),
+            " ".join(sandbox.relay(task, "--help").stdout.split())]
+    for text in texts.values():
+        for out in flat:
+            assert " ".join(text.split()) in out, (text, out)
