@@ -266,7 +266,8 @@ def _remove(item: Item, env: Mapping[str, str], engine: list[str] | None) -> Non
         from . import image
 
         assert engine is not None
-        item.kept = image.remove(engine, item.path)
+        why = image.remove(engine, item.path)
+        item.kept = "in use by a container" if why and "in use" in why else why
         return
     if item.what == "egress log":
         directory, name = os.path.split(item.path)

@@ -222,3 +222,51 @@ def test_logs_and_clean_say_the_same_on_both_entries(sandbox: Sandbox, task: str
     for text in texts.values():
         for out in flat:
             assert " ".join(text.split()) in out, (text, out)
+
+
+def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or_one_in_use(
+        sandbox: Sandbox, tmp_path: Path) -> None:
+    from relay import image
+    from relay.config import load_matrix
+
+    from .conftest import _stable_runtime_dir, require_tool
+
+    require_tool("podman")
+    s = sandbox
+    s.env["XDG_RUNTIME_DIR"] = _stable_runtime_dir()  # rootless podman keys its pause process on it
+    store = tmp_path / "storage"
+    (store / "graph").mkdir(parents=True)
+    (store / "run").mkdir()
+    conf = tmp_path / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{store}/graph"\nrunroot = "{store}/run"\n')
+    s.env["CONTAINERS_STORAGE_CONF"] = str(conf)  # a private image store: never the user's real images
+    env = {**os.environ, **s.env}
+    uid = os.getuid() or 1000
+    current = image.spec_from_env(load_matrix(env, workdir=None).backends, os.getuid(), os.getgid(), env).tag
+    old, busy = f"{image.IMAGE_REPO}:000000000000-u{uid}", f"{image.IMAGE_REPO}:111111111111-u{uid}"
+    foreign = f"{image.IMAGE_REPO}:000000000000-u{uid + 4242}"
+    empty = tmp_path / "rootfs"
+    empty.mkdir()
+    (empty / "f").write_bytes(b"x" * 200000)
+
+    def podman(*args: str, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], env=env, capture_output=True, text=True, timeout=120, **kw)
+
+    try:
+        tar = subprocess.run(["tar", "-C", str(empty), "-c", "."], capture_output=True, check=True).stdout
+        for ref in (old, busy, foreign, current):
+            imported = subprocess.run(["podman", "import", "-q", "-", ref], env=env, input=tar, capture_output=True,
+                                      timeout=120)
+            assert imported.returncode == 0, imported.stderr
+        assert podman("create", "--name", f"hk-busy-{os.getpid()}", busy, "true").returncode == 0
+        proc = s.relay("clean")
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert any(ln.startswith("removed") and old in ln and "KiB" in ln for ln in lines), proc.stdout
+        assert any(ln.startswith("kept") and busy in ln and "in use by a container" in ln for ln in lines)
+        assert foreign not in proc.stdout and current not in proc.stdout
+        left = podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+        assert old not in left and {busy, foreign, current} <= set(left), left
+    finally:
+        podman("rm", "-a", "-f")
+        podman("rmi", "-a", "-f")
