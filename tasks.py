@@ -14,10 +14,14 @@ from invoke.parser import Parser, ParserContext
 from invoke.parser.parser import ParseMachine, is_flag
 
 from relay.cli import (
+    CLEAN_DOC,
+    CLEAN_HELP,
     COMMAND_HELP,
     DESCRIPTION,
     EPILOG,
     HELP,
+    LOGS_DOC,
+    LOGS_HELP,
     METAVARS,
     contribute,
     extra_argument,
@@ -45,7 +49,7 @@ def _seconds(value: str | None) -> int | None:
 # invoke has no optional positionals: it demands every positional at the end of parsing.
 # `backend` and `mode` are positional *and* flags; this shim fills an omitted one just before
 # that check, so `contribute-hive claude` means local and a missing backend is our exit-2 error.
-_OPTIONAL_POSITIONALS = {"contribute-hive": {"backend": "", "mode": "local"}}
+_OPTIONAL_POSITIONALS = {"contribute-hive": {"backend": "", "mode": "local"}, "logs": {"run": ""}}
 _complete_context = ParseMachine.complete_context
 
 
@@ -278,6 +282,26 @@ def accept_state(c: Context, run: str, path: list[str] | None = None) -> None:
     from relay.cli import accept_state as run_accept_state
 
     _exit(guarded(run_accept_state, run, tuple(path or ())))
+
+
+def _logs(c: Context, run: str | None = None, denied: bool = False) -> None:
+    from relay.logs import show
+
+    _exit(guarded(show, run or None, denied=denied))
+
+
+_logs.__doc__ = LOGS_DOC
+logs = task(positional=["run"], help={"run": LOGS_HELP["run"], "denied": LOGS_HELP["denied"]}, name="logs")(_logs)
+
+
+def _clean(c: Context, dry_run: bool = False, all: bool = False) -> None:  # noqa: A002 - the flag is --all
+    from relay.clean import clean as run_clean
+
+    _exit(guarded(run_clean, dry_run=dry_run, everything=all))
+
+
+_clean.__doc__ = CLEAN_DOC
+clean = task(help={"dry_run": CLEAN_HELP["dry_run"], "all": CLEAN_HELP["all"]}, name="clean")(_clean)
 
 
 @task(help={"args": "extra arguments for pytest, e.g. '-k proxy -x'"})

@@ -28,10 +28,10 @@ _hive_relay_complete() {
         esac
     done
     if ((n == 0)); then
-        COMPREPLY=($(compgen -W "$backends build-image completion" -- "$cur"))
+        COMPREPLY=($(compgen -W "$backends build-image completion logs clean" -- "$cur"))
     elif [[ $first == completion ]]; then
         ((n == 1)) && COMPREPLY=($(compgen -W "bash zsh" -- "$cur"))
-    elif ((n == 1)) && [[ $first != build-image ]]; then
+    elif ((n == 1)) && [[ $first != build-image && $first != logs && $first != clean ]]; then
         COMPREPLY=($(compgen -W "$modes" -- "$cur"))
     fi
     return 0

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from . import guard, safefs
 from .digest import sha256
+from .sweep import RUN_ID_RE
 
 # The copy-in bound (bytes): a realistic ~/.claude with months of transcripts fits; beyond it the
 # oldest files are left out (and said so), so the run dir cannot fill the disk or the tmpfs it is on.
@@ -49,8 +50,7 @@ MAX_CHANGES = 20000
 SQLITE_SUFFIXES = ("-wal", "-shm", "-journal")
 # ~/.claude.json keys that make claude start a program: an MCP server, or the approval of one.
 CLAUDE_JSON_EXEC = ("mcpServers", "enabledMcpjsonServers", "disabledMcpjsonServers", "enableAllProjectMcpServers")
-# `PID-START-BOOT-RANDOM` (relay/sweep.py), or the older `PID-RANDOM`.
-RUN_ID = re.compile(r"^[0-9]{1,10}(?:-[0-9]{1,20}-[0-9a-f]{8})?-[0-9a-f]{8}$")
+RUN_ID = re.compile(f"^{RUN_ID_RE}$")
 
 Ident = tuple[int, int, int, int, int]
 

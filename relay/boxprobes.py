@@ -22,12 +22,24 @@ def err_name(exc):
     return errno.errorcode.get(exc.errno, str(exc.errno)) if isinstance(exc, OSError) else type(exc).__name__
 
 
-def read_ssh(home):
+def read_ssh(home, planted=None):
+    """`planted`: a key file the launcher put in the host's ~/.ssh for this run, so that the probe
+    attacks a real target even when the user has no ~/.ssh of their own."""
     path = os.path.join(home, ".ssh")
+    why = "opened but empty"
+    if planted:
+        try:
+            with open(os.path.join(path, planted), "rb") as fh:
+                got = fh.read(1)
+        except OSError as exc:
+            got, why = b"", err_name(exc)
+        if got:
+            return report("read ~/.ssh", "attack", False, f"read the planted key ~/.ssh/{planted}")
     try:
         names = os.listdir(path)
     except OSError as exc:
-        return report("read ~/.ssh", "attack", True, f"listing refused: {err_name(exc)}")
+        return report("read ~/.ssh", "attack", True, f"listing refused: {err_name(exc)}"
+                      + (f"; planted key: {why}" if planted else ""))
     readable = []
     for name in names:
         try:
@@ -36,7 +48,8 @@ def read_ssh(home):
                     readable.append(name)
         except OSError:
             pass
-    report("read ~/.ssh", "attack", not readable, f"readable: {readable}" if readable else "nothing readable")
+    report("read ~/.ssh", "attack", not readable, f"readable: {readable}" if readable else
+           "nothing readable" + (f"; planted key: {why}" if planted else ""))
 
 
 def write_outside(workdir, home):
@@ -140,7 +153,7 @@ def grants(paths):
 def main(args):
     opts = dict(a.split("=", 1) for a in args)
     home, workdir = os.environ.get("HOME", "/"), os.getcwd()
-    read_ssh(home)
+    read_ssh(home, opts.get("planted"))
     write_outside(workdir, home)
     write_workdir(workdir)
     af_unix()

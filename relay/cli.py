@@ -125,18 +125,30 @@ def build_image(*, base: str | None = None, rebuild: bool = False, base_only: bo
     return 0
 
 
+def egress_text(plan) -> str:  # noqa: ANN001 - Plan
+    """The dry run's egress line, in the banner's words when nothing is allowed."""
+    if not plan.proxy_listen:
+        return "no network"
+    if not plan.egress:
+        from .banner import egress_summary
+
+        return egress_summary(plan).removeprefix("egress: ")  # "none (proxy refuses all)", as the banner says
+    return ", ".join(plan.egress)
+
+
 def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import light
+    from .banner import human_size
     from .hosts import render_rules
 
     data = plan.to_json()
     lines = [f"backend  {plan.backend}   mode {plan.mode}   tier {plan.tier}   profile {plan.profile} ({plan.profile_digest})",
              f"workdir  {plan.workdir}",
              f"argv     {' '.join(plan.argv)}",
-             f"limits   {plan.limits.memory} bytes memory, {plan.limits.pids} processes via {plan.limits.method}",
+             f"limits   {human_size(plan.limits.memory)} memory, {plan.limits.pids} processes via {plan.limits.method}",
              *([f"engine   {c.kind} {'rootless' if c.rootless else 'rootful'} ({c.engine}), image {c.image}, "
                 f"user {c.user}, container {c.name}"] if (c := plan.container) else []),
              f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
-             f"egress   {', '.join(plan.egress) if plan.proxy_listen else 'no network'}",
+             f"egress   {egress_text(plan)}",
              *[f"         {line}" for line in render_rules(plan.rules)],
              *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
                if plan.proxy_listen else []),
@@ -404,6 +416,46 @@ def _accept_state_main(argv: Sequence[str]) -> int:
     return guarded(go)
 
 
+# `logs` and `clean`: the same help texts for `invoke logs|clean` and `hive-relay logs|clean`.
+LOGS_HELP = {
+    "run": "the run to show: a run id (as in the listing), any unique part of it, or `last`; "
+           "without it, the runs are listed",
+    "denied": "only what was not allowed (denied, and allowed hosts that were unreachable); "
+              "without RUN, from the newest run",
+}
+LOGS_DOC = "Read the egress logs: list the runs, or show one run's proxy decisions."
+CLEAN_HELP = {
+    "dry_run": "print what would be removed, remove nothing",
+    "all": "also every egress log of finished runs, the current container image and its base (what "
+           "the Uninstall section of the README uses)",
+}
+CLEAN_DOC = ("Remove caches, superseded images, installed agent CLIs and stale state; print what was removed "
+             "and how much.")
+
+
+def _logs_main(argv: Sequence[str]) -> int:
+    from .logs import show
+
+    parser = _argument_parser(prog="hive-relay logs", description=LOGS_DOC)
+    parser.add_argument("run", nargs="?", metavar="RUN", help=LOGS_HELP["run"])
+    parser.add_argument("-d", "--denied", action="store_true", help=LOGS_HELP["denied"])
+    ns = parser.parse_args(argv)
+    return show(ns.run, denied=ns.denied)
+
+
+def _clean_main(argv: Sequence[str]) -> int:
+    from .clean import clean
+
+    parser = _argument_parser(prog="hive-relay clean", description=CLEAN_DOC)
+    parser.add_argument("-d", "--dry-run", action="store_true", help=CLEAN_HELP["dry_run"])
+    parser.add_argument("-a", "--all", action="store_true", help=CLEAN_HELP["all"])
+    ns = parser.parse_args(argv)
+    return clean(dry_run=ns.dry_run, everything=ns.all)
+
+
+SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """bin/contribute-hive, `python -m relay` and the `hive-relay` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -413,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return guarded(_completion_main, argv[1:])
     if argv[:1] == ["accept-state"]:
         return guarded(_accept_state_main, argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return guarded(SUBCOMMANDS[argv[0]], argv[1:])
     words, command = split_command(argv)
 
     def go() -> int:

@@ -15,20 +15,36 @@ from .paths import tool_dir
 from .probe import HostFacts, probe
 
 
+def with_fix(detail: str, fix: str) -> str:
+    """A MISS detail always ends with its fix (some probe errors carry one already)."""
+    return detail if "fix:" in detail else f"{detail}; fix: {fix}"
+
+
 def components(facts: HostFacts, env: dict[str, str], survey: EngineSurvey) -> list[tuple[str, bool, str]]:
     """(component, ok, detail or fix) rows."""
     rows: list[tuple[str, bool, str]] = []
     rows.append(("bubblewrap", facts.bwrap is not None,
                  f"{facts.bwrap} {facts.bwrap_version or ''}".strip() if facts.bwrap else "missing; fix: apt-get install bubblewrap"))
     rows.append(("user namespaces", facts.bwrap_ok,
-                 "a real box started" if facts.bwrap_ok else (facts.bwrap_error or "untested")))
+                 "a real box started" if facts.bwrap_ok else with_fix(
+                     facts.bwrap_error or "no box was started (bubblewrap is missing)",
+                     "apt-get install bubblewrap" if facts.bwrap is None else
+                     "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" if facts.userns_restricted else
+                     "sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it "
+                     "exists)")))
     rows.append(("apparmor userns restriction", not facts.userns_restricted,
                  "not restricted" if not facts.userns_restricted else "restricted; fix: sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"))
-    rows.append(("seccomp", facts.seccomp, "libseccomp loaded" if facts.seccomp else (facts.seccomp_error or "missing")))
+    rows.append(("seccomp", facts.seccomp, "libseccomp loaded" if facts.seccomp else with_fix(
+        facts.seccomp_error or "libseccomp is missing",
+        "apt-get install libseccomp2, then pip install -r requirements.txt in the venv (pyseccomp)")))
     rows.append(("landlock", facts.landlock_abi > 0,
-                 f"ABI {facts.landlock_abi}" if facts.landlock_abi else "unavailable (only the process tier uses it)"))
+                 f"ABI {facts.landlock_abi}" if facts.landlock_abi else with_fix(
+                     "unavailable (only the process tier uses it)",
+                     "boot a kernel 5.13+ with landlock in the lsm= list (e.g. lsm=landlock,lockdown,yama,apparmor)")))
     rows.append(("cgroup limits", facts.cgroup is not None,
-                 f"cgroup {facts.cgroup} writable" if facts.cgroup else "no writable cgroup; rlimits are used instead"))
+                 f"cgroup {facts.cgroup} writable" if facts.cgroup else with_fix(
+                     "no writable cgroup; rlimits are used instead",
+                     "run as root, or on a cgroup v2 host with a delegated subtree (systemd-run --user --scope)")))
     rows.append(("tty injection sysctl", True,
                  {True: "legacy_tiocsti=1: TIOCSTI is live, seccomp blocks it in the box",
                   False: "legacy_tiocsti=0: the kernel blocks TIOCSTI", None: "unknown"}[facts.legacy_tiocsti]))
@@ -68,15 +84,21 @@ def engine_rows(facts: HostFacts, survey: EngineSurvey) -> list[tuple[str, bool,
     rows: list[tuple[str, bool, str]] = []
     chosen = survey.chosen
     for name, path, fix in (("podman", facts.podman, "apt-get install podman (container mode)"),
-                            ("docker", facts.docker, "podman is preferred")):
+                            ("docker", facts.docker, "apt-get install podman (preferred), or docker")):
         if path is None:
-            rows.append((name, name == "docker" and facts.podman is not None, f"missing ({fix})"))
+            other = facts.podman if name == "docker" else None
+            rows.append((name, other is not None, "missing; podman is used instead" if other else
+                         f"missing; fix: {fix}"))
             continue
         found = survey.infos[path]
         if found.error:
-            # An engine that does not answer only matters if it is the one container mode would use.
-            rows.append((name, path != chosen, f"{path}: {found.error}" + ("" if path == chosen else
-                                                                          f" (not used: {chosen} is)")))
+            # Never ok: an engine that does not answer is broken, even when container mode uses the other.
+            unused = "" if path == chosen else f"; container mode uses {chosen} instead" if chosen else ""
+            daemon = "start its daemon (systemctl start docker)" if found.kind == "docker" else \
+                f"`{path} info` shows why"
+            engine_fix = (f"{daemon}, or uninstall it: container mode does not need it" if path != chosen else
+                          f"{daemon}; or apt-get install podman (it needs no daemon)")
+            rows.append((name, False, f"{path}: {found.error}{unused}; fix: {engine_fix}"))
             continue
         detail = (f"{path} {found.version or ''}: {'rootless' if found.rootless else 'rootful'}, "
                   f"storage {found.storage_driver}{'; used for container mode' if path == chosen else ''}")
@@ -115,7 +137,10 @@ def _container_state(facts: HostFacts, survey: EngineSurvey) -> str:
 def doctor(as_json: bool = False) -> int:
     env = dict(os.environ)
     facts = probe(env)
-    survey = survey_engines(facts, env)
+    from .leftovers import untouched
+
+    with untouched(env):  # no pause process, no ~/.config/cni or storage dirs left by asking podman
+        survey = survey_engines(facts, env)
     rows = components(facts, env, survey)
     tiers = enforceable(facts, survey)
     if as_json:

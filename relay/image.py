@@ -12,6 +12,7 @@ mirror (read from apt's sources), plus Node and npm from the npm registry, `impo
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -338,3 +339,31 @@ def _remove_superseded(engine: list[str], tag: str, spec: ImageSpec, say: Progre
 def save_base(engine: list[str], base: str, path: str) -> None:
     _run([*engine, "save", "-q", "-o", path, base], "image save", f"check that {path} is writable")
     os.chmod(path, 0o644)
+
+
+def ours(engine: list[str], uid: int) -> list[tuple[str, int | None]]:
+    """Our images on this engine, with their sizes in bytes (None when the engine does not say): the
+    contributor images for `uid` (the image uid: 1000 for root callers, see spec_for) and the bases."""
+    image_uid = uid if uid else 1000
+    if engine_kind(engine[0]) == "podman":
+        proc = subprocess.run([*engine, "images", "--format", "json"], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL)
+        try:
+            rows = [(name, row.get("Size")) for row in json.loads(proc.stdout or "[]") for name in row.get("Names") or ()]
+        except ValueError:
+            rows = []
+    else:
+        proc = subprocess.run([*engine, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL)
+        rows = [(ref, None) for ref in proc.stdout.split()]
+    return [(ref, size if isinstance(size, int) else None) for ref, size in rows
+            if (ref.startswith(f"{IMAGE_REPO}:") and ref.endswith(f"-u{image_uid}")) or ref.startswith(f"{BASE_REPO}:")]
+
+
+def remove(engine: list[str], ref: str) -> str | None:
+    """Untag one image without force (an image a container still uses stays); the engine's reason
+    when it refused, else None."""
+    proc = subprocess.run([*engine, "rmi", ref], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]

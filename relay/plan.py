@@ -385,6 +385,10 @@ def resolve(
             Mount("ro-bind", BOX_GIT_EXCLUDES, os.path.join(run_dir, "git-excludes")),))
     else:
         git_excludes = ()
+    if uid == 0 and run_dir and tier == "supervised":  # the box user of a root caller gets a sane name
+        from . import passwd
+
+        fsplan = replace(fsplan, mounts=fsplan.mounts + passwd.mounts(run_dir))
 
     rules = allowed_rules(backend, profile, extra_rules)
     egress = as_entries(rules)

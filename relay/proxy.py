@@ -318,11 +318,7 @@ class DecisionLog:
         self._fh = None
         self.written = 0
         self.truncated = 0
-        if path:
-            try:
-                self._fh = _open_log(path)
-            except OSError:
-                self.write_errors += 1
+        self._opened = False  # opened on the first decision: a run without traffic leaves no empty log
 
     def record(self, decision: Decision, method: str) -> None:
         entry = {
@@ -341,6 +337,12 @@ class DecisionLog:
                 self.causes.setdefault(key, Counter())[decision.cause] += 1
             else:
                 self.denied[f"{decision.host}:{decision.port}"] += 1
+            if not self._opened and self.path:
+                self._opened = True
+                try:
+                    self._fh = _open_log(self.path)
+                except OSError:
+                    self.write_errors += 1
             if self._fh is not None:
                 line = json.dumps(entry) + "\n"
                 if self.written + len(line) > MAX_LOG_BYTES:

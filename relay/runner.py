@@ -167,8 +167,11 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     container = plan.container
     # Our own cgroups are for local boxes; a container's limits belong to its engine.
     own_cgroup = container is None and plan.limits.method.startswith("cgroup")
+    from . import passwd
+
+    own_passwd = plan.box_uid is not None and passwd.needed(plan.mounts)
     needs_run_dir = (bool(plan.sync_files) or bool(plan.state_dirs) or process_tier or bool(plan.git_excludes)
-                     or container is not None or plan.git is not None)
+                     or container is not None or plan.git is not None or own_passwd)
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir)
     if plan.placeholders or plan.protected or plan.denied:
@@ -188,6 +191,8 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     try:
         janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
                         git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)
+        if own_passwd and plan.run_dir and plan.box_uid is not None:
+            passwd.write(plan.run_dir, plan.box_uid, plan.box_uid, dict(plan.env_set).get("HOME", "/"), caller_env)
     except OSError as err:
         raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
     if state.agent is not None:
@@ -251,6 +256,9 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             os.close(go_fd)
         messages = janitor.finish(jpid, lifeline)
         mark("torn_down")
+        from .logs import prune_after_run
+
+        prune_after_run(plan.log_path)
         _dump_trace(caller_env)
     summary = proxy.log.summary_lines() if proxy is not None else []
     if proxy is not None and proxy.log.write_errors:

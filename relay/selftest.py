@@ -10,14 +10,17 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import secrets
 import shutil
 import socketserver
+import stat
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import safefs
 from .cli import new_run_id
 from .config import get_backend, load_matrix
 from .denylist import expand
@@ -55,8 +58,48 @@ def _upstream() -> tuple[socketserver.TCPServer, int]:
     return server, server.server_address[1]
 
 
+@dataclass
+class PlantedKey:
+    """A fake private key in the host's ~/.ssh for the "read ~/.ssh" probe to attack (the dir is made,
+    0700, when the user has none, and removed again with the key). Reached with no link followed."""
+
+    home: str
+    name: str
+    made_dir: bool
+
+    def remove(self) -> None:
+        try:
+            with safefs.base_dir(self.home) as hfd:
+                safefs.unlink_beneath(hfd, f".ssh/{self.name}", only_if=lambda st: stat.S_ISREG(st.st_mode))
+                if self.made_dir:
+                    safefs.unlink_beneath(hfd, ".ssh", only_if=lambda st: stat.S_ISDIR(st.st_mode))
+        except OSError:
+            pass
+
+
+def plant_ssh_key(home: str) -> PlantedKey:
+    name = f"id_hive_relay_selftest_{secrets.token_hex(6)}"  # clean.SELFTEST_KEY_PREFIX
+    with safefs.base_dir(home) as hfd:
+        try:
+            os.mkdir(".ssh", 0o700, dir_fd=hfd)
+            made = True
+        except FileExistsError:
+            made = False
+        sfd = safefs.open_beneath(hfd, ".ssh", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            safefs.create_new(sfd, name, b"-----BEGIN OPENSSH PRIVATE KEY-----\nhive relay selftest: must not be "
+                                         b"readable in a box\n-----END OPENSSH PRIVATE KEY-----\n", 0o600)
+        except BaseException:
+            os.close(sfd)
+            if made:
+                os.rmdir(".ssh", dir_fd=hfd)
+            raise
+        os.close(sfd)
+    return PlantedKey(home, name, made)
+
+
 def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, matrix,  # noqa: ANN001
-          mode: str = "local") -> Plan:
+          mode: str = "local", planted: str | None = None) -> Plan:
     b = get_backend(matrix, backend)
     base = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
                    argv_override=("true",))
@@ -65,6 +108,8 @@ def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, mat
     grants = [expand(p, facts.home, facts.uid) for p in b.home_rw + b.home_ro] if first.profile != "default" else []
     grants = [g for g in grants if os.path.exists(g)]
     probe_args = [f"launcher={os.getpid()}", f"grants={','.join(grants)}"]
+    if planted:
+        probe_args.append(f"planted={planted}")
     if first.proxy_listen:
         probe_args += [f"proxy={PROXY_LISTEN}", f"allowed={ALLOWED_NAME}:{port}", "denied=example.com:443"]
     python = "/usr/bin/python3" if mode == "container" else (facts.box_python or "/usr/bin/python3")
@@ -78,25 +123,36 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # 
                 mode: str = "local") -> list[Row]:
     # Beside the cache dir (not /tmp) so that the workdir's parent is a real host directory; not in
     # it, since hive relay's own dirs are never a workdir.
-    base = Path(cache_dir(env)).parent / "hive-relay-selftest"
-    base.mkdir(parents=True, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="selftest-", dir=base)
-    workdir = os.path.join(scratch, "work")
-    os.mkdir(workdir)
     try:
-        plan = _plan(backend, env, workdir, port, facts, matrix, mode)
+        planted = plant_ssh_key(env.get("HOME", "/"))
+    except OSError as err:
+        return [Row(backend, "-", "-", "read ~/.ssh", "attack", False,
+                    f"could not plant a key in ~/.ssh to attack: {err.strerror or err}")]
+    base = Path(cache_dir(env)).parent / "hive-relay-selftest"
+    rows: list[Row] = []
+    errors: list[str] = []
+    scratch = None
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix="selftest-", dir=base)
+        workdir = os.path.join(scratch, "work")
+        os.mkdir(workdir)
+        plan = _plan(backend, env, workdir, port, facts, matrix, mode, planted.name)
         if plan.container is not None:
             from .engine import ensure_ready
 
             ensure_ready(plan.container, matrix, env)
         if plan.unsandboxed:
             return [Row(backend, plan.tier, plan.profile, "box enforced", "attack", False, "runs unsandboxed (opt-in)")]
-        with tempfile.TemporaryFile() as out:
-            with redirected({1: out.fileno()}):
+        # The box's own stderr and the runner's notes and exit summary (the probes' refused connection,
+        # for one) are captured too: the table is all selftest prints.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            with redirected({1: out.fileno(), 2: err.fileno()}):
                 code = run(plan, env, quiet=True)
             out.seek(0)
             lines = out.read().decode(errors="replace").splitlines()
-        rows = []
+            err.seek(0)
+            errors = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
         for line in lines:
             try:
                 data = json.loads(line)
@@ -112,9 +168,13 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # 
                 continue
             rows.append(Row(backend, plan.tier, plan.profile, data["probe"], data["kind"], data["ok"], data["detail"]))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        planted.remove()
     if not rows:
-        rows.append(Row(backend, plan.tier, plan.profile, "probes ran", "legit", False, f"box exited {code} with no output"))
+        why = f": {errors[-1]}" if errors else ""
+        rows.append(Row(backend, plan.tier, plan.profile, "probes ran", "legit", False,
+                        f"box exited {code} with no output{why}"))
     return rows
 
 

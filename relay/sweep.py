@@ -86,6 +86,11 @@ def me(pid: int | None = None) -> Owner:
     return Owner(pid, start_time(pid), boot_id())
 
 
+# A run id as text: `PID-START-BOOT-RANDOM`, or the older `PID-RANDOM`. One pattern for every reader
+# (logs, kept state, reports).
+RUN_ID_RE = r"[0-9]{1,10}(?:-[0-9]{1,20}-[0-9a-f]{8})?-[0-9a-f]{8}"
+
+
 def new_run_id() -> str:
     """`PID-START-BOOT-RANDOM`: the run dir and cgroup named after it say whose they are."""
     return f"{me().token()}-{os.urandom(4).hex()}"

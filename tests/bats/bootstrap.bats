@@ -5,7 +5,7 @@ setup() {
   ROOT="$(cd "$BATS_TEST_DIRNAME/../.." && pwd)"
   WORK="$(mktemp -d)"
   export HOME="$WORK/home"
-  mkdir -p "$HOME"
+  mkdir -p "$HOME" "$WORK/checkout"
 }
 
 teardown() {
@@ -13,7 +13,7 @@ teardown() {
 }
 
 @test "bootstrap prints the shell plan as JSON" {
-  run "$ROOT/bin/contribute-hive" shell local --dry-run --json --workdir "$WORK"
+  run "$ROOT/bin/contribute-hive" shell local --dry-run --json --workdir "$WORK/checkout"
   [ "$status" -eq 0 ]
   [[ "$output" == *'"backend": "shell"'* ]]
   [[ "$output" == *'"tier": "supervised"'* ]]
@@ -32,7 +32,7 @@ teardown() {
 }
 
 @test "the box runs a prompt and passes its exit code through" {
-  run "$ROOT/bin/contribute-hive" shell local --quiet --workdir "$WORK" --prompt 'echo inside; exit 9'
+  run "$ROOT/bin/contribute-hive" shell local --quiet --workdir "$WORK/checkout" --prompt 'echo inside; exit 9'
   [ "$status" -eq 9 ]
   [[ "$output" == *"inside"* ]]
 }
