@@ -1,5 +1,5 @@
 """Shell completion for the bin entry and the `hive-relay` console script: backends, modes, profiles,
-isolation levels and options, from the same tables the parsers use (cli.OPTIONS) and from config.
+isolation levels and options, from the same tables the parsers use (options.OPTIONS) and from config.
 
 `hive-relay completion bash` prints the script with your configured backends; completions/ holds the
 same script for the shipped config (tests/test_surface.py keeps it in step).
@@ -75,7 +75,7 @@ def names(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
 
 
 def script(shell: str, env: Mapping[str, str]) -> str:
-    from .cli import MODES, OPTIONS, flag_name
+    from .options import MODES, OPTIONS, flag_name
     from .plan import ISOLATIONS
 
     found = names(env)

@@ -170,18 +170,3 @@ def run_dirs(base: str) -> int:
             shutil.rmtree(entry.path, ignore_errors=True)  # fd-based: no link inside is followed
             removed += 1
     return removed
-
-
-def at_launch(run_base: str | None, state: str, cgroups: bool) -> None:
-    """Every launch: run dirs, cgroups and placeholder references whose owner is gone."""
-    from . import limits
-    from .placeholders import Registry
-
-    if run_base:
-        run_dirs(run_base)
-    if cgroups:
-        limits.sweep_stale()
-    try:
-        Registry(state).sweep()
-    except OSError:
-        pass  # an unusable registry is reported when a box needs it

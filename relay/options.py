@@ -1,0 +1,54 @@
+"""The options of `contribute-hive`, one table for both entries: names, short flags, value
+placeholders and help texts. relay/cli.py builds argparse from it, tasks.py feeds invoke from it,
+relay/completion.py writes the shell completions from it, and tests/test_surface.py compares the two
+help outputs option by option. Data only, so every one of them can import it."""
+
+from __future__ import annotations
+
+# One source of truth for both entries (`invoke contribute-hive` and bin/contribute-hive / hive-relay /
+# `python -m relay`): names, short flags, value placeholders and help texts. tasks.py feeds invoke from it,
+# build_parser() feeds argparse, and tests/test_surface.py compares the two help outputs option by option.
+ALLOW_HOST_HELP = ("extra egress host, repeatable: NAME[:PORT], *.DOMAIN[:PORT] (its subdomains, not the domain "
+                   "itself) or NAME[:PORT]=ADDR:PORT (pinned to that address); a NAME without a port means 443 "
+                   "(HTTPS); plain HTTP needs the port: NAME:80")
+HELP = {
+    "backend": "agent CLI: claude, codex, gemini, opencode or shell (also the first positional)",
+    "mode": "local (bubblewrap box, default) or container (podman/docker) (also the second positional)",
+    "profile": "policy profile: agent or default; unset picks agent when this host can enforce it",
+    "isolation": "auto, process, supervised or container; an explicit choice is never downgraded",
+    "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
+    "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
+    "allow_host": ALLOW_HOST_HELP,
+    "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
+    "dry_run": "print the resolved plan and launch nothing",
+    "json": "with --dry-run: print the plan as JSON",
+    "quiet": "no banner (notes and refusals are still printed)",
+    "version": "print the version (hive-relay X.Y.Z) and exit",
+}
+# (dest, short flag, value placeholder or None for a switch). The short flags are the ones invoke derives
+# from the names (first free letter), so both entries accept the same ones.
+OPTIONS = (
+    ("allow_host", "a", "HOST[:PORT]"),
+    ("backend", "b", "BACKEND"),
+    ("dry_run", "d", None),
+    ("isolation", "i", "ISOLATION"),
+    ("json", "j", None),
+    ("mode", "m", "MODE"),
+    ("profile", "p", "PROFILE"),
+    ("quiet", "q", None),
+    ("prompt", "r", "PROMPT"),
+    ("timeout", "t", "SECONDS"),
+    ("version", "v", None),
+    ("workdir", "w", "DIR"),
+)
+METAVARS = {dest: meta for dest, _, meta in OPTIONS if meta}
+MODES = ("local", "container")
+DESCRIPTION = "Run a coding agent inside the hive relay box: BACKEND [local|container] [options] [-- CMD ARGS...]"
+COMMAND_HELP = ("-- CMD ARGS...: shell backend only: run CMD with ARGS in the box, each argument passed as is "
+                "(no shell string to quote); its exit code passes through")
+EPILOG = "exit codes: the agent's own; 2 usage/config; 3 refused (unenforceable or opt-in missing); 124 timeout; 128+N signal"
+HELP_FIX = "`contribute-hive --help` (or `invoke --help contribute-hive`) lists the options"
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
