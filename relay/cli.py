@@ -74,7 +74,7 @@ def contribute(
     from .runner import run
 
     if plan.container is not None:
-        from .engine import ensure_ready
+        from .image import ensure_ready
 
         ensure_ready(plan.container, matrix, env)
         return run(plan, env, quiet=quiet)

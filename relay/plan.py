@@ -25,6 +25,7 @@ from .gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from .hosts import HostRule, explain
 from .native import render as render_native
 from .paths import config_home, own_paths, state_dir, tool_dir
+from .planlimits import Limits, limit_method
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
@@ -58,13 +59,6 @@ class Request:
     run_id: str = ""
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Limits:
-    memory: int
-    pids: int
-    method: str
 
 
 @dataclass(frozen=True)
@@ -409,7 +403,7 @@ def resolve(
         env_set.update(proxy_env(proxy_listen))
     env_pass = tuple(n for n in env_pass if n not in env_set)
 
-    limits = Limits(profile.memory, profile.pids, _limit_method(facts))
+    limits = Limits(profile.memory, profile.pids, limit_method(facts.cgroup))
     seccomp = policy_for(nested_userns=backend.nested_userns, deny_network=tier == "process")
     box_uid = BOX_UID_FOR_ROOT if uid == 0 else None
     interactive = request.prompt is None
@@ -549,10 +543,11 @@ def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: Ho
                    limits: Limits, run_dir: str | None) -> _ContainerChoice:
     import resource
 
+    from .engine import engine_kind
     from .image import spec_from_env
 
     engine = choose_engine(facts, caller_env)
-    kind = container_argv.engine_kind(engine)
+    kind = engine_kind(engine)
     rootless = kind == "podman" and facts.uid != 0
     nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
     flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, nofile)
@@ -566,11 +561,3 @@ def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: Ho
         limit_flags=flags,
     )
     return _ContainerChoice(run, method)
-
-
-def _limit_method(facts: HostFacts) -> str:
-    if facts.cgroup == "v2":
-        return "cgroup-v2"
-    if facts.cgroup == "v1":
-        return "cgroup-v1"
-    return "rlimit"

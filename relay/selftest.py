@@ -86,7 +86,7 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # 
     try:
         plan = _plan(backend, env, workdir, port, facts, matrix, mode)
         if plan.container is not None:
-            from .engine import ensure_ready
+            from .image import ensure_ready
 
             ensure_ready(plan.container, matrix, env)
         if plan.unsandboxed:
