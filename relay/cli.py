@@ -14,7 +14,7 @@ from dataclasses import replace
 from .banner import emit, note_lines
 from .config import get_backend, load_matrix
 from .errors import RefusedError, RelayError, UsageError
-from .plan import Request, resolve
+from .plan import Request, resolve, with_image
 from .probe import probe
 
 
@@ -63,6 +63,7 @@ def contribute(
         from .sweep import at_launch
 
         at_launch(env.get("XDG_RUNTIME_DIR") or "/tmp", state_dir(env), cgroups=True)
+    facts = with_image(facts, matrix, request, env)
     plan = resolve(backend, matrix, request, facts, env)
     mark("resolved")
     if dry_run:

@@ -38,7 +38,11 @@ class Grant:
 
 @dataclass
 class FsView:
-    """What the planner may ask of the host filesystem; tests and the probe use the real one."""
+    """Every question the planner asks of the host filesystem, and the only way it asks one.
+
+    resolve() and everything it calls read the host through this view alone, so a test can hand
+    it a fake (tests/fakefs.py) and prove the planner pure: no other file is touched. The real
+    one asks the host on demand."""
 
     def kind(self, path: str) -> str:
         try:
@@ -70,6 +74,12 @@ class FsView:
             return os.readlink(path)
         except OSError:
             return None
+
+    def which(self, name: str, path: str) -> str | None:
+        """The executable `name` would run as on `path` (a PATH string), as shutil.which finds it."""
+        import shutil
+
+        return shutil.which(name, path=path)
 
     def listdir(self, path: str) -> list[str]:
         try:

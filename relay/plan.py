@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from . import bwrap_argv, container_argv
@@ -235,6 +235,16 @@ def _missing_supervised(facts: HostFacts) -> str:
     return facts.seccomp_error or "seccomp is unavailable"
 
 
+def with_image(facts: HostFacts, matrix: Matrix, request: Request, caller_env: Mapping[str, str]) -> HostFacts:
+    """The facts plus container mode's image tag, which hashes files in the checkout and reads
+    /etc/os-release: gathered here, before resolve(), which reads nothing. Local mode skips it."""
+    if request.mode != "container" or facts.image is not None:
+        return facts
+    from .image import spec_from_env
+
+    return replace(facts, image=spec_from_env(matrix.backends, facts.uid, facts.gid, caller_env).tag)
+
+
 def resolve(
     backend: Backend,
     matrix: Matrix,
@@ -248,7 +258,7 @@ def resolve(
     fs = fs or FsView()
     if request.mode not in MODES:
         raise UsageError(f"unknown mode {request.mode!r}; choose one of: {', '.join(MODES)}")
-    workdir = os.path.realpath(request.workdir)
+    workdir = fs.realpath(request.workdir)
     if fs.kind(workdir) != "dir":
         raise UsageError(f"--workdir {request.workdir}: not an existing directory; fix: create it or pass another")
     if request.timeout is not None and request.timeout <= 0:
@@ -262,13 +272,14 @@ def resolve(
     if tier == "unsandboxed":
         return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, notes)
     profile = resolve_profile(choice.profile, matrix.profiles)
-    if os.path.realpath(home) == "/":
+    if fs.realpath(home) == "/":
         raise RefusedError("HOME is '/', so the box cannot hide it; fix: set HOME to your home directory")
+    own = own_paths(caller_env, fs.realpath)
     reason = workdir_refusal(
-        workdir, os.path.realpath(home), secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
-        own_paths(caller_env),
-        os.path.realpath(config_home(caller_env)),
-        [os.path.realpath(d) for d in (caller_env.get("PATH") or "").split(":") if d.startswith("/")])
+        workdir, fs.realpath(home), secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
+        own,
+        fs.realpath(config_home(caller_env)),
+        [fs.realpath(d) for d in (caller_env.get("PATH") or "").split(":") if d.startswith("/")])
     if reason:
         raise RefusedError(reason)
 
@@ -307,20 +318,20 @@ def resolve(
     grants = sorted(dict.fromkeys(grants), key=lambda g: (g.path, not g.writable))
 
     # Denied and hive relay's own paths inside a state dir are never copied in nor synced back.
-    state_exclude = tuple(sorted({p for p in secret_paths(home, uid, backend.deny, None) + own_paths(caller_env)
+    state_exclude = tuple(sorted({p for p in secret_paths(home, uid, backend.deny, None) + own
                                   if any(p == d or p.startswith(d + "/") for d in state_dirs)}))
-    tools = tool_dir(caller_env)
+    tools = tool_dir(caller_env, fs.realpath)
     box_path = caller_env.get("PATH") or SAFE_PATH
     box_path = f"{tools}/node_modules/.bin:{box_path}"
     native = render_native(backend.native_boxed, home=home, uid=uid, workdir=workdir, extra_deny=backend.deny,
                            unsandboxed=False)
     argv = list(request.argv_override or agent_argv(backend, request.prompt, shell, workdir, tuple(native)))
-    cli = shutil.which(argv[0], path=box_path)
+    cli = fs.which(argv[0], box_path)
     extra_binds: list[Mount] = []
 
     if tier == "container":
         pass  # the CLIs come from the image, not from the host
-    elif os.path.isdir(tools):
+    elif fs.kind(tools) == "dir":
         extra_binds.append(Mount("ro-bind", tools, tools))
     if tier == "container":
         pass
@@ -328,13 +339,13 @@ def resolve(
         notes.append(f"{argv[0]} is not installed yet; a real run installs it first (npm, into {tools})"
                      if backend.install_npm else f"{argv[0]} is not installed on this host")
     else:
-        real_cli = os.path.realpath(cli)
+        real_cli = fs.realpath(cli)
         if (real_cli + "/").startswith(home.rstrip("/") + "/") and not real_cli.startswith(tools + "/"):
             install_dir = os.path.dirname(real_cli)
             extra_binds.append(Mount("ro-bind", install_dir, install_dir))
 
     run_dir = os.path.join(caller_env.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
-    protected = protected_paths(workdir) + nested_git_paths(workdir)
+    protected = protected_paths(workdir) + nested_git_paths(workdir, fs)
     git = plan_git(workdir, fs) if tier in ("supervised", "container") else None
     git_mounts: list[Mount] = []
     if git is not None:
@@ -354,7 +365,7 @@ def resolve(
         home_source=os.path.join(run_dir, "home") if ((sync or state_dirs) and run_dir) else None,
         grants=grants,
         secrets=secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
-        protected=protected + own_paths(caller_env),
+        protected=protected + own,
         extra_binds=extra_binds,
         git_mounts=git_mounts,
         fs=fs,
@@ -423,7 +434,7 @@ def resolve(
         rw = [workdir, env_set["TMPDIR"], "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
         from .landlock import read_roots
 
-        ro = read_roots(home) + ["/dev/urandom", "/dev/random"] + [g.path for g in grants if not g.writable]
+        ro = read_roots(home, fs.listdir("/")) + ["/dev/urandom", "/dev/random"] + [g.path for g in grants if not g.writable]
         rw += [g.path for g in grants if g.writable]
         fs_rules = tuple((p, "ro") for p in ro) + tuple((p, "rw") for p in rw)
         fsplan = replace(fsplan, mounts=(), placeholders=(), protected=())
@@ -541,20 +552,17 @@ def choose_engine(facts: HostFacts, caller_env: dict[str, str]) -> str:
 
 def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: HostFacts, caller_env: dict[str, str],
                    limits: Limits, run_dir: str | None) -> _ContainerChoice:
-    import resource
-
     from .engine import engine_kind
-    from .image import spec_from_env
 
     engine = choose_engine(facts, caller_env)
     kind = engine_kind(engine)
     rootless = kind == "podman" and facts.uid != 0
-    nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
-    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, nofile)
-    spec = spec_from_env(matrix.backends, facts.uid, facts.gid, caller_env)
+    if facts.image is None:
+        raise UsageError("internal: container mode needs the image identity in the host facts (plan.with_image)")
+    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, facts.nofile)
     run = ContainerRun(
         engine=engine, kind=kind, rootless=rootless, name=f"hive-relay-{request.run_id or 'dry-run'}",
-        image=spec.tag, user="0:0" if facts.uid == 0 else f"{facts.uid}:{facts.gid}",
+        image=facts.image, user="0:0" if facts.uid == 0 else f"{facts.uid}:{facts.gid}",
         pidfile=os.path.join(run_dir, "pid") if run_dir and kind == "podman" else None,
         ctl_dir=os.path.join(run_dir, "ctl") if run_dir else None,
         seccomp_profile=os.path.join(run_dir, "seccomp.json") if run_dir else None,

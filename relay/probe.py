@@ -43,6 +43,10 @@ class HostFacts:
     docker: str | None = None
     box_python: str | None = None
     notes: tuple[str, ...] = field(default=())
+    # The hard RLIMIT_NOFILE, capped at 1 << 20: a container's --ulimit nofile (the engine refuses more).
+    nofile: int = 1 << 20
+    # Container mode's image tag (a digest of files): read before resolve() by plan.with_image, never in it.
+    image: str | None = None
 
     @property
     def bwrap_ok(self) -> bool:
@@ -226,4 +230,11 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
         podman=shutil.which("podman", path=env.get("PATH", os.defpath)),
         docker=shutil.which("docker", path=env.get("PATH", os.defpath)),
         box_python=_box_python(home),
+        nofile=_nofile(),
     )
+
+
+def _nofile() -> int:
+    import resource
+
+    return min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
