@@ -16,6 +16,7 @@ from .config import get_backend, load_matrix
 from .errors import RefusedError, RelayError, UsageError
 from .plan import Request, resolve, with_image
 from .probe import probe
+from .tiers import profile_fallback
 
 
 def new_run_id() -> str:
@@ -83,10 +84,11 @@ def contribute(
 
     problem = verify(plan, env)
     mark("verified")
-    if problem and request.profile is None and plan.profile != "default":
-        fallback = resolve(backend, matrix, replace(request, profile="default"), facts, env)
-        plan = replace(fallback, notes=fallback.notes + (
-            f"the {plan.profile} profile failed its probe here ({problem}); using the fail-closed default profile",))
+    fallback = profile_fallback(request.profile, plan.profile, problem) if problem else None
+    if fallback:
+        profile, note = fallback
+        retry = resolve(backend, matrix, replace(request, profile=profile), facts, env)
+        plan = replace(retry, notes=retry.notes + (note,))
         problem = verify(plan, env)
     if problem:
         raise RefusedError(f"the {plan.tier} box with profile {plan.profile} cannot start here: {problem}")

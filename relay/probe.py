@@ -52,24 +52,23 @@ class HostFacts:
     def bwrap_ok(self) -> bool:
         return self.bwrap is not None and self.bwrap_error is None
 
+    # What each tier can enforce here is relay/tiers.py's answer; these read it for older callers.
     @property
     def process_ok(self) -> bool:
         return self.process_error is None
 
     @property
     def process_error(self) -> str | None:
-        """Why the process tier (Landlock + seccomp + limits) cannot run here, or None."""
-        if self.landlock_abi < 1:
-            return "Landlock is unavailable (needs Linux 5.13+ with landlock in the LSM list)"
-        if not self.seccomp:
-            return self.seccomp_error or "seccomp is unavailable"
-        if self.uid == 0:
-            return "the process tier cannot hide root-owned secrets from a root caller; run as a normal user"
-        return None
+        """Why the process tier cannot run here, or None (tiers.process_error)."""
+        from .tiers import process_error
+
+        return process_error(self)
 
     @property
     def supervised_ok(self) -> bool:
-        return self.bwrap_ok and self.seccomp
+        from .tiers import supervised_ok
+
+        return supervised_ok(self)
 
     def to_json(self) -> dict:
         return asdict(self)
