@@ -15,9 +15,24 @@ from .errors import RefusedError, UsageError
 from .profiles import resolve_profile
 
 TYPE_CHECKING = False  # avoids importing typing at launch
-if TYPE_CHECKING:
-    from .plan import Request
-    from .probe import HostFacts
+if TYPE_CHECKING:  # what this module reads of probe.HostFacts and plan.Request (no import: no circle)
+    from typing import Protocol
+
+    class HostFacts(Protocol):
+        uid: int
+        bwrap: str | None
+        bwrap_error: str | None
+        userns_restricted: bool
+        seccomp: bool
+        seccomp_error: str | None
+        landlock_abi: int
+        podman: str | None
+        docker: str | None
+
+    class Request(Protocol):
+        mode: str
+        profile: str | None
+        isolation: str | None
 
 ISOLATIONS = ("auto", "process", "supervised", "container")
 DEFAULT_PROFILE = "default"  # fail-closed: no network, no backend state; what every fallback lands on
