@@ -136,3 +136,33 @@ def no_host_io() -> Iterator[list[str]]:
     finally:
         for mod, name, original in saved:
             setattr(mod, name, original)
+
+
+# The fake host of the golden tests (tests/test_plan_golden.py, tests/test_argv_golden.py).
+HOME = "/home/u"
+WORKDIR = "/home/u/src/proj"
+TOOLS = "/opt/hive-relay/.cache/npm"
+
+
+def fake_host() -> MemFs:
+    """A user's machine: a checkout with a git dir (and a submodule's), agent state dirs, secrets,
+    toolchains, and the agent CLIs in hive relay's tool dir (gemini's not installed yet)."""
+    return MemFs.build(
+        dirs=["/bin", "/etc", "/usr/bin", "/usr/local/bin", "/lib", "/opt", "/proc", "/dev", "/sys", "/tmp",
+              "/var/tmp", "/run/user/1000", f"{HOME}/.ssh", f"{HOME}/.claude/projects", f"{HOME}/.codex/sessions",
+              f"{HOME}/.gemini", f"{HOME}/.config/opencode", f"{HOME}/.local/share/opencode",
+              f"{HOME}/.cargo/bin", f"{HOME}/.local/bin", f"{WORKDIR}/.git/objects", f"{WORKDIR}/.git/refs/heads",
+              f"{WORKDIR}/.git/hooks", f"{WORKDIR}/.git/modules/lib/objects", f"{WORKDIR}/.vscode", "/etc/sudoers.d"],
+        files={
+            f"{HOME}/.ssh/id_ed25519": "secret", f"{HOME}/.gitconfig": "[user]\n", f"{HOME}/.bashrc": "",
+            f"{HOME}/.claude.json": "{}", f"{HOME}/.claude/settings.json": "{}", f"{HOME}/.codex/config.toml": "",
+            f"{HOME}/.npmrc": "//registry/:_authToken=x", "/etc/shadow": "", "/etc/os-release": "ID=debian\n",
+            f"{WORKDIR}/.git/HEAD": "ref: refs/heads/main\n", f"{WORKDIR}/.git/config": "[core]\n",
+            f"{WORKDIR}/.git/hooks/pre-commit.sample": "", f"{WORKDIR}/.git/modules/lib/HEAD": "ref: x\n",
+            f"{WORKDIR}/.git/modules/lib/config": "", f"{WORKDIR}/.envrc": "", f"{WORKDIR}/README.md": "hi\n",
+            f"{WORKDIR}/.vscode/tasks.json": "{}",
+        },
+        links={f"{HOME}/.config/git": "../.gitconfig-dir", "/bin/sh": "dash"},
+        executables=["/bin/bash", "/bin/dash", "/usr/bin/bwrap", "/usr/bin/podman", "/usr/bin/python3",
+                     *(f"{TOOLS}/node_modules/.bin/{cli}" for cli in ("claude", "codex", "opencode"))],
+    )

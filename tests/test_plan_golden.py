@@ -25,13 +25,10 @@ from relay.errors import RelayError
 from relay.plan import Request, resolve
 from relay.probe import HostFacts
 
-from .fakefs import HostTouched, MemFs, no_host_io
+from .fakefs import HOME, TOOLS, WORKDIR, HostTouched, fake_host, no_host_io
 
 GOLDEN = Path(__file__).parent / "golden" / "plans"
 BACKENDS = ("claude", "codex", "gemini", "opencode", "shell")
-HOME = "/home/u"
-WORKDIR = "/home/u/src/proj"
-TOOLS = "/opt/hive-relay/.cache/npm"
 ENV = {"HOME": HOME, "USER": "u", "SHELL": "/bin/bash", "PATH": "/usr/local/bin:/usr/bin:/bin",
        "XDG_RUNTIME_DIR": "/run/user/1000", "LANG": "C.UTF-8", "ANTHROPIC_API_KEY": "sk-never-in-a-plan",
        "SSH_AUTH_SOCK": "/run/user/1000/ssh-agent.sock"}
@@ -40,30 +37,6 @@ SUPERVISED = HostFacts(uid=1000, gid=1000, home=HOME, user="u", shell="/bin/bash
                        box_python="/usr/bin/python3", nofile=524288,
                        image="localhost/hive-relay-contributor:0123456789ab-u1000")
 PROCESS = replace(SUPERVISED, bwrap=None, bwrap_version=None, bwrap_error="bubblewrap is not installed", cgroup=None)
-
-
-def fake_host() -> MemFs:
-    """A user's machine: a checkout with a git dir (and a submodule's), agent state dirs, secrets,
-    toolchains, and the agent CLIs in hive relay's tool dir (gemini's not installed yet)."""
-    return MemFs.build(
-        dirs=["/bin", "/etc", "/usr/bin", "/usr/local/bin", "/lib", "/opt", "/proc", "/dev", "/sys", "/tmp",
-              "/var/tmp", "/run/user/1000", f"{HOME}/.ssh", f"{HOME}/.claude/projects", f"{HOME}/.codex/sessions",
-              f"{HOME}/.gemini", f"{HOME}/.config/opencode", f"{HOME}/.local/share/opencode",
-              f"{HOME}/.cargo/bin", f"{HOME}/.local/bin", f"{WORKDIR}/.git/objects", f"{WORKDIR}/.git/refs/heads",
-              f"{WORKDIR}/.git/hooks", f"{WORKDIR}/.git/modules/lib/objects", f"{WORKDIR}/.vscode", "/etc/sudoers.d"],
-        files={
-            f"{HOME}/.ssh/id_ed25519": "secret", f"{HOME}/.gitconfig": "[user]\n", f"{HOME}/.bashrc": "",
-            f"{HOME}/.claude.json": "{}", f"{HOME}/.claude/settings.json": "{}", f"{HOME}/.codex/config.toml": "",
-            f"{HOME}/.npmrc": "//registry/:_authToken=x", "/etc/shadow": "", "/etc/os-release": "ID=debian\n",
-            f"{WORKDIR}/.git/HEAD": "ref: refs/heads/main\n", f"{WORKDIR}/.git/config": "[core]\n",
-            f"{WORKDIR}/.git/hooks/pre-commit.sample": "", f"{WORKDIR}/.git/modules/lib/HEAD": "ref: x\n",
-            f"{WORKDIR}/.git/modules/lib/config": "", f"{WORKDIR}/.envrc": "", f"{WORKDIR}/README.md": "hi\n",
-            f"{WORKDIR}/.vscode/tasks.json": "{}",
-        },
-        links={f"{HOME}/.config/git": "../.gitconfig-dir", "/bin/sh": "dash"},
-        executables=["/bin/bash", "/bin/dash", "/usr/bin/bwrap", "/usr/bin/podman", "/usr/bin/python3",
-                     *(f"{TOOLS}/node_modules/.bin/{cli}" for cli in ("claude", "codex", "opencode"))],
-    )
 
 
 def cases() -> Iterator[tuple[str, HostFacts, Request, dict[str, str]]]:
