@@ -152,7 +152,7 @@ def _engine(env: Mapping[str, str]) -> str | None:
 def _engine_storage_exists(engine: str, env: Mapping[str, str]) -> bool:
     """Asking rootless podman about images starts a pause process and creates its config and storage
     dirs; a user who never used container mode has no image of ours, so do not ask then."""
-    from .container_argv import engine_kind
+    from .engine import engine_kind
 
     if engine_kind(engine) != "podman" or env.get("CONTAINERS_STORAGE_CONF"):
         return True

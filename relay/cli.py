@@ -26,8 +26,9 @@ from .options import (  # noqa: F401 - re-exported: tasks.py and the tests read 
     OPTIONS,
     flag_name,
 )
-from .plan import Request, resolve
+from .plan import Request, resolve, with_image
 from .probe import probe
+from .tiers import profile_fallback
 
 
 def new_run_id() -> str:
@@ -72,6 +73,7 @@ def contribute(
         # Before planning: the plan looks at the workdir, where a dead launcher's placeholders may
         # still stand; swept after planning, they would vanish under the plan's mounts.
         _sweep_stale_state(env)
+    facts = with_image(facts, matrix, request, env)
     plan = resolve(backend, matrix, request, facts, env)
     mark("resolved")
     if dry_run:
@@ -83,7 +85,7 @@ def contribute(
     from .runner import run
 
     if plan.container is not None:
-        from .engine import ensure_ready
+        from .image import ensure_ready
 
         ensure_ready(plan.container, matrix, env)
         return run(plan, env, quiet=quiet)
@@ -91,10 +93,11 @@ def contribute(
 
     problem = verify(plan, env)
     mark("verified")
-    if problem and request.profile is None and plan.profile != "default":
-        fallback = resolve(backend, matrix, replace(request, profile="default"), facts, env)
-        plan = replace(fallback, notes=fallback.notes + (
-            f"the {plan.profile} profile failed its probe here ({problem}); using the fail-closed default profile",))
+    fallback = profile_fallback(request.profile, plan.profile, problem) if problem else None
+    if fallback:
+        profile, note = fallback
+        retry = resolve(backend, matrix, replace(request, profile=profile), facts, env)
+        plan = replace(retry, notes=retry.notes + (note,))
         problem = verify(plan, env)
     if problem:
         raise RefusedError(f"the {plan.tier} box with profile {plan.profile} cannot start here: {problem}")

@@ -9,15 +9,11 @@ profile, and pids/memory limits.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .fsplan import Mount
-
-TYPE_CHECKING = False  # avoids importing typing (5 ms) at launch
-if TYPE_CHECKING:
-    from .plan import Limits
+from .planlimits import Limits
 
 CTL_DIR = "/run/hive-relay/ctl"  # in the container: the go FIFO the entrypoint waits on
 ENTRYPOINT = "/opt/hive-relay/bin/container-entrypoint"
@@ -45,10 +41,6 @@ class ContainerRun:
     def rm_argv(self) -> list[str]:
         return [self.engine, "rm", "-f", "-t", "0", self.name] if self.kind == "podman" else \
             [self.engine, "rm", "-f", self.name]
-
-
-def engine_kind(path: str) -> str:
-    return "docker" if os.path.basename(path).startswith("docker") else "podman"
 
 
 def uses_rlimits(kind: str, rootless: bool, cgroup: str | None) -> bool:

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False  # avoids importing typing at launch
+if TYPE_CHECKING:
+    from .fsplan import FsView
+
 # Secrets under $HOME: hidden even when a grant covers them.
 SECRET_HOME = (
     "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.config/gcloud", "~/.kube", "~/.docker",
@@ -56,25 +60,36 @@ def protected_paths(workdir: str) -> list[str]:
     return [os.path.join(workdir, rel) for rel in PROTECT_WORKDIR]
 
 
-def nested_git_paths(workdir: str) -> list[str]:
+def nested_git_paths(workdir: str, fs: FsView | None = None) -> list[str]:
     """Hooks and config of existing submodules and linked worktrees under .git: they run on the host
     too. Superseded in bwrap and container boxes by the private git dir (relay/gitdir.py): where
     that exists, every protected path under `.git` is dropped from the plan.
-    (A repo the agent creates from scratch is not protected; see the README threat model.)"""
+    (A repo the agent creates from scratch is not protected; see the README threat model.)
+    The walk is os.walk's (top-down, links listed but not entered), through the planner's FsView."""
+    if fs is None:
+        from .fsplan import FsView
+
+        fs = FsView()
     found: list[str] = []
     git = os.path.join(workdir, ".git")
     for sub in ("modules", "worktrees"):
         base = os.path.join(git, sub)
-        if not os.path.isdir(base):
+        if fs.kind(base) != "dir":
             continue
-        for root, dirs, _files in os.walk(base):
+        stack = [base]
+        while stack:
+            root = stack.pop()
+            names = fs.listdir(root)
+            dirs = [n for n in names if fs.kind(os.path.join(root, n)) == "dir"]
+            files = [n for n in names if n not in dirs]
             if "objects" in dirs:
                 dirs.remove("objects")
-            if os.path.basename(root) != sub and ("HEAD" in _files or "config" in _files or "commondir" in _files):
+            if os.path.basename(root) != sub and ("HEAD" in files or "config" in files or "commondir" in files):
                 found += [os.path.join(root, "hooks"), os.path.join(root, "config"),
                           os.path.join(root, "config.worktree")]
             if len(found) > 3000:
                 return found
+            stack += reversed([p for p in (os.path.join(root, d) for d in dirs) if fs.lkind(p) != "link"])
     return found
 
 

@@ -70,7 +70,7 @@ class EngineSurvey:
 
 
 def survey_engines(facts: HostFacts, env: dict[str, str]) -> EngineSurvey:
-    from .plan import choose_engine
+    from .tiers import choose_engine
 
     try:
         chosen, refusal = choose_engine(facts, env), None
@@ -108,18 +108,17 @@ def engine_rows(facts: HostFacts, survey: EngineSurvey) -> list[tuple[str, bool,
 
 def enforceable(facts: HostFacts, survey: EngineSurvey) -> dict[str, str]:
     """Which tier/profile pairs this host can enforce, each with the fix when it cannot."""
-    from .plan import _missing_supervised
+    from .tiers import auto_pick, missing_supervised, process_error, supervised_ok
 
-    supervised = "enforceable" if facts.supervised_ok else f"NOT enforceable: {_missing_supervised(facts)}"
-    process = "enforceable" if facts.process_ok else f"NOT enforceable: {facts.process_error}"
+    supervised = "enforceable" if supervised_ok(facts) else f"NOT enforceable: {missing_supervised(facts)}"
+    process = "enforceable" if process_error(facts) is None else f"NOT enforceable: {process_error(facts)}"
     return {
         "supervised/agent": supervised,
         "supervised/default": supervised,
         "process/default": process,
         "process/agent": "never: the process tier cannot enforce egress",
         "container": _container_state(facts, survey),
-        "auto pick": ("agent at supervised" if facts.supervised_ok else
-                      "default at process (with a note)" if facts.process_ok else "refused (exit 3)"),
+        "auto pick": auto_pick(facts),
     }
 
 

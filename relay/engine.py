@@ -1,15 +1,19 @@
-"""The container engine on this host: which one, whether it answers, whether it is rootless, and
-making sure the run's image exists before a container launch (built on first use, with progress)."""
+"""The container engine on this host: which one, whether it answers, whether it is rootless.
+
+(Making sure the run's image exists is relay/image.py's `ensure_ready`: image depends on engine,
+never the other way round.)"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .container_argv import ContainerRun, engine_kind
-from .errors import RefusedError
+
+def engine_kind(path: str) -> str:
+    """podman or docker, by the binary's name (a docker-compatible wrapper named docker* is docker)."""
+    return "docker" if os.path.basename(path).startswith("docker") else "podman"
 
 
 @dataclass(frozen=True)
@@ -53,23 +57,3 @@ def info(path: str) -> EngineInfo:
     options = data.get("SecurityOptions") or []
     return EngineInfo(path, kind, data.get("ServerVersion"), any("rootless" in o for o in options),
                       data.get("Driver"), None)
-
-
-def ensure_ready(run: ContainerRun, matrix, env: Mapping[str, str]) -> None:  # noqa: ANN001 - Matrix
-    """Build the image if this is its first use; refuse clearly if the engine does not answer.
-    The image check alone is the fast path (~50 ms): `info` costs ~450 ms, so it runs only when
-    the image is missing, to tell a broken engine from a first run."""
-    from . import image
-
-    engine = [run.engine]
-    if image.exists(engine, run.image):
-        return
-    found = info(run.engine)
-    if found.error:
-        raise RefusedError(f"container mode cannot start: {found.error}; fix: `invoke doctor` shows the engine's "
-                           "state (podman needs no daemon: apt-get install podman)")
-    import os
-
-    spec = image.spec_from_env(matrix.backends, os.getuid(), os.getgid(), env)
-    image.say(f"first container run: building {spec.tag} (once; later runs reuse it)")
-    image.build(engine, spec, env)

@@ -38,7 +38,11 @@ class Grant:
 
 @dataclass
 class FsView:
-    """What the planner may ask of the host filesystem; tests and the probe use the real one."""
+    """Every question the planner asks of the host filesystem, and the only way it asks one.
+
+    resolve() and everything it calls read the host through this view alone, so a test can hand
+    it a fake (tests/fakefs.py) and prove the planner pure: no other file is touched. The real
+    one asks the host on demand."""
 
     def kind(self, path: str) -> str:
         try:
@@ -70,6 +74,12 @@ class FsView:
             return os.readlink(path)
         except OSError:
             return None
+
+    def which(self, name: str, path: str) -> str | None:
+        """The executable `name` would run as on `path` (a PATH string), as shutil.which finds it."""
+        import shutil
+
+        return shutil.which(name, path=path)
 
     def listdir(self, path: str) -> list[str]:
         try:
@@ -166,16 +176,46 @@ def plan_filesystem(
     notes: list[str] = []
     secrets = list(secrets)
     secret_reals = {os.path.normpath(s) for s in secrets} | {fs.realpath(s) for s in secrets}
+    mounts = _private_mounts(home, home_source, fs, tmpfs_size)
+    mounts += _binds(grants, workdir, extra_binds, secret_reals, fs, notes)
+    # The workdir's git dir by allowlist (relay/gitdir.py): its private copy and the binds inside it,
+    # parents first. A bind whose source resolves into a denied path is left out.
+    for m in git_mounts:
+        if m.kind != "private-bind" and m.src and any(_under(m.src, s) for s in secret_reals):
+            notes.append(f"{m.dst} is not shown in the box: it resolves into a denied path")
+            continue
+        mounts.append(m)
+    masker = _Masker(mounts, fs)
+    protected_out = masker.protect(protected)
+    denied = masker.deny(secrets)
+    masker.pin()
+    return FsPlan(
+        mounts=tuple(masker.mounts),
+        placeholders=tuple(dict.fromkeys(masker.placeholders)),
+        denied=tuple(dict.fromkeys(denied)),
+        protected=tuple(dict.fromkeys(protected_out)),
+        notes=tuple(notes),
+    )
 
-    # Every writable tmpfs is sized, and together they stay within the profile's memory (for a caller
-    # on rlimits, tmpfs pages are charged to nothing else): $HOME and /tmp get `tmpfs_size` (a
-    # quarter of the memory), /var/tmp, /run and /dev/shm half of that each: 7/8 in all.
+
+def _private_mounts(home: str, home_source: str | None, fs: FsView, tmpfs_size: int | None) -> list[Mount]:
+    """The host read-only, then the box's own /dev, /proc, /tmp, /var/tmp, /run and $HOME.
+
+    Every writable tmpfs is sized, and together they stay within the profile's memory (for a caller
+    on rlimits, tmpfs pages are charged to nothing else): $HOME and /tmp get `tmpfs_size` (a
+    quarter of the memory), /var/tmp, /run and /dev/shm half of that each: 7/8 in all."""
     small = tmpfs_size // 2 if tmpfs_size else None
     mounts: list[Mount] = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev", size=small), Mount("proc", "/proc")]
     mounts += [Mount("tmpfs", d, size=tmpfs_size if d == "/tmp" else small) for d in PRIVATE_DIRS
                if fs.kind(d) == "dir"]
     mounts.append(Mount("private-bind", home, home_source) if home_source else Mount("tmpfs", home, size=tmpfs_size))
+    return mounts
 
+
+def _binds(grants: Iterable[Grant], workdir: str, extra_binds: Iterable[Mount], secret_reals: set[str],
+           fs: FsView, notes: list[str]) -> list[Mount]:
+    """The grants, the workdir and the extra binds, parents first (the workdir after a grant of
+    equal depth). A grant that resolves into a denied path is skipped with a note."""
     binds: list[tuple[int, int, Mount]] = []
     for grant in grants:
         if fs.kind(grant.path) == "missing":
@@ -189,91 +229,91 @@ def plan_filesystem(
     real_workdir = fs.realpath(workdir)
     binds.append((_depth(real_workdir), 1, Mount("bind", real_workdir, real_workdir)))
     binds += [(_depth(m.dst), 0, m) for m in extra_binds if m.src and fs.kind(m.src) != "missing"]
-    mounts += [m for _, _, m in sorted(binds, key=lambda b: (b[0], b[1]))]
-    # The workdir's git dir by allowlist (relay/gitdir.py): its private copy and the binds inside it,
-    # parents first. A bind whose source resolves into a denied path is left out.
-    for m in git_mounts:
-        if m.kind != "private-bind" and m.src and any(_under(m.src, s) for s in secret_reals):
-            notes.append(f"{m.dst} is not shown in the box: it resolves into a denied path")
-            continue
-        mounts.append(m)
+    return [m for _, _, m in sorted(binds, key=lambda b: (b[0], b[1]))]
 
-    placeholders: list[str] = []
-    masked: set[str] = set()
 
-    def mask(path: str, kind: str) -> None:
-        if path in masked:
+class _Masker:
+    """Write protections and the deny list, laid over the binds: what lies under a writable bind is
+    bound read-only or masked, and a missing path is masked at its first missing component."""
+
+    def __init__(self, mounts: list[Mount], fs: FsView) -> None:
+        self.mounts, self.fs = mounts, fs
+        self.start = len(mounts)
+        self.masked: set[str] = set()
+        self.placeholders: list[str] = []
+        # (writable bind root, protected/masked path): the dirs between them must not be renamable.
+        self.anchors: list[tuple[str, str]] = []
+
+    def mask(self, path: str, kind: str) -> None:
+        if path in self.masked:
             return
-        masked.add(path)
-        mounts.append(Mount("mask-dir" if kind == "dir" else "mask-file", path))
+        self.masked.add(path)
+        self.mounts.append(Mount("mask-dir" if kind == "dir" else "mask-file", path))
 
-    def mask_missing(target: str, cover: Mount) -> str | None:
+    def mask_missing(self, target: str, cover: Mount) -> str | None:
         """Keep a missing path from being created under a writable bind: mask its first missing
         component (bwrap leaves an empty placeholder file there for the box's lifetime)."""
-        first = _first_missing(target, cover.dst, fs)
+        first = _first_missing(target, cover.dst, self.fs)
         if first:
             # An ancestor (or a dir by nature) is masked as an empty read-only dir, so tools that
             # look inside it see "no such file" rather than "not a directory".
             is_dir = first != target or os.path.basename(first) in DIR_LIKE
-            mask(first, "dir" if is_dir else "file")
-            placeholders.append(first)
-            anchors.append((cover.dst, first))
+            self.mask(first, "dir" if is_dir else "file")
+            self.placeholders.append(first)
+            self.anchors.append((cover.dst, first))
         return first
 
-    protect_start = len(mounts)
-    # (writable bind root, protected/masked path): the dirs between them must not be renamable.
-    anchors: list[tuple[str, str]] = []
-    protected_out: list[str] = []
-    for path in protected:
-        # bwrap follows a link at a mount's destination, so a protected link is protected at its
-        # target (where it lies under a writable bind); binding onto the link itself fails to start
-        # the box when its target is outside it.
-        targets = [fs.realpath(path)] if fs.is_symlink(path) else [path]
-        for target in targets:
-            cover = _innermost(target, mounts)
+    def protect(self, protected: Iterable[str]) -> list[str]:
+        """Bind read-only what the host runs later; returns what ended up protected."""
+        out: list[str] = []
+        for path in protected:
+            # bwrap follows a link at a mount's destination, so a protected link is protected at its
+            # target (where it lies under a writable bind); binding onto the link itself fails to start
+            # the box when its target is outside it.
+            target = self.fs.realpath(path) if self.fs.is_symlink(path) else path
+            cover = _innermost(target, self.mounts)
             if cover is None or cover.kind != "bind":
                 continue  # read-only or private already
-            if fs.kind(target) != "missing":
-                if target not in masked:
-                    masked.add(target)
-                    mounts.append(Mount("ro-bind", target, target))
-                protected_out.append(target)
-                anchors.append((cover.dst, target))
+            if self.fs.kind(target) != "missing":
+                if target not in self.masked:
+                    self.masked.add(target)
+                    self.mounts.append(Mount("ro-bind", target, target))
+                out.append(target)
+                self.anchors.append((cover.dst, target))
                 continue
-            first = mask_missing(target, cover)
+            first = self.mask_missing(target, cover)
             if first:
-                protected_out.append(first)
+                out.append(first)
+        return out
 
-    denied: list[str] = []
-    for path in secrets:
-        candidates = [os.path.normpath(path)]
-        real = fs.realpath(path)
-        if real != candidates[0]:
-            candidates.append(real)
-        for target in candidates:
-            cover = _innermost(target, mounts)
-            if cover is None or cover.kind in PRIVATE_KINDS:
-                continue  # the box sees nothing of the host there
-            kind = fs.kind(target)
-            if kind != "missing":
-                mask(target, kind)
-                denied.append(target)
-                if cover.kind == "bind":
-                    anchors.append((cover.dst, target))
-            elif cover.kind == "bind":
-                first = mask_missing(target, cover)
-                if first:
-                    denied.append(first)
-    # A protected path's parents inside a writable bind become mount points of their own (bound
-    # onto themselves), so `mv .git .git2 && mkdir -p .git/hooks` cannot sidestep the protection:
-    # rename and rmdir of a mount point fail with EBUSY.
-    pinned = sorted({d for root, target in anchors for d in _between(root, target) if fs.kind(d) == "dir"},
-                    key=lambda d: (_depth(d), d))
-    mounts[protect_start:protect_start] = [Mount("bind", d, d) for d in pinned]
-    return FsPlan(
-        mounts=tuple(mounts),
-        placeholders=tuple(dict.fromkeys(placeholders)),
-        denied=tuple(dict.fromkeys(denied)),
-        protected=tuple(dict.fromkeys(protected_out)),
-        notes=tuple(notes),
-    )
+    def deny(self, secrets: Iterable[str]) -> list[str]:
+        """Mask every deny-listed path the box could otherwise see (by its name and its target)."""
+        denied: list[str] = []
+        for path in secrets:
+            candidates = [os.path.normpath(path)]
+            real = self.fs.realpath(path)
+            if real != candidates[0]:
+                candidates.append(real)
+            for target in candidates:
+                cover = _innermost(target, self.mounts)
+                if cover is None or cover.kind in PRIVATE_KINDS:
+                    continue  # the box sees nothing of the host there
+                kind = self.fs.kind(target)
+                if kind != "missing":
+                    self.mask(target, kind)
+                    denied.append(target)
+                    if cover.kind == "bind":
+                        self.anchors.append((cover.dst, target))
+                elif cover.kind == "bind":
+                    first = self.mask_missing(target, cover)
+                    if first:
+                        denied.append(first)
+        return denied
+
+    def pin(self) -> None:
+        """A protected path's parents inside a writable bind become mount points of their own (bound
+        onto themselves), so `mv .git .git2 && mkdir -p .git/hooks` cannot sidestep the protection:
+        rename and rmdir of a mount point fail with EBUSY. They go before the protections."""
+        pinned = sorted({d for root, target in self.anchors for d in _between(root, target)
+                         if self.fs.kind(d) == "dir"}, key=lambda d: (_depth(d), d))
+        self.mounts[self.start:self.start] = [Mount("bind", d, d) for d in pinned]

@@ -24,8 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .config import Backend
-from .container_argv import engine_kind
+from .container_argv import ContainerRun
 from .digest import sha256
+from .engine import engine_kind, info
+from .errors import RefusedError
 from .install import MissingToolError, find_npm
 from .paths import PACKAGE_ROOT
 
@@ -367,3 +369,20 @@ def remove(engine: list[str], ref: str) -> str | None:
     if proc.returncode == 0:
         return None
     return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+
+
+def ensure_ready(run: ContainerRun, matrix, env: Mapping[str, str]) -> None:  # noqa: ANN001 - Matrix
+    """Build the image if this is its first use; refuse clearly if the engine does not answer.
+    The image check alone is the fast path (~50 ms): `info` costs ~450 ms, so it runs only when
+    the image is missing, to tell a broken engine from a first run."""
+    engine = [run.engine]
+    if exists(engine, run.image):
+        return
+    found = info(run.engine)
+    if found.error:
+        raise RefusedError(f"container mode cannot start: {found.error}; fix: `invoke doctor` shows the engine's "
+                           "state (podman needs no daemon: apt-get install podman)")
+
+    spec = spec_from_env(matrix.backends, os.getuid(), os.getgid(), env)
+    say(f"first container run: building {spec.tag} (once; later runs reuse it)")
+    build(engine, spec, env)

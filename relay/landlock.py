@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Iterable
 
 SYS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1, 2, 4, 8
@@ -36,11 +37,12 @@ def fs_rights(abi: int) -> int:
     return rights
 
 
-def read_roots(home: str) -> list[str]:
-    """Top-level entries of / that hold no user data; $HOME's top level is always excluded."""
+def read_roots(home: str, names: Iterable[str] | None = None) -> list[str]:
+    """Top-level entries of / that hold no user data; $HOME's top level is always excluded.
+    `names` is the listing of / (the planner passes its FsView's, so it reads nothing itself)."""
     home_top = "/" + home.strip("/").split("/")[0] if home.strip("/") else "/"
     roots = []
-    for name in sorted(os.listdir("/")):
+    for name in sorted(os.listdir("/") if names is None else names):
         path = "/" + name
         if path in HIDDEN_TOPS or path == home_top:
             continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -50,11 +50,12 @@ def state_dir(env: Mapping[str, str]) -> str:
     return os.path.join(base, "hive-relay")
 
 
-def tool_dir(env: Mapping[str, str]) -> str:
+def tool_dir(env: Mapping[str, str], realpath: Callable[[str], str] = os.path.realpath) -> str:
     """Project-local npm installs of the agent CLIs (never `npm -g`), bound read-only into boxes.
-    $HIVE_RELAY_TOOLS overrides it, e.g. to share one install between checkouts."""
+    $HIVE_RELAY_TOOLS overrides it, e.g. to share one install between checkouts. `realpath` is the
+    planner's FsView's, so that planning touches the host only through its view."""
     default = os.path.join(PACKAGE_ROOT, ".cache", "npm") if IN_CHECKOUT else os.path.join(cache_dir(env), "npm")
-    return os.path.realpath(env.get("HIVE_RELAY_TOOLS") or default)
+    return realpath(env.get("HIVE_RELAY_TOOLS") or default)
 
 
 # The parts of hive relay's checkout that the host executes or reads as policy at the next launch.
@@ -62,7 +63,7 @@ CHECKOUT_PARTS = (".venv", "relay", "bin", "config", "tasks.py", ".ci", ".cache"
                   "requirements.txt", "requirements-dev.txt", "Dockerfile.contributor")
 
 
-def own_paths(env: Mapping[str, str]) -> list[str]:
+def own_paths(env: Mapping[str, str], realpath: Callable[[str], str] = os.path.realpath) -> list[str]:
     """hive relay's own files, read-only in every box even where a writable grant or the workdir covers
     them: what the host runs or trusts at the next launch (its checkout's code and venv, the agent
     CLIs, the user config that may widen a box, the state and cache it reads back)."""
@@ -71,7 +72,7 @@ def own_paths(env: Mapping[str, str]) -> list[str]:
         paths.append(str(PACKAGE_DIR))
         if sys.prefix != sys.base_prefix:
             paths.append(sys.prefix)
-    paths += [tool_dir(env), os.path.join(config_home(env), "hive-relay"), state_dir(env), str(cache_dir(env))]
+    paths += [tool_dir(env, realpath), os.path.join(config_home(env), "hive-relay"), state_dir(env), str(cache_dir(env))]
     if env.get("HIVE_RELAY_CONFIG"):
         paths.append(env["HIVE_RELAY_CONFIG"])
     return list(dict.fromkeys(os.path.normpath(p) for p in paths))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from . import bwrap_argv, container_argv
@@ -20,14 +20,16 @@ from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
 from .egress import allowed_rules, as_entries, parse_entries
 from .errors import RefusedError, UsageError
-from .fsplan import FsView, Grant, Mount, plan_filesystem
+from .fsplan import FsPlan, FsView, Grant, Mount, plan_filesystem
 from .gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from .hosts import HostRule, explain
 from .native import render as render_native
 from .paths import config_home, own_paths, state_dir, tool_dir
+from .planlimits import Limits, limit_method
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
+from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
 from .workdir import refusal as workdir_refusal
 
 PROXY_LISTEN = "127.0.0.1:3128"
@@ -37,7 +39,6 @@ INFO_FD = 4
 BLOCK_FD = 5
 DEFAULT_TIMEOUT = 1800
 MODES = ("local", "container")
-ISOLATIONS = ("auto", "process", "supervised", "container")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 BOX_GIT_EXCLUDES = "/run/hive-relay/git-excludes"
 
@@ -58,13 +59,6 @@ class Request:
     run_id: str = ""
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Limits:
-    memory: int
-    pids: int
-    method: str
 
 
 @dataclass(frozen=True)
@@ -169,76 +163,66 @@ def proxy_env(listen: str) -> dict[str, str]:
     return env
 
 
-@dataclass(frozen=True)
-class TierChoice:
+def with_image(facts: HostFacts, matrix: Matrix, request: Request, caller_env: Mapping[str, str]) -> HostFacts:
+    """The facts plus container mode's image tag, which hashes files in the checkout and reads
+    /etc/os-release: gathered here, before resolve(), which reads nothing. Local mode skips it."""
+    if request.mode != "container" or facts.image is not None:
+        return facts
+    from .image import spec_from_env
+
+    return replace(facts, image=spec_from_env(matrix.backends, facts.uid, facts.gid, caller_env).tag)
+
+
+@dataclass
+class _Draft:
+    """One plan while resolve() builds it: the inputs, then what each step adds. Steps run in a
+    fixed order and only append (notes keep the order in which the user reads them)."""
+
+    backend: Backend
+    matrix: Matrix
+    request: Request
+    facts: HostFacts
+    env: dict[str, str]
+    fs: FsView
+    workdir: str
     tier: str
-    profile: str
-    notes: tuple[str, ...] = ()
+    profile: Profile
+    shell: str
+    notes: list[str]
+    rules: tuple[HostRule, ...]
+    now: float | None
+    own: list[str] = field(default_factory=list)
+    run_dir: str | None = None
+    grants: list[Grant] = field(default_factory=list)
+    sync: list[str] = field(default_factory=list)
+    guarded: list[str] = field(default_factory=list)
+    state_dirs: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)
+    box_path: str = ""
+    extra_binds: list[Mount] = field(default_factory=list)
+    protected: list[str] = field(default_factory=list)
+    git: GitPlan | None = None
+    git_mounts: list[Mount] = field(default_factory=list)
+    fsplan: FsPlan | None = None
+    git_excludes: tuple[str, ...] = ()
+    env_set: dict[str, str] = field(default_factory=dict)
+    env_pass: tuple[str, ...] = ()
+    limits: Limits | None = None
+    command: list[str] = field(default_factory=list)
+    fs_rules: tuple[tuple[str, str], ...] = ()
+    container: ContainerRun | None = None
 
+    @property
+    def home(self) -> str:
+        return self.facts.home
 
-def choose_tier(
-    request: Request, facts: HostFacts, backend: Backend, matrix: Matrix, caller_env: dict[str, str]
-) -> TierChoice:
-    """Pick the tier and profile. Explicit choices are fail-closed: they run as asked or refuse."""
-    isolation = request.isolation or "auto"
-    if isolation not in ISOLATIONS:
-        raise UsageError(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
-    if request.mode == "container" or isolation == "container":
-        if request.mode == "local" and isolation == "container":
-            raise UsageError("--isolation container needs --mode container")
-        if isolation in ("process", "supervised"):
-            raise UsageError(f"--isolation {isolation} is a local-mode tier; fix: drop it, or use --mode local")
-        return TierChoice("container", request.profile or "agent")
+    @property
+    def uid(self) -> int:
+        return self.facts.uid
 
-    def needs_network(name: str) -> bool:
-        return resolve_profile(name, matrix.profiles).network
-
-    if isolation == "supervised" or (isolation == "auto" and facts.supervised_ok):
-        if not facts.supervised_ok:
-            raise RefusedError(f"--isolation supervised cannot be enforced: {_missing_supervised(facts)}")
-        return TierChoice("supervised", request.profile or "agent")
-
-    # No supervised box: either the user asked for the process tier, or auto fell through.
-    missing = _missing_supervised(facts) if isolation == "auto" else "--isolation process was asked for"
-    opt_in = _opted_in(backend, matrix, caller_env)
-    if request.profile is not None and needs_network(request.profile):
-        raise RefusedError(
-            f"profile {request.profile!r} needs egress pinned to {backend.name}'s hosts, which only the supervised "
-            f"tier enforces: {missing}"
-        )
-    if isolation == "auto" and request.profile is None and backend.egress and opt_in:
-        return TierChoice("unsandboxed", "none", (f"{backend.opt_in} is set: {backend.name} runs without the box",))
-    if not facts.process_ok:
-        raise RefusedError(
-            f"no enforceable box on this host: {missing}; and {facts.process_error}"
-            + (f". To run {backend.name} without the box anyway, set {backend.opt_in}=1" if backend.egress else "")
-        )
-    profile = request.profile or "default"
-    notes: list[str] = []
-    if request.profile is None:
-        why = missing if isolation == "auto" else "the process tier cannot enforce egress"
-        note = f"using the fail-closed default profile at the process tier: {why}"
-        if backend.egress:
-            note += (f"; {backend.name} needs its API hosts, which the default profile blocks; "
-                     f"to run {backend.name} without the box set {backend.opt_in}=1")
-        notes.append(note)
-    notes.append("the process tier cannot write-protect .git/hooks and friends inside the workdir, and host "
-                 "processes stay visible; install bubblewrap for the supervised box")
-    return TierChoice("process", profile, tuple(notes))
-
-
-def _opted_in(backend: Backend, matrix: Matrix, caller_env: dict[str, str]) -> bool:
-    return caller_env.get(backend.opt_in) == "1" or backend.name in matrix.allow_unsandboxed
-
-
-def _missing_supervised(facts: HostFacts) -> str:
-    if facts.bwrap is None:
-        return "bubblewrap is not installed; fix: apt-get install bubblewrap (or dnf install bubblewrap)"
-    if facts.bwrap_error:
-        fix = ("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or add an AppArmor profile for bwrap"
-               if facts.userns_restricted else "check that user namespaces are enabled (sysctl user.max_user_namespaces)")
-        return f"{facts.bwrap_error}; fix: {fix}"
-    return facts.seccomp_error or "seccomp is unavailable"
+    @property
+    def interactive(self) -> bool:
+        return self.request.prompt is None
 
 
 def resolve(
@@ -250,258 +234,296 @@ def resolve(
     fs: FsView | None = None,
     now: float | None = None,
 ) -> Plan:
-    """Decide everything about one launch. Raises UsageError / RefusedError on bad requests."""
+    """Decide everything about one launch. Raises UsageError / RefusedError on bad requests.
+
+    Pure: the host is read only through `fs` and `facts` (gathered before; see with_image), so
+    tests/test_plan_golden.py resolves every case against an in-memory host. A shared core, then
+    one small function per tier (_TIERS)."""
     fs = fs or FsView()
+    workdir = _checked_request(request, fs)
+    extra_rules = parse_entries(request.allow_hosts)
+    choice = choose_tier(request, facts, backend, matrix, caller_env)
+    shell = facts.shell if os.path.isabs(facts.shell) else "/bin/sh"
+    if choice.tier == "unsandboxed":
+        return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, list(choice.notes))
+    profile = resolve_profile(choice.profile, matrix.profiles)
+    d = _Draft(backend, matrix, request, facts, caller_env, fs, workdir, choice.tier, profile, shell,
+               list(choice.notes), allowed_rules(backend, profile, extra_rules), now)
+    _refuse_workdir(d)
+    _home_grants(d)
+    _agent(d)
+    _git(d)
+    _filesystem(d)
+    _environment(d)
+    _TIERS[d.tier](d)
+    return _plan(d)
+
+
+def _checked_request(request: Request, fs: FsView) -> str:
+    """The request's own checks (before any tier is chosen); returns the real workdir."""
     if request.mode not in MODES:
         raise UsageError(f"unknown mode {request.mode!r}; choose one of: {', '.join(MODES)}")
-    workdir = os.path.realpath(request.workdir)
+    workdir = fs.realpath(request.workdir)
     if fs.kind(workdir) != "dir":
         raise UsageError(f"--workdir {request.workdir}: not an existing directory; fix: create it or pass another")
     if request.timeout is not None and request.timeout <= 0:
         raise UsageError("--timeout must be a positive number of seconds")
-    extra_rules = parse_entries(request.allow_hosts)
+    return workdir
 
-    choice = choose_tier(request, facts, backend, matrix, caller_env)
-    tier, notes = choice.tier, list(choice.notes)
-    home, uid = facts.home, facts.uid
-    shell = facts.shell if os.path.isabs(facts.shell) else "/bin/sh"
-    if tier == "unsandboxed":
-        return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, notes)
-    profile = resolve_profile(choice.profile, matrix.profiles)
-    if os.path.realpath(home) == "/":
+
+def _refuse_workdir(d: _Draft) -> None:
+    """A HOME the box cannot hide, or a workdir whose writes would run on the host later, refuses."""
+    fs, env = d.fs, d.env
+    if fs.realpath(d.home) == "/":
         raise RefusedError("HOME is '/', so the box cannot hide it; fix: set HOME to your home directory")
+    d.own = own_paths(env, fs.realpath)
     reason = workdir_refusal(
-        workdir, os.path.realpath(home), secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
-        own_paths(caller_env),
-        os.path.realpath(config_home(caller_env)),
-        [os.path.realpath(d) for d in (caller_env.get("PATH") or "").split(":") if d.startswith("/")])
+        d.workdir, fs.realpath(d.home), secret_paths(d.home, d.uid, d.backend.deny, env.get("SSH_AUTH_SOCK")),
+        d.own,
+        fs.realpath(config_home(env)),
+        [fs.realpath(p) for p in (env.get("PATH") or "").split(":") if p.startswith("/")])
     if reason:
         raise RefusedError(reason)
+    request = d.request
+    d.run_dir = os.path.join(env.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
 
+
+def _home_grants(d: _Draft) -> None:
+    """The backend's and the profile's grants under $HOME, its state dirs (private copies), and
+    what is synced back or guarded at exit."""
+    backend, home, uid, profile = d.backend, d.home, d.uid, d.profile
     grants: list[Grant] = []
-    sync: list[str] = []
-    guarded: list[str] = []
-    state_dirs: list[str] = []
     if profile.backend_home:
         grants += [Grant(expand(p, home, uid), False) for p in backend.home_ro]
-        if tier == "process":  # no mount namespace for a private copy: the state dirs stay read-only
+        if d.tier == "process":  # no mount namespace for a private copy: the state dirs stay read-only
             grants += [Grant(expand(p, home, uid), False) for p in backend.home_rw]
             if backend.home_rw:
-                notes.append("the process tier cannot give the agent a private copy of its state dirs, so they are "
-                             "read-only (logins and sessions are not saved); install bubblewrap for the supervised box")
+                d.notes.append("the process tier cannot give the agent a private copy of its state dirs, so they "
+                               "are read-only (logins and sessions are not saved); install bubblewrap for the "
+                               "supervised box")
         else:
-            # Under $HOME: a private copy in the box's home. Elsewhere (an absolute path): bound as before.
-            for path in (expand(p, home, uid) for p in backend.home_rw):
-                if path.startswith(home.rstrip("/") + "/") and fs.is_symlink(path):
-                    real = fs.realpath(path)
-                    leak = next((s for s in secret_paths(home, uid, backend.deny, None)
-                                 if real == s or real.startswith(s.rstrip("/") + "/")), None)
-                    notes.append(f"grant {path} skipped: it resolves into denied {leak}" if leak else
-                                 f"{path} is a symbolic link, which is never followed: the box starts with an empty "
-                                 "private one and nothing of it is synced back")
-                elif path.startswith(home.rstrip("/") + "/"):
-                    state_dirs.append(path)
-                else:
-                    grants.append(Grant(path, True))
-        sync = [expand(p, home, uid) for p in backend.home_sync]
-        guarded = [expand(p, home, uid) for p in backend.home_guard]
+            grants += _state_dirs(d)
+        d.sync = [expand(p, home, uid) for p in backend.home_sync]
+        d.guarded = [expand(p, home, uid) for p in backend.home_guard]
     if profile.toolchain:
         grants += [Grant(expand(p, home, uid), False) for p in TOOLCHAIN_GRANTS]
     grants += [Grant(expand(p, home, uid), False) for p in profile.home_ro]
     grants += [Grant(expand(p, home, uid), True) for p in profile.home_rw]
     # Read-only grants must land after a writable parent, so order ro after rw at equal depth.
-    grants = sorted(dict.fromkeys(grants), key=lambda g: (g.path, not g.writable))
+    d.grants = sorted(dict.fromkeys(grants), key=lambda g: (g.path, not g.writable))
 
-    # Denied and hive relay's own paths inside a state dir are never copied in nor synced back.
-    state_exclude = tuple(sorted({p for p in secret_paths(home, uid, backend.deny, None) + own_paths(caller_env)
-                                  if any(p == d or p.startswith(d + "/") for d in state_dirs)}))
-    tools = tool_dir(caller_env)
-    box_path = caller_env.get("PATH") or SAFE_PATH
-    box_path = f"{tools}/node_modules/.bin:{box_path}"
-    native = render_native(backend.native_boxed, home=home, uid=uid, workdir=workdir, extra_deny=backend.deny,
-                           unsandboxed=False)
-    argv = list(request.argv_override or agent_argv(backend, request.prompt, shell, workdir, tuple(native)))
-    cli = shutil.which(argv[0], path=box_path)
-    extra_binds: list[Mount] = []
 
-    if tier == "container":
-        pass  # the CLIs come from the image, not from the host
-    elif os.path.isdir(tools):
-        extra_binds.append(Mount("ro-bind", tools, tools))
-    if tier == "container":
-        pass
-    elif cli is None:
-        notes.append(f"{argv[0]} is not installed yet; a real run installs it first (npm, into {tools})"
-                     if backend.install_npm else f"{argv[0]} is not installed on this host")
-    else:
-        real_cli = os.path.realpath(cli)
-        if (real_cli + "/").startswith(home.rstrip("/") + "/") and not real_cli.startswith(tools + "/"):
-            install_dir = os.path.dirname(real_cli)
-            extra_binds.append(Mount("ro-bind", install_dir, install_dir))
-
-    run_dir = os.path.join(caller_env.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
-    protected = protected_paths(workdir) + nested_git_paths(workdir)
-    git = plan_git(workdir, fs) if tier in ("supervised", "container") else None
-    git_mounts: list[Mount] = []
-    if git is not None:
-        # The git dir is private and allowlisted; the deny-list entries under it are moot, and
-        # resolving a linked one (`.git/hooks -> ..`) would freeze the workdir.
-        protected = [p for p in protected if not safe_beneath(p, git.dotgit)] + list(git.protect)
-        notes += git.notes
-        if run_dir:
-            git_mounts = [replace(m, src=os.path.join(run_dir, m.src or "")) if m.kind == "private-bind" else m
-                          for m in git.mounts]
+def _state_dirs(d: _Draft) -> list[Grant]:
+    """Under $HOME: a private copy in the box's home (d.state_dirs). Elsewhere (an absolute path):
+    bound as before, returned as writable grants. A symbolic link is never followed."""
+    home, grants = d.home, []
+    for path in (expand(p, home, d.uid) for p in d.backend.home_rw):
+        if path.startswith(home.rstrip("/") + "/") and d.fs.is_symlink(path):
+            real = d.fs.realpath(path)
+            leak = next((s for s in secret_paths(home, d.uid, d.backend.deny, None)
+                         if real == s or real.startswith(s.rstrip("/") + "/")), None)
+            d.notes.append(f"grant {path} skipped: it resolves into denied {leak}" if leak else
+                           f"{path} is a symbolic link, which is never followed: the box starts with an empty "
+                           "private one and nothing of it is synced back")
+        elif path.startswith(home.rstrip("/") + "/"):
+            d.state_dirs.append(path)
         else:
-            git_mounts = [replace(m, src=os.path.join("/RUN-DIR", m.src or "")) if m.kind == "private-bind" else m
-                          for m in git.mounts]
+            grants.append(Grant(path, True))
+    return grants
+
+
+def _agent(d: _Draft) -> None:
+    """The agent's argv, the box's PATH, and the CLI's install dirs bound read-only (local tiers:
+    a container's CLIs come from its image)."""
+    tools = tool_dir(d.env, d.fs.realpath)
+    d.box_path = f"{tools}/node_modules/.bin:{d.env.get('PATH') or SAFE_PATH}"
+    native = render_native(d.backend.native_boxed, home=d.home, uid=d.uid, workdir=d.workdir,
+                           extra_deny=d.backend.deny, unsandboxed=False)
+    d.argv = list(d.request.argv_override or agent_argv(d.backend, d.request.prompt, d.shell, d.workdir,
+                                                        tuple(native)))
+    if d.tier == "container":
+        return
+    if d.fs.kind(tools) == "dir":
+        d.extra_binds.append(Mount("ro-bind", tools, tools))
+    cli = d.fs.which(d.argv[0], d.box_path)
+    if cli is None:
+        d.notes.append(f"{d.argv[0]} is not installed yet; a real run installs it first (npm, into {tools})"
+                       if d.backend.install_npm else f"{d.argv[0]} is not installed on this host")
+        return
+    real_cli = d.fs.realpath(cli)
+    if (real_cli + "/").startswith(d.home.rstrip("/") + "/") and not real_cli.startswith(tools + "/"):
+        install_dir = os.path.dirname(real_cli)
+        d.extra_binds.append(Mount("ro-bind", install_dir, install_dir))
+
+
+def _git(d: _Draft) -> None:
+    """Write protections inside the workdir, and its git dir by allowlist (bwrap and container)."""
+    d.protected = protected_paths(d.workdir) + nested_git_paths(d.workdir, d.fs)
+    d.git = plan_git(d.workdir, d.fs) if d.tier in ("supervised", "container") else None
+    if d.git is None:
+        return
+    # The git dir is private and allowlisted; the deny-list entries under it are moot, and
+    # resolving a linked one (`.git/hooks -> ..`) would freeze the workdir.
+    d.protected = [p for p in d.protected if not safe_beneath(p, d.git.dotgit)] + list(d.git.protect)
+    d.notes += d.git.notes
+    base = d.run_dir or "/RUN-DIR"
+    d.git_mounts = [replace(m, src=os.path.join(base, m.src or "")) if m.kind == "private-bind" else m
+                    for m in d.git.mounts]
+
+
+def _filesystem(d: _Draft) -> None:
+    """The box's mounts (relay/fsplan.py), then what the git plan adds to them."""
+    secrets = secret_paths(d.home, d.uid, d.backend.deny, d.env.get("SSH_AUTH_SOCK"))
     fsplan = plan_filesystem(
-        home=home,
-        workdir=workdir,
-        home_source=os.path.join(run_dir, "home") if ((sync or state_dirs) and run_dir) else None,
-        grants=grants,
-        secrets=secret_paths(home, uid, backend.deny, caller_env.get("SSH_AUTH_SOCK")),
-        protected=protected + own_paths(caller_env),
-        extra_binds=extra_binds,
-        git_mounts=git_mounts,
-        fs=fs,
+        home=d.home,
+        workdir=d.workdir,
+        home_source=os.path.join(d.run_dir, "home") if ((d.sync or d.state_dirs) and d.run_dir) else None,
+        grants=d.grants,
+        secrets=secrets,
+        protected=d.protected + d.own,
+        extra_binds=d.extra_binds,
+        git_mounts=d.git_mounts,
+        fs=d.fs,
         # Box-private tmpfs (/tmp, /var/tmp, /run, $HOME) is memory: cap each at a quarter of the limit.
-        tmpfs_size=profile.memory // 4,
+        tmpfs_size=d.profile.memory // 4,
     )
-    notes += fsplan.notes
-    if git is not None and run_dir:
+    d.notes += fsplan.notes
+    if d.git is not None and d.run_dir:
         # A missing objects/info/alternates reads as empty in the box, not as EACCES.
-        redirects = {os.path.join(d.host, r) for d in git.dirs if d.kind == "common" for r in OBJECT_REDIRECTS}
+        redirects = {os.path.join(g.host, r) for g in d.git.dirs if g.kind == "common" for r in OBJECT_REDIRECTS}
         fsplan = replace(fsplan, mounts=tuple(
-            Mount("ro-bind", m.dst, os.path.join(run_dir, EMPTY)) if m.kind == "mask-file" and m.dst in redirects else m
-            for m in fsplan.mounts))
+            Mount("ro-bind", m.dst, os.path.join(d.run_dir, EMPTY)) if m.kind == "mask-file" and m.dst in redirects
+            else m for m in fsplan.mounts))
     # What the git plan binds read-only is protected too (reported with the rest).
     fsplan = replace(fsplan, protected=tuple(dict.fromkeys(
-        fsplan.protected + tuple(m.dst for m in fsplan.mounts if m.kind == "ro-bind" and m in git_mounts))))
+        fsplan.protected + tuple(m.dst for m in fsplan.mounts if m.kind == "ro-bind" and m in d.git_mounts))))
     # Placeholders would show up in the agent's `git status`; a box-only excludes file hides them.
-    git_excludes = tuple(sorted("/" + os.path.relpath(p, workdir) for p in fsplan.placeholders
-                                if p.startswith(workdir.rstrip("/") + "/")))
-    if git_excludes and run_dir and tier in ("supervised", "container"):
+    excludes = tuple(sorted("/" + os.path.relpath(p, d.workdir) for p in fsplan.placeholders
+                            if p.startswith(d.workdir.rstrip("/") + "/")))
+    if excludes and d.run_dir and d.tier in ("supervised", "container"):
         fsplan = replace(fsplan, mounts=fsplan.mounts + (
-            Mount("ro-bind", BOX_GIT_EXCLUDES, os.path.join(run_dir, "git-excludes")),))
-    else:
-        git_excludes = ()
-    if uid == 0 and run_dir and tier == "supervised":  # the box user of a root caller gets a sane name
+            Mount("ro-bind", BOX_GIT_EXCLUDES, os.path.join(d.run_dir, "git-excludes")),))
+        d.git_excludes = excludes
+    if d.facts.uid == 0 and d.run_dir and d.tier == "supervised":  # the box user of a root caller gets a sane name
         from . import passwd
 
-        fsplan = replace(fsplan, mounts=fsplan.mounts + passwd.mounts(run_dir))
+        fsplan = replace(fsplan, mounts=fsplan.mounts + passwd.mounts(d.run_dir))
+    d.fsplan = fsplan
 
-    rules = allowed_rules(backend, profile, extra_rules)
-    egress = as_entries(rules)
-    proxy_listen = PROXY_LISTEN if profile.network else None
 
-    env_set: dict[str, str] = {"HOME": home, "TMPDIR": "/tmp", "HIVE_RELAY": "1", "HIVE_RELAY_BACKEND": backend.name}
-    env_pass = _env_names(profile, backend, caller_env)
-    if tier == "container":
-        caller_path = caller_env.get("PATH") if "PATH" in env_pass else None
+def _environment(d: _Draft) -> None:
+    """What the box's environment sets, and which caller variables pass by name; the limits."""
+    profile, env = d.profile, d.env
+    env_set: dict[str, str] = {"HOME": d.home, "TMPDIR": "/tmp", "HIVE_RELAY": "1", "HIVE_RELAY_BACKEND": d.backend.name}
+    env_pass = _env_names(profile, d.backend, env)
+    if d.tier == "container":
+        caller_path = env.get("PATH") if "PATH" in env_pass else None
         env_set["PATH"] = container_argv.IMAGE_PATH + (f":{caller_path}" if caller_path else "")
-        env_pass = tuple(n for n in env_pass if n != "PATH")
-    elif "PATH" in env_pass:
-        env_set["PATH"] = box_path
-        env_pass = tuple(n for n in env_pass if n != "PATH")
     else:
-        env_set["PATH"] = SAFE_PATH
+        env_set["PATH"] = d.box_path if "PATH" in env_pass else SAFE_PATH
+    env_pass = tuple(n for n in env_pass if n != "PATH")
     if profile.backend_home:
-        env_set.update(dict(backend.env_set))
-    if git_excludes:
+        env_set.update(dict(d.backend.env_set))
+    if d.git_excludes:
         env_set.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.excludesFile", GIT_CONFIG_VALUE_0=BOX_GIT_EXCLUDES)
-    if proxy_listen:
-        env_set.update(proxy_env(proxy_listen))
-    env_pass = tuple(n for n in env_pass if n not in env_set)
+    if profile.network:
+        env_set.update(proxy_env(PROXY_LISTEN))
+    d.env_set = env_set
+    d.env_pass = tuple(n for n in env_pass if n not in env_set)
+    d.limits = Limits(profile.memory, profile.pids, limit_method(d.facts.cgroup))
+    if d.interactive and d.request.timeout:
+        d.notes.append("--timeout applies to --prompt runs only; interactive sessions have no wall-clock kill")
 
-    limits = Limits(profile.memory, profile.pids, _limit_method(facts))
-    seccomp = policy_for(nested_userns=backend.nested_userns, deny_network=tier == "process")
-    box_uid = BOX_UID_FOR_ROOT if uid == 0 else None
-    interactive = request.prompt is None
-    timeout = None if interactive else (request.timeout or DEFAULT_TIMEOUT)
-    if interactive and request.timeout:
-        notes.append("--timeout applies to --prompt runs only; interactive sessions have no wall-clock kill")
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    log_path = os.path.join(state_dir(caller_env), "logs", f"{stamp}-{backend.name}-{request.run_id or 'dry'}.jsonl")
 
-    fs_rules: tuple[tuple[str, str], ...] = ()
-    container: _ContainerChoice | None = None
-    if tier == "process":
-        if run_dir is None:
-            raise UsageError("internal: the process tier needs a run id")
-        command = list(argv)
-        env_set["TMPDIR"] = os.path.join(run_dir, "tmp")
-        rw = [workdir, env_set["TMPDIR"], "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
-        from .landlock import read_roots
+def _process_tier(d: _Draft) -> None:
+    """Landlock rules instead of mounts: read the host's system dirs, write the workdir and a tmp."""
+    if d.run_dir is None:
+        raise UsageError("internal: the process tier needs a run id")
+    from .landlock import read_roots
 
-        ro = read_roots(home) + ["/dev/urandom", "/dev/random"] + [g.path for g in grants if not g.writable]
-        rw += [g.path for g in grants if g.writable]
-        fs_rules = tuple((p, "ro") for p in ro) + tuple((p, "rw") for p in rw)
-        fsplan = replace(fsplan, mounts=(), placeholders=(), protected=())
-        if proxy_listen:
-            raise RefusedError("the process tier cannot enforce egress; internal error in profile choice")
-    elif tier == "container":
-        container = _container_run(backend, matrix, request, facts, caller_env, limits, run_dir)
-        limits = replace(limits, method=container.limit_method)
-        if container.run.ctl_dir:
-            env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
-        command = container_argv.build(
-            run=container.run, backend=backend.name, workdir=workdir, home=home, mounts=fsplan.mounts,
-            env_set=env_set, env_pass=env_pass, interactive=interactive, tty=facts.tty, argv=argv,
-        )
-    else:
-        command = bwrap_argv.build(
-            bwrap=facts.bwrap or "bwrap",
-            mounts=fsplan.mounts,
-            workdir=workdir,
-            box_uid=box_uid,
-            seccomp_fd=SECCOMP_FD,
-            info_fd=INFO_FD,
-            block_fd=BLOCK_FD,
-        ) + argv
+    d.command = list(d.argv)
+    d.env_set["TMPDIR"] = os.path.join(d.run_dir, "tmp")
+    rw = [d.workdir, d.env_set["TMPDIR"], "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
+    ro = read_roots(d.home, d.fs.listdir("/")) + ["/dev/urandom", "/dev/random"]
+    ro += [g.path for g in d.grants if not g.writable]
+    rw += [g.path for g in d.grants if g.writable]
+    d.fs_rules = tuple((p, "ro") for p in ro) + tuple((p, "rw") for p in rw)
+    assert d.fsplan is not None
+    d.fsplan = replace(d.fsplan, mounts=(), placeholders=(), protected=())
+    if d.profile.network:
+        raise RefusedError("the process tier cannot enforce egress; internal error in profile choice")
 
-    policy = {
-        "tier": tier, "grants": [asdict(g) for g in grants], "sync": sync, "guard": guarded, "state": state_dirs,
-        "keep": backend.home_keep if state_dirs else (), "denied": fsplan.denied,
-        "protected": fsplan.protected, "egress": egress, "env": sorted(env_pass), "limits": asdict(limits),
-        "seccomp": seccomp.summary(), "fs_rules": fs_rules,
-    }
-    return Plan(
-        backend=backend.name,
-        mode=request.mode,
-        tier=tier,
-        profile=profile.name,
-        profile_digest=_digest(policy),
-        workdir=workdir,
-        interactive=interactive,
-        timeout=timeout,
-        argv=tuple(argv),
-        command=tuple(command),
-        env_set=tuple(sorted(env_set.items())),
-        env_pass=env_pass,
-        mounts=fsplan.mounts,
-        denied=fsplan.denied,
-        protected=fsplan.protected,
-        placeholders=fsplan.placeholders,
-        egress=egress,
-        rules=rules,
-        proxy_listen=proxy_listen,
-        limits=limits,
-        seccomp=tuple(seccomp.summary()),
-        seccomp_policy=seccomp,
-        fs_rules=fs_rules,
-        box_uid=box_uid,
-        sync_files=tuple(sync) if tier != "process" else (),
-        guarded_files=tuple(guarded),
-        state_dirs=tuple(state_dirs),
-        home_keep=tuple(expand(p, home, uid) for p in backend.home_keep) if state_dirs else (),
-        state_exclude=state_exclude,
-        git_excludes=git_excludes,
-        log_path=log_path if proxy_listen else None,
-        run_dir=run_dir,
-        container=container.run if container else None,
-        git=git if tier in ("supervised", "container") else None,
-        notes=tuple(notes),
+
+def _container_tier(d: _Draft) -> None:
+    """podman/docker run: the same mounts as engine flags, limits as the engine enforces them."""
+    assert d.fsplan is not None and d.limits is not None
+    choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir)
+    d.container, d.limits = choice.run, replace(d.limits, method=choice.limit_method)
+    if choice.run.ctl_dir:
+        d.env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
+    d.command = container_argv.build(
+        run=choice.run, backend=d.backend.name, workdir=d.workdir, home=d.home, mounts=d.fsplan.mounts,
+        env_set=d.env_set, env_pass=d.env_pass, interactive=d.interactive, tty=d.facts.tty, argv=d.argv,
     )
+
+
+def _supervised_tier(d: _Draft) -> None:
+    """The bwrap box: its argv, then the agent's."""
+    assert d.fsplan is not None
+    d.command = bwrap_argv.build(
+        bwrap=d.facts.bwrap or "bwrap",
+        mounts=d.fsplan.mounts,
+        workdir=d.workdir,
+        box_uid=_box_uid(d),
+        seccomp_fd=SECCOMP_FD,
+        info_fd=INFO_FD,
+        block_fd=BLOCK_FD,
+    ) + d.argv
+
+
+_TIERS = {"process": _process_tier, "container": _container_tier, "supervised": _supervised_tier}
+
+
+def _box_uid(d: _Draft) -> int | None:
+    return BOX_UID_FOR_ROOT if d.uid == 0 else None
+
+
+def _plan(d: _Draft) -> Plan:
+    """The frozen Plan from a finished draft, with the digest of its policy."""
+    assert d.fsplan is not None and d.limits is not None
+    fsplan, tier = d.fsplan, d.tier
+    egress = as_entries(d.rules)
+    proxy_listen = PROXY_LISTEN if d.profile.network else None
+    seccomp = policy_for(nested_userns=d.backend.nested_userns, deny_network=tier == "process")
+    policy = {
+        "tier": tier, "grants": [asdict(g) for g in d.grants], "sync": d.sync, "guard": d.guarded,
+        "state": d.state_dirs, "keep": d.backend.home_keep if d.state_dirs else (), "denied": fsplan.denied,
+        "protected": fsplan.protected, "egress": egress, "env": sorted(d.env_pass), "limits": asdict(d.limits),
+        "seccomp": seccomp.summary(), "fs_rules": d.fs_rules,
+    }
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(d.now))
+    log_path = os.path.join(state_dir(d.env), "logs", f"{stamp}-{d.backend.name}-{d.request.run_id or 'dry'}.jsonl")
+    return Plan(
+        backend=d.backend.name, mode=d.request.mode, tier=tier, profile=d.profile.name,
+        profile_digest=_digest(policy), workdir=d.workdir, interactive=d.interactive,
+        timeout=None if d.interactive else (d.request.timeout or DEFAULT_TIMEOUT),
+        argv=tuple(d.argv), command=tuple(d.command), env_set=tuple(sorted(d.env_set.items())),
+        env_pass=d.env_pass, mounts=fsplan.mounts, denied=fsplan.denied, protected=fsplan.protected,
+        placeholders=fsplan.placeholders, egress=egress, rules=d.rules, proxy_listen=proxy_listen,
+        limits=d.limits, seccomp=tuple(seccomp.summary()), seccomp_policy=seccomp, fs_rules=d.fs_rules,
+        box_uid=_box_uid(d), sync_files=tuple(d.sync) if tier != "process" else (),
+        guarded_files=tuple(d.guarded), state_dirs=tuple(d.state_dirs),
+        home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
+        state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
+        log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
+        notes=tuple(d.notes),
+    )
+
+
+def _state_exclude(d: _Draft) -> tuple[str, ...]:
+    """Denied and hive relay's own paths inside a state dir: never copied in nor synced back."""
+    return tuple(sorted({p for p in secret_paths(d.home, d.uid, d.backend.deny, None) + d.own
+                         if any(p == s or p.startswith(s + "/") for s in d.state_dirs)}))
 
 
 def safe_beneath(path: str, base: str) -> bool:
@@ -534,47 +556,22 @@ class _ContainerChoice:
     limit_method: str
 
 
-def choose_engine(facts: HostFacts, caller_env: dict[str, str]) -> str:
-    """podman first (rootless, daemonless), docker otherwise; $HIVE_RELAY_ENGINE picks one."""
-    wanted = caller_env.get("HIVE_RELAY_ENGINE")
-    if wanted:
-        path = {"podman": facts.podman, "docker": facts.docker}.get(wanted) if "/" not in wanted else wanted
-        if not path:
-            raise RefusedError(f"HIVE_RELAY_ENGINE={wanted}: not installed; fix: install it or unset HIVE_RELAY_ENGINE")
-        return path
-    if facts.podman:
-        return facts.podman
-    if facts.docker:
-        return facts.docker
-    raise RefusedError("container mode needs podman or docker; fix: apt-get install podman (or use local mode)")
-
-
 def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: HostFacts, caller_env: dict[str, str],
                    limits: Limits, run_dir: str | None) -> _ContainerChoice:
-    import resource
-
-    from .image import spec_from_env
+    from .engine import engine_kind
 
     engine = choose_engine(facts, caller_env)
-    kind = container_argv.engine_kind(engine)
+    kind = engine_kind(engine)
     rootless = kind == "podman" and facts.uid != 0
-    nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
-    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, nofile)
-    spec = spec_from_env(matrix.backends, facts.uid, facts.gid, caller_env)
+    if facts.image is None:
+        raise UsageError("internal: container mode needs the image identity in the host facts (plan.with_image)")
+    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, facts.nofile)
     run = ContainerRun(
         engine=engine, kind=kind, rootless=rootless, name=f"hive-relay-{request.run_id or 'dry-run'}",
-        image=spec.tag, user="0:0" if facts.uid == 0 else f"{facts.uid}:{facts.gid}",
+        image=facts.image, user="0:0" if facts.uid == 0 else f"{facts.uid}:{facts.gid}",
         pidfile=os.path.join(run_dir, "pid") if run_dir and kind == "podman" else None,
         ctl_dir=os.path.join(run_dir, "ctl") if run_dir else None,
         seccomp_profile=os.path.join(run_dir, "seccomp.json") if run_dir else None,
         limit_flags=flags,
     )
     return _ContainerChoice(run, method)
-
-
-def _limit_method(facts: HostFacts) -> str:
-    if facts.cgroup == "v2":
-        return "cgroup-v2"
-    if facts.cgroup == "v1":
-        return "cgroup-v1"
-    return "rlimit"

@@ -43,29 +43,32 @@ class HostFacts:
     docker: str | None = None
     box_python: str | None = None
     notes: tuple[str, ...] = field(default=())
+    # The hard RLIMIT_NOFILE, capped at 1 << 20: a container's --ulimit nofile (the engine refuses more).
+    nofile: int = 1 << 20
+    # Container mode's image tag (a digest of files): read before resolve() by plan.with_image, never in it.
+    image: str | None = None
 
     @property
     def bwrap_ok(self) -> bool:
         return self.bwrap is not None and self.bwrap_error is None
 
+    # What each tier can enforce here is relay/tiers.py's answer; these read it for older callers.
     @property
     def process_ok(self) -> bool:
         return self.process_error is None
 
     @property
     def process_error(self) -> str | None:
-        """Why the process tier (Landlock + seccomp + limits) cannot run here, or None."""
-        if self.landlock_abi < 1:
-            return "Landlock is unavailable (needs Linux 5.13+ with landlock in the LSM list)"
-        if not self.seccomp:
-            return self.seccomp_error or "seccomp is unavailable"
-        if self.uid == 0:
-            return "the process tier cannot hide root-owned secrets from a root caller; run as a normal user"
-        return None
+        """Why the process tier cannot run here, or None (tiers.process_error)."""
+        from .tiers import process_error
+
+        return process_error(self)
 
     @property
     def supervised_ok(self) -> bool:
-        return self.bwrap_ok and self.seccomp
+        from .tiers import supervised_ok
+
+        return supervised_ok(self)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -226,4 +229,11 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
         podman=shutil.which("podman", path=env.get("PATH", os.defpath)),
         docker=shutil.which("docker", path=env.get("PATH", os.defpath)),
         box_python=_box_python(home),
+        nofile=_nofile(),
     )
+
+
+def _nofile() -> int:
+    import resource
+
+    return min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)

@@ -26,7 +26,7 @@ from .config import get_backend, load_matrix
 from .denylist import expand
 from .errors import RelayError, UsageError
 from .paths import cache_dir
-from .plan import PROXY_LISTEN, Plan, Request, resolve
+from .plan import PROXY_LISTEN, Plan, Request, resolve, with_image
 from .probe import probe
 from .runner import run
 from .stdio import redirected
@@ -103,6 +103,7 @@ def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, mat
     b = get_backend(matrix, backend)
     base = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
                    argv_override=("true",))
+    facts = with_image(facts, matrix, base, env)
     first = resolve(b, matrix, base, facts, env)
     allow = (f"{ALLOWED_NAME}:{port}=127.0.0.1:{port}",) if first.proxy_listen else ()
     grants = [expand(p, facts.home, facts.uid) for p in b.home_rw + b.home_ro] if first.profile != "default" else []
@@ -139,7 +140,7 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # 
         os.mkdir(workdir)
         plan = _plan(backend, env, workdir, port, facts, matrix, mode, planted.name)
         if plan.container is not None:
-            from .engine import ensure_ready
+            from .image import ensure_ready
 
             ensure_ready(plan.container, matrix, env)
         if plan.unsandboxed:

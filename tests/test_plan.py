@@ -10,7 +10,7 @@ import pytest
 
 from relay.config import load_matrix
 from relay.errors import RefusedError, UsageError
-from relay.plan import Request, resolve
+from relay.plan import Request, resolve, with_image
 from relay.probe import HostFacts
 
 from .conftest import Sandbox
@@ -27,7 +27,7 @@ def plan_for(sandbox: Sandbox, backend: str, mode: str = "local", facts: HostFac
     matrix = load_matrix(env, Path(sandbox.workdir))
     facts = replace(facts or FACTS, home=str(sandbox.home))
     request = Request(backend=backend, mode=mode, workdir=str(sandbox.workdir), run_id="1-test", **req)
-    return resolve(matrix.backends[backend], matrix, request, facts, env)
+    return resolve(matrix.backends[backend], matrix, request, with_image(facts, matrix, request, env), env)
 
 
 @pytest.mark.parametrize("mode", ["local", "container"])

@@ -1,0 +1,84 @@
+"""Golden full vectors for the argv builders: the whole argv for a representative plan, not "this flag
+is somewhere in the list". A change shows as a diff of tests/golden/argv/ to review like code;
+regenerate with `HIVE_RELAY_GOLDEN=1 pytest tests/test_argv_golden.py`.
+
+The inputs are a fake host's (tests/fakefs.py), so the vectors are the same on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from relay import bwrap_argv, container_argv
+from relay.container_argv import ContainerRun
+from relay.denylist import protected_paths, secret_paths
+from relay.fsplan import FsPlan, Grant, Mount, plan_filesystem
+from relay.planlimits import Limits
+
+from .fakefs import HOME, TOOLS, WORKDIR, fake_host
+
+GOLDEN = Path(__file__).parent / "golden" / "argv"
+RUN_DIR = "/run/user/1000/hive-relay-1-golden"
+
+
+def _fsplan(home_source: str | None = f"{RUN_DIR}/home") -> FsPlan:
+    """claude's box on the fake host: toolchain and state grants, the tool dir, a private git dir."""
+    grants = [Grant(f"{HOME}/.gitconfig", False), Grant(f"{HOME}/.cargo/bin", False), Grant(f"{HOME}/.nvm", False),
+              Grant(f"{HOME}/.config/git", False), Grant("/srv/shared", True)]
+    git = [Mount("private-bind", f"{WORKDIR}/.git", f"{RUN_DIR}/git/0"),
+           Mount("ro-bind", f"{WORKDIR}/.git/hooks", f"{WORKDIR}/.git/hooks"),
+           Mount("bind", f"{WORKDIR}/.git/objects", f"{WORKDIR}/.git/objects")]
+    return plan_filesystem(
+        home=HOME, workdir=WORKDIR, home_source=home_source, grants=grants,
+        secrets=secret_paths(HOME, 1000, (), "/run/user/1000/ssh-agent.sock"),
+        protected=protected_paths(WORKDIR) + [f"{WORKDIR}/.git/modules/lib/config"],
+        extra_binds=[Mount("ro-bind", TOOLS, TOOLS)], git_mounts=git, fs=fake_host(), tmpfs_size=2 << 30,
+    )
+
+
+def _run(kind: str, rootless: bool) -> ContainerRun:
+    flags, _ = container_argv.limit_flags(kind, rootless, "v2" if kind == "docker" else None,
+                                          Limits(8 << 30, 512, "cgroup-v2"), 524288)
+    return ContainerRun(engine=f"/usr/bin/{kind}", kind=kind, rootless=rootless, name="hive-relay-1-golden",
+                        image="localhost/hive-relay-contributor:0123456789ab-u1000",
+                        user="1000:1000" if rootless else "0:0", pidfile=f"{RUN_DIR}/pid" if kind == "podman" else None,
+                        ctl_dir=f"{RUN_DIR}/ctl", seccomp_profile=f"{RUN_DIR}/seccomp.json", limit_flags=flags)
+
+
+def _container(kind: str, rootless: bool, interactive: bool) -> list[str]:
+    return container_argv.build(
+        run=_run(kind, rootless), backend="claude", workdir=WORKDIR, home=HOME, mounts=_fsplan().mounts,
+        env_set={"HOME": HOME, "PATH": container_argv.IMAGE_PATH, "HIVE_RELAY": "1"},
+        env_pass=("ANTHROPIC_API_KEY", "LANG"), interactive=interactive, tty=True,
+        argv=["claude", "--settings", "{}"] if interactive else ["claude", "-p", "fix the bug"])
+
+
+VECTORS: dict[str, Callable[[], object]] = {
+    "plan_filesystem": lambda: {"mounts": [{k: v for k, v in vars(m).items() if v is not None} for m in _fsplan().mounts],
+                                **{k: list(getattr(_fsplan(), k)) for k in ("placeholders", "denied", "protected", "notes")}},
+    "plan_filesystem-tmpfs-home": lambda: [vars(m) for m in _fsplan(home_source=None).mounts[:8]],
+    "bwrap_argv.mount_args": lambda: bwrap_argv.mount_args(_fsplan().mounts),
+    "bwrap_argv.build": lambda: bwrap_argv.build(bwrap="/usr/bin/bwrap", mounts=_fsplan().mounts, workdir=WORKDIR,
+                                                 box_uid=None, seccomp_fd=3, info_fd=4, block_fd=5),
+    "bwrap_argv.build-root": lambda: bwrap_argv.build(bwrap="/usr/bin/bwrap", mounts=_fsplan().mounts[:7],
+                                                      workdir=WORKDIR, box_uid=1000, seccomp_fd=3, info_fd=4,
+                                                      block_fd=5),
+    "container_argv.volume_args-podman": lambda: container_argv.volume_args(_fsplan().mounts, HOME, "podman"),
+    "container_argv.volume_args-docker": lambda: container_argv.volume_args(_fsplan().mounts, HOME, "docker"),
+    "container_argv.build-podman-rootless": lambda: _container("podman", True, True),
+    "container_argv.build-docker-rootful-prompt": lambda: _container("docker", False, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VECTORS))
+def test_whole_vector_matches_the_golden(name: str) -> None:
+    text = json.dumps(VECTORS[name](), indent=1) + "\n"
+    path = GOLDEN / f"{name}.json"
+    if os.environ.get("HIVE_RELAY_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs: review, then regenerate with HIVE_RELAY_GOLDEN=1"
