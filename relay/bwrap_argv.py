@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .fsplan import Mount
+from .vocab import MountKind
 
 # A read-only mask holds nothing, but every tmpfs gets a size.
 MASK_SIZE = 4096
@@ -13,23 +14,23 @@ MASK_SIZE = 4096
 def mount_args(mounts: Iterable[Mount]) -> list[str]:
     args: list[str] = []
     for m in mounts:
-        if m.kind == "ro-bind":
+        if m.kind == MountKind.RO_BIND:
             args += ["--ro-bind", m.src or m.dst, m.dst]
-        elif m.kind in ("bind", "private-bind"):
+        elif m.kind in (MountKind.BIND, MountKind.PRIVATE_BIND):
             args += ["--bind", m.src or m.dst, m.dst]
-        elif m.kind == "tmpfs":
+        elif m.kind == MountKind.TMPFS:
             args += (["--size", str(m.size)] if m.size else []) + ["--tmpfs", m.dst]
-        elif m.kind == "mask-dir":
+        elif m.kind == MountKind.MASK_DIR:
             args += ["--perms", "0555", "--size", str(MASK_SIZE), "--tmpfs", m.dst, "--remount-ro", m.dst]
-        elif m.kind == "mask-file":
+        elif m.kind == MountKind.MASK_FILE:
             args += ["--ro-bind", "/dev/null", m.dst]
-        elif m.kind == "dev":
+        elif m.kind == MountKind.DEV:
             # bwrap's /dev is an unsized tmpfs: keep it read-only (device nodes still work) and give
             # shared memory its own sized tmpfs.
             args += ["--dev", m.dst]
             if m.size:
                 args += ["--size", str(m.size), "--tmpfs", f"{m.dst}/shm", "--remount-ro", m.dst]
-        elif m.kind == "proc":
+        elif m.kind == MountKind.PROC:
             # pid 1 is bwrap's init: same uid as the box, dumpable, so /proc/1/mem would let the box
             # rewrite it (and drop its die-with-parent). An empty read-only tmpfs hides it.
             args += ["--proc", m.dst, "--perms", "0555", "--size", str(MASK_SIZE), "--tmpfs", f"{m.dst}/1",

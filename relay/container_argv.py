@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 from .fsplan import Mount
 from .planlimits import Limits
+from .vocab import MountKind
 
 CTL_DIR = "/run/hive-relay/ctl"  # in the container: the go FIFO the entrypoint waits on
 ENTRYPOINT = "/opt/hive-relay/bin/container-entrypoint"
 IMAGE_PATH = "/opt/hive-relay/npm/node_modules/.bin:/usr/local/bin:/usr/bin:/bin"
-HOST_KINDS = ("bind", "ro-bind", "private-bind")
+HOST_KINDS = (MountKind.BIND, MountKind.RO_BIND, MountKind.PRIVATE_BIND)
 # Binds the container does not get: the host root, and the kernel filesystems the engine provides.
-SKIPPED_KINDS = ("dev", "proc")
+SKIPPED_KINDS = (MountKind.DEV, MountKind.PROC)
 
 
 @dataclass(frozen=True)
@@ -63,20 +64,20 @@ def volume_args(mounts: Iterable[Mount], home: str, kind: str = "podman") -> lis
     """Host binds become volumes, private dirs sized tmpfs. Deny-list masks apply everywhere, as
     in local mode: over the host binds they hide secrets, over the image's own files (its
     /etc/shadow) they keep the entrypoint's guard meaningful for every path."""
-    mounts = [m for m in mounts if m.kind not in SKIPPED_KINDS and not (m.kind == "ro-bind" and m.dst == "/")]
+    mounts = [m for m in mounts if m.kind not in SKIPPED_KINDS and not (m.kind == MountKind.RO_BIND and m.dst == "/")]
     args: list[str] = []
     for m in mounts:
         if m.kind in HOST_KINDS and m.src:
-            suffix = "ro" if m.kind == "ro-bind" else "rw"
+            suffix = "ro" if m.kind == MountKind.RO_BIND else "rw"
             args += ["--volume", f"{m.src}:{m.dst}:{suffix}"]
-        elif m.kind == "tmpfs":
+        elif m.kind == MountKind.TMPFS:
             size = f",size={m.size}" if m.size else ""
             # podman's U makes $HOME the container user's; docker has no U, so its $HOME is sticky 1777.
             mode = ("mode=0700,U" if kind == "podman" else "mode=1777") if m.dst == home else "mode=1777"
             args += ["--tmpfs", f"{m.dst}:rw,nosuid,nodev{size},{mode}"]
-        elif m.kind == "mask-file":
+        elif m.kind == MountKind.MASK_FILE:
             args += ["--volume", f"/dev/null:{m.dst}:ro"]
-        elif m.kind == "mask-dir":
+        elif m.kind == MountKind.MASK_DIR:
             args += ["--tmpfs", f"{m.dst}:ro,nosuid,nodev,size=4k,mode=0555"]
     return args
 

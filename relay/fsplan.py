@@ -15,6 +15,8 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .vocab import MountKind
+
 
 @dataclass(frozen=True)
 class Mount:
@@ -24,7 +26,7 @@ class Mount:
     bind of a per-run directory that is deleted afterwards, so like tmpfs it holds no host state).
     """
 
-    kind: str
+    kind: MountKind
     dst: str
     src: str | None = None
     size: int | None = None  # tmpfs (and dev: its /dev/shm) only: bytes, so a disk fill cannot eat the host's memory
@@ -114,7 +116,7 @@ DIR_LIKE = frozenset({".git", ".vscode", ".idea", ".claude", ".gemini", ".codex"
                       "modules", "worktrees", "hive-relay", ".venv", ".cache", "node_modules", "relay", "bin",
                       "config", ".ci", "npm"})
 # Mount kinds that show the box nothing of the host's persistent files.
-PRIVATE_KINDS = ("tmpfs", "private-bind", "dev", "proc", "mask-file", "mask-dir")
+PRIVATE_KINDS = (MountKind.TMPFS, MountKind.PRIVATE_BIND, MountKind.DEV, MountKind.PROC, MountKind.MASK_FILE, MountKind.MASK_DIR)
 
 
 def _under(path: str, root: str) -> bool:
@@ -181,7 +183,7 @@ def plan_filesystem(
     # The workdir's git dir by allowlist (relay/gitdir.py): its private copy and the binds inside it,
     # parents first. A bind whose source resolves into a denied path is left out.
     for m in git_mounts:
-        if m.kind != "private-bind" and m.src and any(_under(m.src, s) for s in secret_reals):
+        if m.kind != MountKind.PRIVATE_BIND and m.src and any(_under(m.src, s) for s in secret_reals):
             notes.append(f"{m.dst} is not shown in the box: it resolves into a denied path")
             continue
         mounts.append(m)
@@ -205,10 +207,10 @@ def _private_mounts(home: str, home_source: str | None, fs: FsView, tmpfs_size: 
     on rlimits, tmpfs pages are charged to nothing else): $HOME and /tmp get `tmpfs_size` (a
     quarter of the memory), /var/tmp, /run and /dev/shm half of that each: 7/8 in all."""
     small = tmpfs_size // 2 if tmpfs_size else None
-    mounts: list[Mount] = [Mount("ro-bind", "/", "/"), Mount("dev", "/dev", size=small), Mount("proc", "/proc")]
-    mounts += [Mount("tmpfs", d, size=tmpfs_size if d == "/tmp" else small) for d in PRIVATE_DIRS
+    mounts: list[Mount] = [Mount(MountKind.RO_BIND, "/", "/"), Mount(MountKind.DEV, "/dev", size=small), Mount(MountKind.PROC, "/proc")]
+    mounts += [Mount(MountKind.TMPFS, d, size=tmpfs_size if d == "/tmp" else small) for d in PRIVATE_DIRS
                if fs.kind(d) == "dir"]
-    mounts.append(Mount("private-bind", home, home_source) if home_source else Mount("tmpfs", home, size=tmpfs_size))
+    mounts.append(Mount(MountKind.PRIVATE_BIND, home, home_source) if home_source else Mount(MountKind.TMPFS, home, size=tmpfs_size))
     return mounts
 
 
@@ -225,9 +227,9 @@ def _binds(grants: Iterable[Grant], workdir: str, extra_binds: Iterable[Mount], 
         if leak:
             notes.append(f"grant {grant.path} skipped: it resolves into denied {leak}")
             continue
-        binds.append((_depth(grant.path), 0, Mount("bind" if grant.writable else "ro-bind", grant.path, real)))
+        binds.append((_depth(grant.path), 0, Mount(MountKind.BIND if grant.writable else "ro-bind", grant.path, real)))
     real_workdir = fs.realpath(workdir)
-    binds.append((_depth(real_workdir), 1, Mount("bind", real_workdir, real_workdir)))
+    binds.append((_depth(real_workdir), 1, Mount(MountKind.BIND, real_workdir, real_workdir)))
     binds += [(_depth(m.dst), 0, m) for m in extra_binds if m.src and fs.kind(m.src) != "missing"]
     return [m for _, _, m in sorted(binds, key=lambda b: (b[0], b[1]))]
 
@@ -248,7 +250,7 @@ class _Masker:
         if path in self.masked:
             return
         self.masked.add(path)
-        self.mounts.append(Mount("mask-dir" if kind == "dir" else "mask-file", path))
+        self.mounts.append(Mount(MountKind.MASK_DIR if kind == "dir" else "mask-file", path))
 
     def mask_missing(self, target: str, cover: Mount) -> str | None:
         """Keep a missing path from being created under a writable bind: mask its first missing
@@ -272,12 +274,12 @@ class _Masker:
             # the box when its target is outside it.
             target = self.fs.realpath(path) if self.fs.is_symlink(path) else path
             cover = _innermost(target, self.mounts)
-            if cover is None or cover.kind != "bind":
+            if cover is None or cover.kind != MountKind.BIND:
                 continue  # read-only or private already
             if self.fs.kind(target) != "missing":
                 if target not in self.masked:
                     self.masked.add(target)
-                    self.mounts.append(Mount("ro-bind", target, target))
+                    self.mounts.append(Mount(MountKind.RO_BIND, target, target))
                 out.append(target)
                 self.anchors.append((cover.dst, target))
                 continue
@@ -302,9 +304,9 @@ class _Masker:
                 if kind != "missing":
                     self.mask(target, kind)
                     denied.append(target)
-                    if cover.kind == "bind":
+                    if cover.kind == MountKind.BIND:
                         self.anchors.append((cover.dst, target))
-                elif cover.kind == "bind":
+                elif cover.kind == MountKind.BIND:
                     first = self.mask_missing(target, cover)
                     if first:
                         denied.append(first)
@@ -316,4 +318,4 @@ class _Masker:
         rename and rmdir of a mount point fail with EBUSY. They go before the protections."""
         pinned = sorted({d for root, target in self.anchors for d in _between(root, target)
                          if self.fs.kind(d) == "dir"}, key=lambda d: (_depth(d), d))
-        self.mounts[self.start:self.start] = [Mount("bind", d, d) for d in pinned]
+        self.mounts[self.start:self.start] = [Mount(MountKind.BIND, d, d) for d in pinned]

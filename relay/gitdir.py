@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 from . import safefs
 from .fsplan import FsView, Mount
+from .vocab import MountKind
 
 # Written by git as data: object store, refs and their logs, rerere's cache, git-lfs's store.
 RW_COMMON = ("objects", "refs", "logs", "rr-cache", "lfs")
@@ -170,7 +171,7 @@ class _Planner:
     def add(self, host: str, private: str, kind: str, top: bool) -> None:
         fs = self.fs
         if top:
-            self.mounts.append(Mount("private-bind", host, private))
+            self.mounts.append(Mount(MountKind.PRIVATE_BIND, host, private))
         self.points.append((private, "dir"))
         names = fs.listdir(host)
         rw = RW_COMMON if kind == "common" else RW_WORKTREE
@@ -196,7 +197,7 @@ class _Planner:
                 nested += [(name, path, rel)]
                 continue
             if name in rw and lkind == "dir":
-                self.mounts.append(Mount("bind", path, fs.realpath(path)))
+                self.mounts.append(Mount(MountKind.BIND, path, fs.realpath(path)))
                 self.points.append((rel, "dir"))
                 if name == "objects":
                     self.protect += [os.path.join(host, r) for r in OBJECT_REDIRECTS]
@@ -204,7 +205,7 @@ class _Planner:
             if lkind == "link" and name in rw:
                 self.notes.append(f"{path} is a symbolic link, so it is read-only in the box (git cannot "
                                   "record work there)")
-            self.mounts.append(Mount("ro-bind", path, fs.realpath(path)))
+            self.mounts.append(Mount(MountKind.RO_BIND, path, fs.realpath(path)))
             self.points.append((rel, "dir" if kind_ == "dir" else "file"))
             if lkind == "link":
                 self._protect_link_target(name, path, kind_)
@@ -224,7 +225,7 @@ class _Planner:
             sub, subrel = os.path.join(path, name), os.path.join(rel, name)
             if self.fs.lkind(sub) != "dir":
                 if self.fs.lkind(sub) != "missing":
-                    self.mounts.append(Mount("ro-bind", sub, self.fs.realpath(sub)))
+                    self.mounts.append(Mount(MountKind.RO_BIND, sub, self.fs.realpath(sub)))
                     self.points.append((subrel, "file" if self.fs.kind(sub) == "file" else "dir"))
                 continue
             if _looks_like_gitdir(self.fs, sub):
@@ -270,7 +271,7 @@ def plan_git(workdir: str, fs: FsView) -> GitPlan | None:
             planner.add(gitdir, "git/1", "worktree", True)
     except _TooBig:
         planner = _Planner(workdir, fs)
-        planner.mounts = [Mount("ro-bind", d, d) for d in dict.fromkeys((common, gitdir))]
+        planner.mounts = [Mount(MountKind.RO_BIND, d, d) for d in dict.fromkeys((common, gitdir))]
         planner.notes.append(f"{common} has more than {MAX_ENTRIES} worktrees, submodules or entries; it is "
                              "read-only in the box")
         return GitPlan(dirs=(), mounts=tuple(planner.mounts), mount_points=(), protect=(), dotgit=dotgit,
@@ -622,7 +623,7 @@ def _sweep_links(plan: GitPlan, aside: _Aside, result: SyncResult) -> None:
     (the box is dead by now, so none comes back): recorded aside, then removed."""
     budget = [200000]
     for m in plan.mounts:
-        if m.kind != "bind" or os.path.basename(m.dst) not in SWEPT:
+        if m.kind != MountKind.BIND or os.path.basename(m.dst) not in SWEPT:
             continue
         try:
             with safefs.base_dir(m.dst) as dfd:

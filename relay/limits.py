@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from .sweep import gone
+from .vocab import LimitsMethod
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PREFIX = "hive-relay-"
@@ -80,7 +81,7 @@ def create(method: str, run_id: str, memory: int, pids: int) -> Cgroup | None:
     """Create and configure the cgroup; None when the method is rlimit or creation fails."""
     name = PREFIX + run_id
     try:
-        if method == "cgroup-v1":
+        if method == LimitsMethod.CGROUP_V1:
             mem, pid = os.path.join(CGROUP_ROOT, "memory", name), os.path.join(CGROUP_ROOT, "pids", name)
             os.mkdir(mem)
             group = Cgroup([mem])
@@ -93,7 +94,7 @@ def create(method: str, run_id: str, memory: int, pids: int) -> Cgroup | None:
                 pass
             _write(os.path.join(pid, "pids.max"), str(pids))
             return group
-        if method == "cgroup-v2":
+        if method == LimitsMethod.CGROUP_V2:
             d = os.path.join(_own_v2_parent(), name)
             os.mkdir(d)
             group = Cgroup([d])

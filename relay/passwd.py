@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from . import safefs
 from .fsplan import Mount
+from .vocab import MountKind
 
 FILES = ("passwd", "group")
 TARGETS = tuple(f"/etc/{name}" for name in FILES)
@@ -24,7 +25,7 @@ LIMIT = 4 << 20
 
 def mounts(run_dir: str) -> tuple[Mount, ...]:
     """The binds the plan adds for a root caller's supervised box (files written by `write`)."""
-    return tuple(Mount("ro-bind", f"/etc/{name}", os.path.join(run_dir, f"etc-{name}")) for name in FILES)
+    return tuple(Mount(MountKind.RO_BIND, f"/etc/{name}", os.path.join(run_dir, f"etc-{name}")) for name in FILES)
 
 
 def needed(plan_mounts: tuple[Mount, ...]) -> bool:

@@ -30,6 +30,7 @@ from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
 from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
+from .vocab import MountKind, Tier
 from .workdir import refusal as workdir_refusal
 
 PROXY_LISTEN = "127.0.0.1:3128"
@@ -67,7 +68,7 @@ class Plan:
 
     backend: str
     mode: str
-    tier: str
+    tier: Tier
     profile: str
     profile_digest: str
     workdir: str
@@ -185,7 +186,7 @@ class _Draft:
     env: dict[str, str]
     fs: FsView
     workdir: str
-    tier: str
+    tier: Tier
     profile: Profile
     shell: str
     notes: list[str]
@@ -244,7 +245,7 @@ def resolve(
     extra_rules = parse_entries(request.allow_hosts)
     choice = choose_tier(request, facts, backend, matrix, caller_env)
     shell = facts.shell if os.path.isabs(facts.shell) else "/bin/sh"
-    if choice.tier == "unsandboxed":
+    if choice.tier == Tier.UNSANDBOXED:
         return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, list(choice.notes))
     profile = resolve_profile(choice.profile, matrix.profiles)
     d = _Draft(backend, matrix, request, facts, caller_env, fs, workdir, choice.tier, profile, shell,
@@ -295,7 +296,7 @@ def _home_grants(d: _Draft) -> None:
     grants: list[Grant] = []
     if profile.backend_home:
         grants += [Grant(expand(p, home, uid), False) for p in backend.home_ro]
-        if d.tier == "process":  # no mount namespace for a private copy: the state dirs stay read-only
+        if d.tier == Tier.PROCESS:  # no mount namespace for a private copy: the state dirs stay read-only
             grants += [Grant(expand(p, home, uid), False) for p in backend.home_rw]
             if backend.home_rw:
                 d.notes.append("the process tier cannot give the agent a private copy of its state dirs, so they "
@@ -341,10 +342,10 @@ def _agent(d: _Draft) -> None:
                            extra_deny=d.backend.deny, unsandboxed=False)
     d.argv = list(d.request.argv_override or agent_argv(d.backend, d.request.prompt, d.shell, d.workdir,
                                                         tuple(native)))
-    if d.tier == "container":
+    if d.tier == Tier.CONTAINER:
         return
     if d.fs.kind(tools) == "dir":
-        d.extra_binds.append(Mount("ro-bind", tools, tools))
+        d.extra_binds.append(Mount(MountKind.RO_BIND, tools, tools))
     cli = d.fs.which(d.argv[0], d.box_path)
     if cli is None:
         d.notes.append(f"{d.argv[0]} is not installed yet; a real run installs it first (npm, into {tools})"
@@ -353,13 +354,13 @@ def _agent(d: _Draft) -> None:
     real_cli = d.fs.realpath(cli)
     if (real_cli + "/").startswith(d.home.rstrip("/") + "/") and not real_cli.startswith(tools + "/"):
         install_dir = os.path.dirname(real_cli)
-        d.extra_binds.append(Mount("ro-bind", install_dir, install_dir))
+        d.extra_binds.append(Mount(MountKind.RO_BIND, install_dir, install_dir))
 
 
 def _git(d: _Draft) -> None:
     """Write protections inside the workdir, and its git dir by allowlist (bwrap and container)."""
     d.protected = protected_paths(d.workdir) + nested_git_paths(d.workdir, d.fs)
-    d.git = plan_git(d.workdir, d.fs) if d.tier in ("supervised", "container") else None
+    d.git = plan_git(d.workdir, d.fs) if d.tier in (Tier.SUPERVISED, Tier.CONTAINER) else None
     if d.git is None:
         return
     # The git dir is private and allowlisted; the deny-list entries under it are moot, and
@@ -367,7 +368,7 @@ def _git(d: _Draft) -> None:
     d.protected = [p for p in d.protected if not safe_beneath(p, d.git.dotgit)] + list(d.git.protect)
     d.notes += d.git.notes
     base = d.run_dir or "/RUN-DIR"
-    d.git_mounts = [replace(m, src=os.path.join(base, m.src or "")) if m.kind == "private-bind" else m
+    d.git_mounts = [replace(m, src=os.path.join(base, m.src or "")) if m.kind == MountKind.PRIVATE_BIND else m
                     for m in d.git.mounts]
 
 
@@ -392,19 +393,19 @@ def _filesystem(d: _Draft) -> None:
         # A missing objects/info/alternates reads as empty in the box, not as EACCES.
         redirects = {os.path.join(g.host, r) for g in d.git.dirs if g.kind == "common" for r in OBJECT_REDIRECTS}
         fsplan = replace(fsplan, mounts=tuple(
-            Mount("ro-bind", m.dst, os.path.join(d.run_dir, EMPTY)) if m.kind == "mask-file" and m.dst in redirects
+            Mount(MountKind.RO_BIND, m.dst, os.path.join(d.run_dir, EMPTY)) if m.kind == MountKind.MASK_FILE and m.dst in redirects
             else m for m in fsplan.mounts))
     # What the git plan binds read-only is protected too (reported with the rest).
     fsplan = replace(fsplan, protected=tuple(dict.fromkeys(
-        fsplan.protected + tuple(m.dst for m in fsplan.mounts if m.kind == "ro-bind" and m in d.git_mounts))))
+        fsplan.protected + tuple(m.dst for m in fsplan.mounts if m.kind == MountKind.RO_BIND and m in d.git_mounts))))
     # Placeholders would show up in the agent's `git status`; a box-only excludes file hides them.
     excludes = tuple(sorted("/" + os.path.relpath(p, d.workdir) for p in fsplan.placeholders
                             if p.startswith(d.workdir.rstrip("/") + "/")))
-    if excludes and d.run_dir and d.tier in ("supervised", "container"):
+    if excludes and d.run_dir and d.tier in (Tier.SUPERVISED, Tier.CONTAINER):
         fsplan = replace(fsplan, mounts=fsplan.mounts + (
-            Mount("ro-bind", BOX_GIT_EXCLUDES, os.path.join(d.run_dir, "git-excludes")),))
+            Mount(MountKind.RO_BIND, BOX_GIT_EXCLUDES, os.path.join(d.run_dir, "git-excludes")),))
         d.git_excludes = excludes
-    if d.facts.uid == 0 and d.run_dir and d.tier == "supervised":  # the box user of a root caller gets a sane name
+    if d.facts.uid == 0 and d.run_dir and d.tier == Tier.SUPERVISED:  # the box user of a root caller gets a sane name
         from . import passwd
 
         fsplan = replace(fsplan, mounts=fsplan.mounts + passwd.mounts(d.run_dir))
@@ -416,7 +417,7 @@ def _environment(d: _Draft) -> None:
     profile, env = d.profile, d.env
     env_set: dict[str, str] = {"HOME": d.home, "TMPDIR": "/tmp", "HIVE_RELAY": "1", "HIVE_RELAY_BACKEND": d.backend.name}
     env_pass = _env_names(profile, d.backend, env)
-    if d.tier == "container":
+    if d.tier == Tier.CONTAINER:
         caller_path = env.get("PATH") if "PATH" in env_pass else None
         env_set["PATH"] = container_argv.IMAGE_PATH + (f":{caller_path}" if caller_path else "")
     else:
@@ -481,7 +482,7 @@ def _supervised_tier(d: _Draft) -> None:
     ) + d.argv
 
 
-_TIERS = {"process": _process_tier, "container": _container_tier, "supervised": _supervised_tier}
+_TIERS = {Tier.PROCESS: _process_tier, Tier.CONTAINER: _container_tier, Tier.SUPERVISED: _supervised_tier}
 
 
 def _box_uid(d: _Draft) -> int | None:
@@ -494,7 +495,7 @@ def _plan(d: _Draft) -> Plan:
     fsplan, tier = d.fsplan, d.tier
     egress = as_entries(d.rules)
     proxy_listen = PROXY_LISTEN if d.profile.network else None
-    seccomp = policy_for(nested_userns=d.backend.nested_userns, deny_network=tier == "process")
+    seccomp = policy_for(nested_userns=d.backend.nested_userns, deny_network=tier == Tier.PROCESS)
     policy = {
         "tier": tier, "grants": [asdict(g) for g in d.grants], "sync": d.sync, "guard": d.guarded,
         "state": d.state_dirs, "keep": d.backend.home_keep if d.state_dirs else (), "denied": fsplan.denied,
@@ -511,7 +512,7 @@ def _plan(d: _Draft) -> Plan:
         env_pass=d.env_pass, mounts=fsplan.mounts, denied=fsplan.denied, protected=fsplan.protected,
         placeholders=fsplan.placeholders, egress=egress, rules=d.rules, proxy_listen=proxy_listen,
         limits=d.limits, seccomp=tuple(seccomp.summary()), seccomp_policy=seccomp, fs_rules=d.fs_rules,
-        box_uid=_box_uid(d), sync_files=tuple(d.sync) if tier != "process" else (),
+        box_uid=_box_uid(d), sync_files=tuple(d.sync) if tier != Tier.PROCESS else (),
         guarded_files=tuple(d.guarded), state_dirs=tuple(d.state_dirs),
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
@@ -540,7 +541,7 @@ def _unsandboxed_plan(
     argv = list(request.argv_override or agent_argv(backend, request.prompt, shell, workdir, tuple(native)))
     interactive = request.prompt is None
     return Plan(
-        backend=backend.name, mode=request.mode, tier="unsandboxed", profile="none",
+        backend=backend.name, mode=request.mode, tier=Tier.UNSANDBOXED, profile="none",
         profile_digest=_digest({"unsandboxed": backend.name, "argv": argv}), workdir=workdir,
         interactive=interactive, timeout=None if interactive else (request.timeout or DEFAULT_TIMEOUT),
         argv=tuple(argv), command=tuple(argv), env_set=(), env_pass=tuple(sorted(caller_env)), mounts=(),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .vocab import LimitsMethod
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -15,13 +17,13 @@ class Limits:
 
     memory: int
     pids: int
-    method: str
+    method: LimitsMethod
 
 
-def limit_method(cgroup: str | None) -> str:
+def limit_method(cgroup: str | None) -> LimitsMethod:
     """The local box's enforcement, from the probe's cgroup mode: a delegated cgroup, else rlimits."""
     if cgroup == "v2":
-        return "cgroup-v2"
+        return LimitsMethod.CGROUP_V2
     if cgroup == "v1":
-        return "cgroup-v1"
-    return "rlimit"
+        return LimitsMethod.CGROUP_V1
+    return LimitsMethod.RLIMIT

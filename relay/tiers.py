@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .config import Backend, Matrix
 from .errors import RefusedError, UsageError
 from .profiles import resolve_profile
+from .vocab import Tier
 
 TYPE_CHECKING = False  # avoids importing typing at launch
 if TYPE_CHECKING:  # what this module reads of probe.HostFacts and plan.Request (no import: no circle)
@@ -42,7 +43,7 @@ DEFAULT_PROFILE = "default"  # fail-closed: no network, no backend state; what e
 class TierChoice:
     """The tier and profile one launch runs at, and the notes that say why (shown with the plan)."""
 
-    tier: str
+    tier: Tier
     profile: str
     notes: tuple[str, ...] = ()
 
@@ -106,7 +107,7 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
     if isolation == "supervised" or (isolation == "auto" and supervised_ok(facts)):
         if not supervised_ok(facts):
             raise RefusedError(f"--isolation supervised cannot be enforced: {missing_supervised(facts)}")
-        return TierChoice("supervised", request.profile or "agent")
+        return TierChoice(Tier.SUPERVISED, request.profile or "agent")
     return _without_box(request, isolation, facts, backend, matrix, caller_env)
 
 
@@ -115,7 +116,7 @@ def _container(request: Request, isolation: str) -> TierChoice:
         raise UsageError("--isolation container needs --mode container")
     if isolation in ("process", "supervised"):
         raise UsageError(f"--isolation {isolation} is a local-mode tier; fix: drop it, or use --mode local")
-    return TierChoice("container", request.profile or "agent")
+    return TierChoice(Tier.CONTAINER, request.profile or "agent")
 
 
 def _without_box(request: Request, isolation: str, facts: HostFacts, backend: Backend, matrix: Matrix,
@@ -128,7 +129,7 @@ def _without_box(request: Request, isolation: str, facts: HostFacts, backend: Ba
             f"tier enforces: {missing}"
         )
     if isolation == "auto" and request.profile is None and backend.egress and opted_in(backend, matrix, caller_env):
-        return TierChoice("unsandboxed", "none", (f"{backend.opt_in} is set: {backend.name} runs without the box",))
+        return TierChoice(Tier.UNSANDBOXED, "none", (f"{backend.opt_in} is set: {backend.name} runs without the box",))
     error = process_error(facts)
     if error is not None:
         raise RefusedError(
@@ -145,7 +146,7 @@ def _without_box(request: Request, isolation: str, facts: HostFacts, backend: Ba
         notes.append(note)
     notes.append("the process tier cannot write-protect .git/hooks and friends inside the workdir, and host "
                  "processes stay visible; install bubblewrap for the supervised box")
-    return TierChoice("process", request.profile or DEFAULT_PROFILE, tuple(notes))
+    return TierChoice(Tier.PROCESS, request.profile or DEFAULT_PROFILE, tuple(notes))
 
 
 def choose_engine(facts: HostFacts, caller_env: Mapping[str, str]) -> str:

@@ -19,6 +19,7 @@ from .digest import sha256
 from .paths import cache_dir
 from .plan import Plan
 from .stdio import redirected
+from .vocab import Tier
 
 MEMO_LIMIT = 200
 TRUE = "/bin/true" if os.path.exists("/bin/true") else "/usr/bin/true"
@@ -59,7 +60,7 @@ def _store(env: Mapping[str, str], key: str) -> None:
 
 def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
     """None when the plan's box starts here (memoized); otherwise the reason it does not."""
-    if plan.unsandboxed or plan.tier == "container":
+    if plan.unsandboxed or plan.tier == Tier.CONTAINER:
         return None
     key = policy_key(plan)
     if key in _load(env):
