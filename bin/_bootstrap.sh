@@ -43,7 +43,16 @@ ensure_host() {
     apt_install python3-venv || exit 3
   fi
   if ! command -v bwrap >/dev/null 2>&1; then
-    apt_install bubblewrap || say "continuing without bubblewrap: only --dry-run will work"
+    apt_install bubblewrap || no_bwrap_note
+  fi
+}
+
+no_bwrap_note() {
+  # What a run can still do without bubblewrap; the same rule as relay/plan.py choose_tier().
+  if [ "$(id -u)" = 0 ]; then
+    say "without bubblewrap every run is refused (exit 3): agents need its network box, and the process tier cannot confine root; an agent runs without any box only with HIVE_RELAY_UNSANDBOXED_<BACKEND>=1"
+  else
+    say "without bubblewrap, agent backends are refused (exit 3; HIVE_RELAY_UNSANDBOXED_<BACKEND>=1 runs one without the box) and the shell backend runs at the process tier with no network"
   fi
 }
 
@@ -55,12 +64,23 @@ ensure_venv() {
   if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then
     return 0
   fi
+  started=$(date +%s)
   if [ ! -x "$VENV/bin/python" ]; then
-    say "creating $VENV"
+    say "first run: creating $VENV with $PY (once; about 10 s with the packages below)"
     "$PY" -m venv "$VENV" >&2 || { say "could not create $VENV; fix: apt-get install python3-venv"; exit 3; }
   fi
-  say "installing pinned Python dependencies from $(basename "$req")"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$req" >&2 \
-    || { say "pip install failed; check your network access to PyPI"; exit 3; }
+  # Say what is installed: the pinned names, then pip's own steps as they happen.
+  say "installing pinned Python packages from $(basename "$req"):" \
+    $(sed -e 's/#.*//' -e 's/^-r .*//' -e 's/[[:space:]]//g' "$req" | grep -v '^$' | tr '\n' ' ')
+  rcfile=$(mktemp)
+  { "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -r "$req" 2>&1; echo $? > "$rcfile"; } \
+    | while IFS= read -r line; do
+        case $line in
+          Collecting*|Installing\ collected*|Successfully\ installed*|ERROR*|error*) say "pip: $line" ;;
+        esac
+      done
+  rc=$(cat "$rcfile"); rm -f "$rcfile"
+  [ "$rc" = 0 ] || { say "pip install failed (exit $rc); fix: check your network access to PyPI (or PIP_INDEX_URL)"; exit 3; }
   echo "$sum" > "$stamp"
+  say "Python packages ready in $(( $(date +%s) - started )) s"
 }

@@ -46,15 +46,19 @@ def contribute(
     backend = get_backend(matrix, request.backend)
     if command is not None:
         check_command_backend(backend.name, command)
-    if not dry_run and request.argv_override is None and request.mode == "local":
-        from .install import ensure_cli
-
-        template = backend.prompt_command if request.prompt is not None else backend.command
-        ensure_cli(backend, env, template[0])
     facts = probe(env)
     mark("probed")
     plan = resolve(backend, matrix, request, facts, env)
     mark("resolved")
+    if not dry_run and request.argv_override is None and request.mode == "local":
+        from .install import ensure_cli, needs_install
+
+        template = backend.prompt_command if request.prompt is not None else backend.command
+        if needs_install(backend, env, template[0]):
+            # After resolve(): a run that is refused anyway installs nothing. Resolved again, so that
+            # the new tool dir is mounted into the box.
+            ensure_cli(backend, env, template[0])
+            plan = resolve(backend, matrix, request, facts, env)
     if dry_run:
         if as_json:
             print(json.dumps(plan.to_json(), indent=2))

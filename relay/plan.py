@@ -206,6 +206,13 @@ def choose_tier(
         )
     if isolation == "auto" and request.profile is None and backend.egress and opt_in:
         return TierChoice("unsandboxed", "none", (f"{backend.opt_in} is set: {backend.name} runs without the box",))
+    if isolation == "auto" and request.profile is None and backend.egress:
+        # An agent needs its API hosts; at the process tier it would start with no network and fail.
+        raise RefusedError(
+            f"{backend.name} needs its API hosts, which only the supervised box can allow: {missing}. "
+            f"To run {backend.name} without the box anyway, set {backend.opt_in}=1 (its own sandbox only)"
+            + ("; --isolation process runs it with no network" if facts.process_ok else "")
+        )
     if not facts.process_ok:
         raise RefusedError(
             f"no enforceable box on this host: {missing}; and {facts.process_error}"
