@@ -37,11 +37,10 @@ apt_install() {
 }
 
 ensure_host() {
+  # Every launch pays for this: shell builtins only. Python's venv module is checked when a venv
+  # is made (ensure_venv), not on each run.
   pick_python || apt_install python3 || { say "python3 is required"; exit 3; }
   pick_python
-  if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
-    apt_install python3-venv || exit 3
-  fi
   if ! command -v bwrap >/dev/null 2>&1; then
     apt_install bubblewrap || no_bwrap_note
   fi
@@ -66,6 +65,9 @@ ensure_venv() {
   fi
   started=$(date +%s)
   if [ ! -x "$VENV/bin/python" ]; then
+    if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+      apt_install python3-venv || exit 3
+    fi
     say "first run: creating $VENV with $PY (once; about 10 s with the packages below)"
     "$PY" -m venv "$VENV" >&2 || { say "could not create $VENV; fix: apt-get install python3-venv"; exit 3; }
   fi
