@@ -34,8 +34,9 @@ from relay.errors import UsageError
 
 
 def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.exit(code)
+    from relay.cli import exit_now
+
+    exit_now(code)
 
 
 def _seconds(value: str | None) -> int | None:

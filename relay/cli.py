@@ -395,5 +395,16 @@ def _completion_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Exit with `code` once stdout and stderr are flushed, skipping the interpreter's teardown of
+    every module (~10 ms of the launch): the run is over, the box torn down, its logs closed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
