@@ -15,11 +15,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import TextIO
 
 from .config import Backend
 from .errors import RelayError
 from .paths import tool_dir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TextIO
 
 EXIT_MISSING = 127
 # npm's defaults (2 retries, 10 s to 60 s apart, 5 min per request) turn an unreachable registry
