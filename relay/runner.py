@@ -208,7 +208,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
     # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
     reaping = container is None and procs.become_subreaper()
-    keep = procs.children(os.getpid()) if reaping else set()
+    keep = procs.children(os.getpid()) if reaping and procs.has_children() else set()
     # The caller's terminal as it is now: the box gets it as a job, and its modes come back at the end.
     job = jobctl.Job()
     proc = None
@@ -379,8 +379,9 @@ def _start_supervised(
             return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
         janitor.tell(lifeline, child)
         if state.cgroup is not None:
-            for pid_ in (proc.pid, child):
-                limits.join(state.cgroup, pid_)
+            # The box's init only: all the box will ever run descends from it, still blocked. bwrap's
+            # monitor outside stays where we are (each cgroup-v1 move costs milliseconds of launch).
+            limits.join(state.cgroup, child)
         limits.apply_to(child, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
         if plan.proxy_listen:
             try:
