@@ -223,6 +223,10 @@ def launch_commands(box: list[str], srt: list[str] | None) -> dict[str, list[str
 def measure_launch(box: list[str], srt: list[str] | None, runs: int, env: dict[str, str], work: str) -> dict:
     """Paired launch timings, idle and with one core kept busy."""
     cmds = launch_commands(box, srt)
+    # Steady state: the bytecode a first launch writes (absent where PYTHONDONTWRITEBYTECODE is set,
+    # which would time compiling every module on every launch instead).
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(PACKAGE_ROOT / "relay"), str(PACKAGE_ROOT / "tasks.py")],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     for name, argv in cmds.items():  # warm caches (memoized probes, page cache); a failure here is fatal
         proc = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
