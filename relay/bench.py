@@ -48,9 +48,12 @@ def paired(cmds: dict[str, list[str]], runs: int, env: dict[str, str], cwd: str)
         for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
             proc = subprocess.run(cmds[name], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+                                  stderr=subprocess.PIPE)
             out[name]["times"].append(time.perf_counter() - start)
             out[name]["exit_codes"].append(proc.returncode)
+            if proc.returncode:
+                out[name]["last_error"] = proc.stderr.decode(errors="replace").strip()[-600:]
+                print(f"bench: {name} exited {proc.returncode}: {out[name]['last_error'][-300:]}", file=sys.stderr)
     for name in names:
         m = out[name]
         m["median_s"] = statistics.median(m["times"])
