@@ -166,17 +166,11 @@ def teardown(state: RunState) -> list[str]:
 
 
 def spawn(state: RunState) -> tuple[int, int]:
-    """Fork the janitor. Returns (pid, write end of the lifeline pipe; close it to trigger cleanup).
-
-    The janitor is a grandchild (its parent exits at once), not our child: the launcher, a child
-    subreaper, then knows that any child it has is the box's, and "no children left" is one
-    waitpid() instead of a scan of /proc. Its end is seen as EOF on the message pipe (finish())."""
+    """Fork the janitor. Returns (pid, write end of the lifeline pipe; close it to trigger cleanup)."""
     r, w = os.pipe()
     msg_r, msg_w = os.pipe()
     pid = os.fork()
-    if pid == 0 and os.fork() != 0:  # pragma: no cover - the intermediate child
-        os._exit(0)
-    if pid == 0:  # pragma: no cover - runs in the forked grandchild
+    if pid == 0:  # pragma: no cover - runs in the forked child
         try:
             # A session of its own: a signal to the launcher's process group (or the terminal's)
             # cannot stop the cleanup.
@@ -215,14 +209,6 @@ def spawn(state: RunState) -> tuple[int, int]:
             os._exit(0)
     os.close(r)
     os.close(msg_w)
-    while True:
-        try:
-            os.waitpid(pid, 0)  # the intermediate child, gone at once
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            break
     _JANITOR_MESSAGES[pid] = msg_r
     return pid, w
 
@@ -282,8 +268,7 @@ def tell(lifeline: int, *words: object) -> None:
 
 
 def finish(pid: int, lifeline: int) -> list[str]:
-    """Trigger cleanup and wait for it (EOF on the message pipe: the janitor has exited or is
-    exiting, its work done); returns the janitor's messages."""
+    """Trigger cleanup and wait for it; returns the janitor's messages."""
     tell(lifeline, "done")
     try:
         os.close(lifeline)
@@ -301,6 +286,14 @@ def finish(pid: int, lifeline: int) -> list[str]:
                 break
             data += chunk
         os.close(msg_fd)
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
     return [m for m in data.decode(errors="replace").split("\n") if m]
 
 

@@ -61,39 +61,18 @@ def children(parent: int) -> set[int]:
     return found
 
 
-def has_children() -> bool:
-    """Whether we have any child at all, live or zombie (one waitid, no scan)."""
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return True
-
-
 def reap_descendants(keep: set[int], rounds: int = 500) -> int:
     """SIGKILL and reap every child of ours but `keep`, again and again as orphans of theirs arrive
-    (we are a subreaper), until a scan finds none; returns how many were killed. With nothing to
-    keep, "none left" is waitpid() saying we have no child at all, and /proc is only scanned
-    while some child lives."""
+    (we are a subreaper), until a scan finds none; returns how many were killed."""
     import signal
     import time
 
     me = os.getpid()
     killed = 0
     for _ in range(rounds):
-        if not keep:
-            try:
-                while os.waitpid(-1, os.WNOHANG)[0]:
-                    pass  # reap what has exited already
-                # Some child lives: find it below.
-            except ChildProcessError:
-                return killed
         kids = children(me) - keep
         if not kids:
-            if keep:
-                return killed
-            time.sleep(0.001)  # it exited meanwhile: waitpid() above reaps it next round
-            continue
+            return killed
         for pid in kids:
             try:
                 os.kill(pid, signal.SIGKILL)

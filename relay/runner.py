@@ -208,7 +208,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
     # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
     reaping = container is None and procs.become_subreaper()
-    keep = procs.children(os.getpid()) if reaping and procs.has_children() else set()
+    keep = procs.children(os.getpid()) if reaping else set()
     # The caller's terminal as it is now: the box gets it as a job, and its modes come back at the end.
     job = jobctl.Job()
     proc = None
