@@ -32,7 +32,9 @@ NPM_BOUNDS = {"NPM_CONFIG_FETCH_RETRIES": "1", "NPM_CONFIG_FETCH_RETRY_MINTIMEOU
               "NPM_CONFIG_UPDATE_NOTIFIER": "false"}
 # Network failures that mean "the registry cannot be reached", not "the package is broken".
 UNREACHABLE = ("ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "ETIMEDOUT", "ECONNRESET", "EHOSTUNREACH", "ENETUNREACH",
-               "ERR_SOCKET_TIMEOUT", "SELF_SIGNED_CERT_IN_CHAIN", "UNABLE_TO_GET_ISSUER_CERT_LOCALLY")
+               "ERR_SOCKET_TIMEOUT")
+UNTRUSTED = ("SELF_SIGNED_CERT_IN_CHAIN", "UNABLE_TO_GET_ISSUER_CERT_LOCALLY", "DEPTH_ZERO_SELF_SIGNED_CERT",
+             "UNABLE_TO_VERIFY_LEAF_SIGNATURE", "CERT_HAS_EXPIRED")
 TICK_TTY = 0.2
 TICK_PLAIN = 10.0
 
@@ -81,9 +83,13 @@ def ensure_cli(backend: Backend, env: Mapping[str, str], program: str) -> None:
                   "--prefix", tools, backend.install_npm], npm_env, progress)
     if rc != 0 or not cli_path(backend, env):
         progress.close(None)
-        fix = (f"check access to the npm registry ({npm_env.get('NPM_CONFIG_REGISTRY') or 'npm config get registry'}; "
-               f"a proxy needs NPM_CONFIG_PROXY / HTTPS_PROXY)" if progress.unreachable else
-               "read npm's log above")
+        registry = npm_env.get("NPM_CONFIG_REGISTRY") or "npm config get registry"
+        if progress.untrusted:
+            fix = f"npm does not trust the registry's certificate ({registry}): set NPM_CONFIG_CAFILE to your CA bundle"
+        elif progress.unreachable:
+            fix = f"check access to the npm registry ({registry}; a proxy needs NPM_CONFIG_PROXY / HTTPS_PROXY)"
+        else:
+            fix = "read npm's log above"
         raise MissingToolError(
             f"npm could not install {backend.install_npm} (exit {rc}{': ' + progress.reason if progress.reason else ''}) "
             f"after {progress.elapsed():.1f} s; fix: {fix}, or install it yourself: "
@@ -144,6 +150,7 @@ class Progress:
         self.added = 0
         self.reason = ""
         self.unreachable = False
+        self.untrusted = False
         self.errors: list[str] = []
         self.warnings: list[str] = []
         self._shown = ""
@@ -190,6 +197,8 @@ class Progress:
     def _network(self, code: str) -> None:
         if code in UNREACHABLE:
             self.unreachable = True
+        if code in UNTRUSTED:
+            self.untrusted = True
 
     def text(self) -> str:
         return f"hive-relay: npm {self.package}: {self.phase} · {self.elapsed():.1f} s"
@@ -219,7 +228,7 @@ class Progress:
             self.out.write("\r\x1b[K")
             self._shown = ""
         if final is None:
-            for line in self.errors[-12:] if not self.unreachable else []:
+            for line in self.errors[-12:] if not (self.unreachable or self.untrusted) else []:
                 self.out.write(line + "\n")
         else:
             self.out.write(f"hive-relay: {final}\n")
