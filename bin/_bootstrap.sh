@@ -2,25 +2,30 @@
 # POSIX sh, sourced; sets ROOT, VENV, PY.
 # Follow symlinks to the real script, so a link on PATH (ln -s .../bin/contribute-hive ~/.local/bin/)
 # works from any directory; the workdir stays the caller's current directory.
+# Every launch runs this: parameter expansion and builtins only, no fork unless a link is followed.
+_hr_dir() { case $1 in */*) printf '%s' "${1%/*}" ;; *) printf . ;; esac; }
 _hr_self=$0
 while [ -h "$_hr_self" ]; do
   _hr_link=$(readlink -- "$_hr_self")
   case $_hr_link in
     /*) _hr_self=$_hr_link ;;
-    *) _hr_self=$(dirname -- "$_hr_self")/$_hr_link ;;
+    *) _hr_self=$(_hr_dir "$_hr_self")/$_hr_link ;;
   esac
 done
-ROOT=$(CDPATH= cd -- "$(dirname -- "$_hr_self")/.." && pwd)
+case $_hr_self in */*) _hr_bin=${_hr_self%/*} ;; *) _hr_bin=. ;; esac
+case $_hr_bin in /*) ROOT=${_hr_bin%/*} ;; *) ROOT=$(CDPATH= cd -- "$_hr_bin/.." && pwd) ;; esac
+[ -n "$ROOT" ] || ROOT=/
 VENV=${HIVE_RELAY_VENV:-"$ROOT/.venv"}
 
 say() { printf 'hive-relay: %s\n' "$*" >&2; }
 
 # An interpreter every user can run: /usr/bin/python3 first (pyenv under /root is 0700).
 pick_python() {
-  for p in /usr/bin/python3 /usr/local/bin/python3 "$(command -v python3 2>/dev/null || true)"; do
-    if [ -n "$p" ] && [ -x "$p" ]; then PY=$p; return 0; fi
+  for p in /usr/bin/python3 /usr/local/bin/python3; do
+    if [ -x "$p" ]; then PY=$p; return 0; fi
   done
-  return 1
+  p=$(command -v python3 2>/dev/null) || return 1
+  [ -n "$p" ] && [ -x "$p" ] && PY=$p
 }
 
 apt_install() {
@@ -58,9 +63,16 @@ no_bwrap_note() {
 ensure_venv() {
   # $1: requirements file. Rebuilt when the file changes (stamp holds its checksum).
   req=$1
+  stamp="$VENV/.hive-relay-stamp-${req##*/}"
+  # Fast path (no fork): the stamp is newer than the requirements file.
+  if [ -x "$VENV/bin/python" ] && [ -s "$stamp" ] && ! [ "$req" -nt "$stamp" ]; then
+    return 0
+  fi
   sum=$(cksum < "$req" | cut -d' ' -f1)
-  stamp="$VENV/.hive-relay-stamp-$(basename "$req")"
-  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then
+  have=""
+  [ -f "$stamp" ] && read -r have < "$stamp" || true
+  if [ -x "$VENV/bin/python" ] && [ "$have" = "$sum" ]; then
+    touch "$stamp"  # same content, newer file (a checkout): next time the fast path
     return 0
   fi
   started=$(date +%s)
