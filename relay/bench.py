@@ -115,7 +115,7 @@ def ensure_ripgrep(env: dict[str, str]) -> str | None:
     """srt refuses to start without ripgrep: install it as root (apt), else say why the peer is out."""
     if shutil.which("rg", path=env.get("PATH")):
         return None
-    if os.getuid() == 0 and shutil.which("apt-get"):
+    if os.getuid() == 0 and shutil.which("apt-get", path=env.get("PATH")):
         print("bench: srt needs ripgrep (rg): installing ripgrep (apt-get)", file=sys.stderr, flush=True)
         apt = {**env, "DEBIAN_FRONTEND": "noninteractive"}
         cmd = ["apt-get", "install", "-y", "-q", "ripgrep"]
