@@ -38,8 +38,9 @@ from relay.errors import UsageError
 
 
 def _exit(code: int) -> None:
-    sys.stdout.flush()
-    sys.exit(code)
+    from relay.cli import exit_now
+
+    exit_now(code)
 
 
 def _seconds(value: str | None) -> int | None:
@@ -322,10 +323,14 @@ def selftest(c: Context, backend: list[str] | None = None, json: bool = False, m
     _exit(guarded(run_selftest, list(backend or []) or None, as_json=json, mode=mode))
 
 
-@task(help={"runs": "repetitions per timing (median is reported)", "with_peers": "install and compare srt (npm)",
-            "quick": "fewer runs and a 32 MB download (for CI)"})
-def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = False) -> None:
-    """Benchmark launch overhead, proxy throughput/latency, memory and scale against same-run baselines."""
+@task(help={"runs": "repetitions per timing (median is reported)",
+            "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
+                          "a peer that cannot run is refused, never timed",
+            "quick": "fewer runs and a 32 MB download (for CI)",
+            "launch_only": "only the launch figures (paired runs, idle and with one core busy)"})
+def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False) -> None:
+    """Benchmark launch overhead (idle and one core busy), proxy throughput/latency, memory and scale
+    against same-run baselines."""
     from relay.bench import bench as run_bench
 
-    _exit(guarded(run_bench, runs=runs, with_peers=with_peers, quick=quick))
+    _exit(guarded(run_bench, runs=runs, with_peers=with_peers, quick=quick, launch_only=launch_only))

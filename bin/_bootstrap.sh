@@ -2,25 +2,30 @@
 # POSIX sh, sourced; sets ROOT, VENV, PY.
 # Follow symlinks to the real script, so a link on PATH (ln -s .../bin/contribute-hive ~/.local/bin/)
 # works from any directory; the workdir stays the caller's current directory.
+# Every launch runs this: parameter expansion and builtins only, no fork unless a link is followed.
+_hr_dir() { case $1 in */*) printf '%s' "${1%/*}" ;; *) printf . ;; esac; }
 _hr_self=$0
 while [ -h "$_hr_self" ]; do
   _hr_link=$(readlink -- "$_hr_self")
   case $_hr_link in
     /*) _hr_self=$_hr_link ;;
-    *) _hr_self=$(dirname -- "$_hr_self")/$_hr_link ;;
+    *) _hr_self=$(_hr_dir "$_hr_self")/$_hr_link ;;
   esac
 done
-ROOT=$(CDPATH= cd -- "$(dirname -- "$_hr_self")/.." && pwd)
+case $_hr_self in */*) _hr_bin=${_hr_self%/*} ;; *) _hr_bin=. ;; esac
+case $_hr_bin in /*) ROOT=${_hr_bin%/*} ;; *) ROOT=$(CDPATH= cd -- "$_hr_bin/.." && pwd) ;; esac
+[ -n "$ROOT" ] || ROOT=/
 VENV=${HIVE_RELAY_VENV:-"$ROOT/.venv"}
 
 say() { printf 'hive-relay: %s\n' "$*" >&2; }
 
 # An interpreter every user can run: /usr/bin/python3 first (pyenv under /root is 0700).
 pick_python() {
-  for p in /usr/bin/python3 /usr/local/bin/python3 "$(command -v python3 2>/dev/null || true)"; do
-    if [ -n "$p" ] && [ -x "$p" ]; then PY=$p; return 0; fi
+  for p in /usr/bin/python3 /usr/local/bin/python3; do
+    if [ -x "$p" ]; then PY=$p; return 0; fi
   done
-  return 1
+  p=$(command -v python3 2>/dev/null) || return 1
+  [ -n "$p" ] && [ -x "$p" ] && PY=$p
 }
 
 apt_install() {
@@ -37,30 +42,59 @@ apt_install() {
 }
 
 ensure_host() {
+  # Every launch pays for this: shell builtins only. Python's venv module is checked when a venv
+  # is made (ensure_venv), not on each run.
   pick_python || apt_install python3 || { say "python3 is required"; exit 3; }
   pick_python
-  if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
-    apt_install python3-venv || exit 3
-  fi
   if ! command -v bwrap >/dev/null 2>&1; then
-    apt_install bubblewrap || say "continuing without bubblewrap: only --dry-run will work"
+    apt_install bubblewrap || no_bwrap_note
+  fi
+}
+
+no_bwrap_note() {
+  # What a run can still do without bubblewrap; the same rule as relay/plan.py choose_tier().
+  if [ "$(id -u)" = 0 ]; then
+    say "without bubblewrap every run is refused (exit 3): agents need its network box, and the process tier cannot confine root; an agent runs without any box only with HIVE_RELAY_UNSANDBOXED_<BACKEND>=1"
+  else
+    say "without bubblewrap, agent backends are refused (exit 3; HIVE_RELAY_UNSANDBOXED_<BACKEND>=1 runs one without the box) and the shell backend runs at the process tier with no network"
   fi
 }
 
 ensure_venv() {
   # $1: requirements file. Rebuilt when the file changes (stamp holds its checksum).
   req=$1
-  sum=$(cksum < "$req" | cut -d' ' -f1)
-  stamp="$VENV/.hive-relay-stamp-$(basename "$req")"
-  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then
+  stamp="$VENV/.hive-relay-stamp-${req##*/}"
+  # Fast path (no fork): the stamp is newer than the requirements file.
+  if [ -x "$VENV/bin/python" ] && [ -s "$stamp" ] && ! [ "$req" -nt "$stamp" ]; then
     return 0
   fi
+  sum=$(cksum < "$req" | cut -d' ' -f1)
+  have=""
+  [ -f "$stamp" ] && read -r have < "$stamp" || true
+  if [ -x "$VENV/bin/python" ] && [ "$have" = "$sum" ]; then
+    touch "$stamp"  # same content, newer file (a checkout): next time the fast path
+    return 0
+  fi
+  started=$(date +%s)
   if [ ! -x "$VENV/bin/python" ]; then
-    say "creating $VENV"
+    if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+      apt_install python3-venv || exit 3
+    fi
+    say "first run: creating $VENV with $PY (once; about 10 s with the packages below)"
     "$PY" -m venv "$VENV" >&2 || { say "could not create $VENV; fix: apt-get install python3-venv"; exit 3; }
   fi
-  say "installing pinned Python dependencies from $(basename "$req")"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$req" >&2 \
-    || { say "pip install failed; check your network access to PyPI"; exit 3; }
+  # Say what is installed: the pinned names, then pip's own steps as they happen.
+  say "installing pinned Python packages from $(basename "$req"):" \
+    $(sed -e 's/#.*//' -e 's/^-r .*//' -e 's/[[:space:]]//g' "$req" | grep -v '^$' | tr '\n' ' ')
+  rcfile=$(mktemp)
+  { "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -r "$req" 2>&1; echo $? > "$rcfile"; } \
+    | while IFS= read -r line; do
+        case $line in
+          Collecting*|Installing\ collected*|Successfully\ installed*|ERROR*|error*) say "pip: $line" ;;
+        esac
+      done
+  rc=$(cat "$rcfile"); rm -f "$rcfile"
+  [ "$rc" = 0 ] || { say "pip install failed (exit $rc); fix: check your network access to PyPI (or PIP_INDEX_URL)"; exit 3; }
   echo "$sum" > "$stamp"
+  say "Python packages ready in $(( $(date +%s) - started )) s"
 }

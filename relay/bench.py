@@ -14,9 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import RelayError
 from .paths import PACKAGE_ROOT, cache_dir
 
 BENCH = PACKAGE_ROOT / "bench"
@@ -36,6 +38,49 @@ def _median_time(argv: list[str], runs: int, env: dict[str, str], cwd: str) -> t
     return statistics.median(times), failures
 
 
+def paired(cmds: dict[str, list[str]], runs: int, env: dict[str, str], cwd: str) -> dict[str, dict]:
+    """Every command once per round, the order rotated each round, so that drift on a shared machine
+    hits all of them alike; ratios are then taken round by round. A command that exits non-zero
+    is a failed measure (a failing peer would time as "fast"), kept with its exit codes."""
+    names = list(cmds)
+    out = {name: {"times": [], "exit_codes": []} for name in names}
+    for r in range(runs):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            proc = subprocess.run(cmds[name], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)
+            out[name]["times"].append(time.perf_counter() - start)
+            out[name]["exit_codes"].append(proc.returncode)
+            if proc.returncode:
+                out[name]["last_error"] = proc.stderr.decode(errors="replace").strip()[-600:]
+                print(f"bench: {name} exited {proc.returncode}: {out[name]['last_error'][-300:]}", file=sys.stderr)
+    for name in names:
+        m = out[name]
+        m["median_s"] = statistics.median(m["times"])
+        m["failures"] = sum(rc != 0 for rc in m["exit_codes"])
+    return out
+
+
+def ratio(launch: dict[str, dict], a: str, b: str) -> float | None:
+    """Median over rounds of a/b; None when either side is missing or failed in any round."""
+    if a not in launch or b not in launch or launch[a]["failures"] or launch[b]["failures"]:
+        return None
+    return statistics.median(x / y for x, y in zip(launch[a]["times"], launch[b]["times"], strict=True))
+
+
+@contextmanager
+def one_core_busy(limit_s: float = 900.0) -> Iterator[None]:
+    """The loaded scenario: one process spinning on one core, bounded in time even if we die."""
+    code = f"import time\nend = time.monotonic() + {limit_s}\nwhile time.monotonic() < end:\n    pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.2)  # spinning before the first timed run
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def peers_dir(env: dict[str, str]) -> Path:
     return cache_dir(env) / "peers"
 
@@ -49,12 +94,67 @@ def srt_path(env: dict[str, str]) -> str | None:
     return str(pkg.parent / rel) if rel else None
 
 
-def install_peers(env: dict[str, str]) -> None:
+def install_peers(env: dict[str, str]) -> str | None:
+    """npm install srt into the peers dir; returns why it failed, or None."""
+    from .install import NPM_BOUNDS, Progress, run_npm
+
+    npm = shutil.which("npm", path=env.get("PATH"))
+    if npm is None:
+        return "npm is missing; fix: apt-get install nodejs npm"
     target = peers_dir(env)
     target.mkdir(parents=True, exist_ok=True)
     print(f"bench: installing {PEERS_PKG} into {target} (npm)", file=sys.stderr, flush=True)
-    subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(target), PEERS_PKG], check=True,
-                   stdout=sys.stderr)
+    progress = Progress(PEERS_PKG, sys.stderr)
+    rc = run_npm([npm, "install", "--no-audit", "--no-fund", "--progress=false", "--loglevel=silly", "--prefix",
+                  str(target), PEERS_PKG], {**NPM_BOUNDS, **env}, progress)
+    progress.close(None if rc else f"installed {PEERS_PKG} in {progress.elapsed():.1f} s")
+    return f"npm install {PEERS_PKG} failed (exit {rc}: {progress.reason or 'see above'})" if rc else None
+
+
+def ensure_ripgrep(env: dict[str, str]) -> str | None:
+    """srt refuses to start without ripgrep: install it as root (apt), else say why the peer is out."""
+    if shutil.which("rg", path=env.get("PATH")):
+        return None
+    if os.getuid() == 0 and shutil.which("apt-get", path=env.get("PATH")):
+        print("bench: srt needs ripgrep (rg): installing ripgrep (apt-get)", file=sys.stderr, flush=True)
+        apt = {**env, "DEBIAN_FRONTEND": "noninteractive"}
+        cmd = ["apt-get", "install", "-y", "-q", "ripgrep"]
+        if subprocess.run(cmd, env=apt, stdout=sys.stderr, stdin=subprocess.DEVNULL).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=apt, stdout=sys.stderr, stdin=subprocess.DEVNULL)
+            subprocess.run(cmd, env=apt, stdout=sys.stderr, stdin=subprocess.DEVNULL)
+        if shutil.which("rg", path=env.get("PATH")):
+            return None
+    return "srt needs ripgrep (rg), which is not installed; fix: sudo apt-get install ripgrep"
+
+
+def srt_settings(work: str, host: str) -> str:
+    """srt's policy for the comparison: one allowed host, writes to the workdir only."""
+    path = os.path.join(work, "srt-settings.json")
+    with open(path, "w") as fh:
+        json.dump({"network": {"allowedDomains": [host], "deniedDomains": []},
+                   "filesystem": {"denyRead": [], "allowWrite": [work], "denyWrite": []}}, fh)
+    return path
+
+
+def ready_peer(env: dict[str, str], work: str, host: str) -> tuple[list[str] | None, str | None]:
+    """(argv prefix for `srt ... CMD`, None) when srt installs and runs `true` with exit 0 here;
+    (None, why) otherwise: a peer that cannot run is refused, never timed."""
+    if not srt_path(env):
+        why = install_peers(env)
+        if why:
+            return None, why
+    srt = srt_path(env)
+    if not srt:
+        return None, f"{PEERS_PKG} installed no srt binary"
+    why = ensure_ripgrep(env)
+    if why:
+        return None, why
+    argv = [srt, "--settings", srt_settings(work, host)]
+    proc = subprocess.run([*argv, "true"], env=env, cwd=work, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])[:300]
+        return None, f"`srt true` exits {proc.returncode} here: {tail}"
+    return argv, None
 
 
 def _relay(*args: str) -> list[str]:
@@ -101,12 +201,49 @@ def _peak_rss(argv: list[str], env: dict[str, str], cwd: str, skip: Callable[[st
     return peak, proc.returncode
 
 
-def bench(runs: int = 15, with_peers: bool = False, quick: bool = False) -> int:
+LAUNCH_ORDER = ("sh -c true", "bare bwrap", "relay entry (python -m relay)", "bin/contribute-hive",
+                "invoke contribute-hive", "srt true (peer)")
+SCENARIOS = ("idle", "one core busy")
+# Targets against the peer, in both scenarios: (entry, at most this many times srt's launch).
+PEER_TARGETS = (("bin/contribute-hive", 0.5), ("invoke contribute-hive", 0.6))
+
+
+def launch_commands(box: list[str], srt: list[str] | None) -> dict[str, list[str]]:
+    bwrap = shutil.which("bwrap") or "bwrap"
+    cmds = {
+        "sh -c true": ["sh", "-c", "true"],
+        "bare bwrap": [bwrap, "--unshare-all", "--ro-bind", "/", "/", "true"],
+        "relay entry (python -m relay)": _relay(*box, "true"),
+        "bin/contribute-hive": [str(PACKAGE_ROOT / "bin" / "contribute-hive"), *box, "true"],
+        "invoke contribute-hive": [sys.executable, "-m", "invoke", "--search-root", str(PACKAGE_ROOT),
+                                   "contribute-hive", *box, "true"],
+    }
+    if srt:
+        cmds["srt true (peer)"] = [*srt, "true"]
+    return cmds
+
+
+def measure_launch(box: list[str], srt: list[str] | None, runs: int, env: dict[str, str], work: str) -> dict:
+    """Paired launch timings, idle and with one core kept busy."""
+    cmds = launch_commands(box, srt)
+    # Steady state: the bytecode a first launch writes (absent where PYTHONDONTWRITEBYTECODE is set,
+    # which would time compiling every module on every launch instead).
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(PACKAGE_ROOT / "relay"), str(PACKAGE_ROOT / "tasks.py")],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    for name, argv in cmds.items():  # warm caches (memoized probes, page cache); a failure here is fatal
+        proc = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise RelayError(f"bench: {name} exits {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    out = {"idle": paired(cmds, runs, env, work)}
+    with one_core_busy():
+        out["one core busy"] = paired(cmds, runs, env, work)
+    return out
+
+
+def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False) -> int:
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", str(PACKAGE_ROOT))
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if with_peers and not srt_path(env):
-        install_peers(env)
     blob_mb = 32 if quick else 200
     runs = 5 if quick else runs
     work = tempfile.mkdtemp(prefix="hive-relay-bench-")
@@ -126,21 +263,19 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False) -> int:
         allow = f"bench.test:{port}=127.0.0.1:{port}"
         box = ["shell", "local", "-q", "--workdir", work, "--allow-host", allow, "--prompt"]
 
-        # 1. Launch overhead against four baselines.
-        subprocess.run(_relay(*box, "true"), env=env, cwd=work, check=True)  # warm the memoized probes
-        bwrap = shutil.which("bwrap") or "bwrap"
-        launch = {
-            "sh -c true": _median_time(["sh", "-c", "true"], runs, env, work),
-            "bare bwrap": _median_time([bwrap, "--unshare-all", "--ro-bind", "/", "/", "true"], runs, env, work),
-            "relay entry (python -m relay)": _median_time(_relay(*box, "true"), runs, env, work),
-            "invoke contribute-hive": _median_time(
-                [sys.executable, "-m", "invoke", "--search-root", str(PACKAGE_ROOT), "contribute-hive", *box, "true"],
-                runs, env, work),
-        }
-        srt = srt_path(env)
-        if srt:
-            launch["srt true (peer)"] = _median_time([srt, "true"], runs, env, work)
-        results["launch"] = {k: {"median_s": v[0], "failures": v[1]} for k, v in launch.items()}
+        # 1. Launch overhead against the baselines and the peer (one allowed host each), paired runs.
+        srt = None
+        if with_peers:
+            srt, why = ready_peer(env, work, "bench.test")
+            if why:
+                print(f"bench: srt is not compared: {why}", file=sys.stderr, flush=True)
+                results["peer_refused"] = why
+        scenarios = measure_launch(box, srt, runs, env, work)
+        results["launch_scenarios"] = scenarios
+        results["launch"] = scenarios["idle"]
+        launch = {k: (v["median_s"], v["failures"]) for k, v in scenarios["idle"].items()}
+        if launch_only:
+            return report(results)
 
         # Phases of one launch, from the runner's trace marks.
         trace_file = os.path.join(work, "trace.json")
@@ -205,7 +340,7 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False) -> int:
         rss_idle, _ = _peak_rss(_relay(*box, "sleep 0.5"), env, work, not_box)
         memory = {"launcher+proxy idle MiB": rss_idle / MB, f"launcher+proxy with {count} tunnels MiB": rss_busy / MB}
         if srt:
-            rss_srt, _ = _peak_rss([srt, "sleep 0.5"], env, work, lambda c: c.startswith("bwrap") or c.startswith("sleep"))
+            rss_srt, _ = _peak_rss([*srt, "sleep 0.5"], env, work, lambda c: c.startswith("bwrap") or c.startswith("sleep"))
             memory["srt idle MiB (peer)"] = rss_srt / MB
         results["memory"] = memory
 
@@ -287,31 +422,58 @@ def _bench_container(env: dict[str, str], work: str, runs: int, port: int, blob_
             "blob_mb": blob_mb}
 
 
+def _fmt_ratio(value: float | None, launch: dict[str, dict], a: str, b: str) -> str:
+    if value is not None:
+        return f"{value:.2f}×"
+    failed = [n for n in (a, b) if n in launch and launch[n]["failures"]]
+    if failed:
+        return "no ratio: " + ", ".join(f"{n} failed {launch[n]['failures']} of {len(launch[n]['exit_codes'])} runs "
+                                        f"(exit {sorted(set(c for c in launch[n]['exit_codes'] if c))})" for n in failed)
+    return "not measured"
+
+
+def launch_report(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
+    """The launch table (every scenario, ratios against baselines and the peer from paired rounds)
+    and the launch targets. A ratio is never computed against a run that failed."""
+    lines: list[str] = []
+    targets: dict[str, tuple[str, bool]] = {}
+    peer = "srt true (peer)"
+    for scenario, launch in r["launch_scenarios"].items():
+        for name in [n for n in LAUNCH_ORDER if n in launch]:
+            m = launch[name]
+            status = f"FAILED {m['failures']} of {len(m['exit_codes'])} runs" if m["failures"] else f"{m['median_s'] * 1000:.1f} ms"
+            notes = [f"{_fmt_ratio(ratio(launch, name, base), launch, name, base)} {label}"
+                     for base, label in (("bare bwrap", "bare bwrap"), (peer, "srt")) if base != name and base in launch]
+            lines.append(f"| launch ({scenario}): {name} | {status} | {', '.join(notes)} |")
+        for entry, limit in PEER_TARGETS:
+            key = f"{entry} ≤ {limit}× srt true ({scenario})"
+            if peer not in launch:
+                targets[key] = (f"not measured: {r.get('peer_refused') or 'srt not installed (--with-peers)'}", False)
+                continue
+            value = ratio(launch, entry, peer)
+            targets[key] = (_fmt_ratio(value, launch, entry, peer), value is not None and value <= limit)
+    return lines, targets
+
+
 def report(r: dict) -> int:
+    lines, targets = launch_report(r)
+    if "throughput_MBps" not in r:  # --launch-only
+        return _write(r, ["| measure | value | ratio / note |", "|---|---|---|", *lines], targets)
     launch = {k: v["median_s"] for k, v in r["launch"].items()}
-    full = launch["invoke contribute-hive"]
     entry = launch["relay entry (python -m relay)"]
     tp = r["throughput_MBps"]
     lat = r["latency_ms"]
     mem = r["memory"]
     busy_key = next(k for k in mem if "tunnels" in k)
-    targets = {
-        # ./bin/contribute-hive runs the relay entry; invoke's own import is reported beside it.
-        "launch ≤ 0.6× srt true (bin/contribute-hive)": (
-            f"{entry / launch['srt true (peer)']:.2f}× (invoke contribute-hive {full / launch['srt true (peer)']:.2f}×)"
-            if "srt true (peer)" in launch else "srt not installed (--with-peers)",
-            "srt true (peer)" in launch and entry <= 0.6 * launch["srt true (peer)"]),
+    targets.update({
         "relay entry within 60 ms of bare bwrap": (f"+{(entry - launch['bare bwrap']) * 1000:.0f} ms",
                                                    entry - launch["bare bwrap"] <= 0.060),
         "proxy throughput ≥ 0.8× direct": (f"{min(tp['proxy plain HTTP'], tp['proxy CONNECT']) / tp['direct']:.2f}×",
                                            min(tp["proxy plain HTTP"], tp["proxy CONNECT"]) >= 0.8 * tp["direct"]),
         "added p50 latency < 2 ms": (f"{lat['proxy p50'] - lat['direct p50']:.2f} ms", lat["proxy p50"] - lat["direct p50"] < 2),
         "launcher+proxy PSS ≤ 40 MiB": (f"{mem[busy_key]:.1f} MiB", mem[busy_key] <= 40),
-    }
-    r["targets"] = {k: {"value": v, "met": bool(m)} for k, (v, m) in targets.items()}
-    lines = ["| measure | value | ratio / note |", "|---|---|---|"]
-    for name, t in launch.items():
-        lines.append(f"| launch: {name} | {t * 1000:.1f} ms | {t / launch['sh -c true']:.1f}× sh, {t / launch['bare bwrap']:.2f}× bare bwrap |")
+    })
+    lines = ["| measure | value | ratio / note |", "|---|---|---|", *lines]
     for name, t in r["phases_s"].items():
         lines.append(f"| phase: {name} | {t * 1000:.1f} ms | |")
     for name, v in tp.items():
@@ -337,7 +499,12 @@ def report(r: dict) -> int:
         for name, v in ctp.items():
             lines.append(f"| container throughput ({c['blob_mb']} MB): {name} | {v:.0f} MB/s | "
                          f"{v / ctp['direct curl']:.2f}× direct curl |")
-    lines += ["", "| target | value | met |", "|---|---|---|"]
+    return _write(r, lines, targets)
+
+
+def _write(r: dict, lines: list[str], targets: dict[str, tuple[str, bool]]) -> int:
+    r["targets"] = {k: {"value": v, "met": bool(m)} for k, (v, m) in targets.items()}
+    lines = [*lines, "", "| target | value | met |", "|---|---|---|"]
     for name, t in r["targets"].items():
         lines.append(f"| {name} | {t['value']} | {'yes' if t['met'] else 'NO'} |")
     md = "\n".join(lines) + "\n"

@@ -71,7 +71,7 @@ def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False
     box_home = os.path.join(state.run_dir, "home")
     os.makedirs(box_home, mode=0o700)
     if git_excludes is not None:
-        safefs.write_file(os.path.join(state.run_dir, "git-excludes"), git_excludes.encode(), 0o644)
+        safefs.write_file(os.path.join(state.run_dir, "git-excludes"), git_excludes.encode(), 0o644, durable=False)
     if with_tmp:
         os.makedirs(os.path.join(state.run_dir, "tmp"), mode=0o700)
     for host_path in sync_files:
@@ -81,7 +81,8 @@ def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False
             continue  # a link or special file at the host path: the box starts without a copy, nothing syncs back
         state.sync[host_path] = _digest(data)
         if data is not None:
-            safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True)
+            safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True,
+                              durable=False)  # the run dir is scratch: deleted at the end, never read after a crash
     if state.git is not None:
         state.git_before = gitdir.prepare(state.git, state.run_dir, state.workdir)
     if state.agent is not None:

@@ -56,7 +56,9 @@ class Registry:
                     data = {}
                 data = {k: _entry(v) for k, v in data.items()} if isinstance(data, dict) else {}
                 yield data
-                safefs.replace_in(dfd, "placeholders.json", json.dumps(data).encode(), 0o600)
+                # Not fsynced: atomic against a crash of ours (rename), and after a power loss every
+                # pid in it is dead anyway; an fsync here would sit on every launch's critical path.
+                safefs.replace_in(dfd, "placeholders.json", json.dumps(data).encode(), 0o600, durable=False)
             finally:
                 os.close(lock)
 

@@ -391,9 +391,10 @@ def _start_supervised(
             return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
         janitor.tell(lifeline, child)
         if state.cgroup is not None:
+            # The box's init only: all the box will ever run descends from it, still blocked. bwrap's
+            # monitor outside stays where we are (each cgroup-v1 move costs milliseconds of launch).
             try:
-                for pid_ in (proc.pid, child):
-                    limits.join(state.cgroup, pid_)
+                limits.join(state.cgroup, child)
             except ProcessLookupError:
                 if proc.poll() is not None:
                     return proc, None  # bwrap failed and said why on stderr; its exit code is passed on

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -232,14 +231,15 @@ def _split(path: str, base: str | None) -> tuple[str, str]:
 
 def unique_name(stem: str, tag: str) -> str:
     """A name the box cannot guess: `stem.hive-relay-TAG-TIME-RANDOM`."""
-    return f"{stem}.hive-relay-{tag}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(6)}"
+    return f"{stem}.hive-relay-{tag}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(6).hex()}"
 
 
-def create_new(dirfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
-    """Write a new file that did not exist (O_EXCL, no link followed)."""
+def create_new(dirfd: int, name: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+    """Write a new file that did not exist (O_EXCL, no link followed). `durable`: fsync it (the
+    user's files); off for scratch state that a run deletes or rebuilds (its run dir, the registry)."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirfd)
     try:
-        _write_all(fd, data)
+        _write_all(fd, data, durable)
     except BaseException:
         os.close(fd)
         try:
@@ -250,19 +250,20 @@ def create_new(dirfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
     os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes, durable: bool = True) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-    os.fsync(fd)
+    if durable:
+        os.fsync(fd)
 
 
-def replace_in(dirfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+def replace_in(dirfd: int, name: str, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
     """Atomically replace `name` in the directory fd: a fresh temporary under an unguessable name,
     then rename within the same directory. A link at `name` is replaced, never followed; a
     directory there makes the rename fail."""
     tmp = unique_name(name, "tmp")
-    create_new(dirfd, tmp, data, mode)
+    create_new(dirfd, tmp, data, mode, durable)
     try:
         os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
     except BaseException:
@@ -273,11 +274,12 @@ def replace_in(dirfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
         raise
 
 
-def write_file(path: str, data: bytes, mode: int = 0o600, base: str | None = None, make_dirs: bool = False) -> None:
+def write_file(path: str, data: bytes, mode: int = 0o600, base: str | None = None, make_dirs: bool = False,
+               durable: bool = True) -> None:
     """`replace_in` for an absolute path, resolved beneath `base` (default: its parent)."""
     base, rel = _split(path, base)
     with base_dir(base) as dfd, parent_of(dfd, rel, create=make_dirs) as (pfd, name):
-        replace_in(pfd, name, data, mode)
+        replace_in(pfd, name, data, mode, durable)
 
 
 def keep_aside(path: str, data: bytes, tag: str, base: str | None = None) -> str:

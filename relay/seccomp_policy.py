@@ -85,9 +85,41 @@ def policy_for(nested_userns: bool, deny_network: bool = False) -> SeccompPolicy
     return SeccompPolicy(denied_syscalls=denied, deny_new_userns=not nested_userns, deny_network=deny_network)
 
 
+def _pyseccomp():  # noqa: ANN202 - the pyseccomp module
+    """pyseccomp, imported without its two `ctypes.util.find_library` calls, each of which runs
+    `ldconfig -p` in a subprocess (milliseconds on every launch): the sonames are tried with dlopen
+    first, which finds them through the same ld.so cache; anything else asks find_library as before."""
+    import sys
+
+    if "pyseccomp" in sys.modules:
+        return sys.modules["pyseccomp"]
+    import ctypes
+    import ctypes.util
+
+    real = ctypes.util.find_library
+    sonames = {"c": "libc.so.6", "seccomp": "libseccomp.so.2"}
+
+    def find_library(name: str) -> str | None:
+        soname = sonames.get(name)
+        if soname:
+            try:
+                ctypes.CDLL(soname)
+                return soname
+            except OSError:
+                pass
+        return real(name)
+
+    ctypes.util.find_library = find_library
+    try:
+        import pyseccomp
+    finally:
+        ctypes.util.find_library = real
+    return pyseccomp
+
+
 def build_filter(policy: SeccompPolicy):  # -> pyseccomp.SyscallFilter
     """Compile the policy with libseccomp; unknown syscall names on this arch are skipped."""
-    import pyseccomp as sc
+    sc = _pyseccomp()
 
     eperm = sc.ERRNO(errno.EPERM)
     flt = sc.SyscallFilter(sc.ALLOW)
@@ -121,16 +153,14 @@ def build_filter(policy: SeccompPolicy):  # -> pyseccomp.SyscallFilter
 
 def _low32_eq(index: int, value: int):  # -> pyseccomp.Arg
     """Argument INDEX equals VALUE in the low 32 bits the kernel reads, whatever the high bits."""
-    import pyseccomp as sc
-
+    sc = _pyseccomp()
     return sc.Arg(index, sc.MASKED_EQ, LOW32, value & LOW32)
 
 
 def _low32_not_equal(index: int, value: int) -> list:  # -> list[pyseccomp.Arg]
     """Comparisons whose union (one rule each) is "argument INDEX differs from VALUE in its low
     32 bits": some bit that VALUE has clear is set, or some bit that VALUE has set is clear."""
-    import pyseccomp as sc
-
+    sc = _pyseccomp()
     return [sc.Arg(index, sc.MASKED_EQ, 1 << bit, (value & (1 << bit)) ^ (1 << bit)) for bit in range(32)]
 
 

@@ -131,6 +131,13 @@ def _without_box(request: Request, isolation: str, facts: HostFacts, backend: Ba
     if isolation == "auto" and request.profile is None and backend.egress and opted_in(backend, matrix, caller_env):
         return TierChoice(Tier.UNSANDBOXED, "none", (f"{backend.opt_in} is set: {backend.name} runs without the box",))
     error = process_error(facts)
+    if isolation == "auto" and request.profile is None and backend.egress:
+        # An agent needs its API hosts; at the process tier it would start with no network and fail.
+        raise RefusedError(
+            f"{backend.name} needs its API hosts, which only the supervised box can allow: {missing}. "
+            f"To run {backend.name} without the box anyway, set {backend.opt_in}=1 (its own sandbox only)"
+            + ("; --isolation process runs it with no network" if error is None else "")
+        )
     if error is not None:
         raise RefusedError(
             f"no enforceable box on this host: {missing}; and {error}"
