@@ -144,6 +144,10 @@ def locate(workdir: str, fs: FsView) -> tuple[str, str, str] | None:
         if fs.kind(gitdir) != "dir":
             return None
     assert gitdir is not None
+    if not _looks_like_gitdir(fs, gitdir):
+        # Git itself needs HEAD to call it a repository: an empty `.git` is another box's placeholder
+        # (it masks the missing `.git/hooks` of a workdir that is no repository), not a git dir.
+        return None
     common = gitdir
     pointer = _read_pointer(fs, os.path.join(gitdir, "commondir"))
     if pointer:

@@ -424,3 +424,24 @@ def test_no_git_dir_cannot_be_created_in_a_plain_workdir(box: Sandbox, report) -
     report.legit("CREATE-OK" in out and (wd / "src" / "a").exists())
     assert "INIT-REFUSED" in out and "MKDIR-REFUSED" in out and not (wd / ".git").exists(), out
     assert "CREATE-OK" in out, out
+
+
+def test_two_boxes_in_a_workdir_without_git_both_start(box: Sandbox, report) -> None:
+    """The first box masks the missing `.git` with an empty placeholder dir; the second must not take
+    that placeholder for a repository (it used to fail to start, exit 3)."""
+    first = subprocess.Popen([sys.executable, "-m", "relay", "shell", "local", "--quiet", "--prompt",
+                              "touch first-up; while [ ! -e release ]; do sleep 0.05; done"],
+                             cwd=box.workdir, env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (box.workdir / "first-up").exists() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.05)
+        assert (box.workdir / ".git").is_dir(), "the first box masks the missing .git (the setup of this test)"
+        second = box.box("echo SECOND")
+        report.legit(second.returncode == 0 and "SECOND" in second.stdout)
+        assert second.returncode == 0 and "SECOND" in second.stdout, second.stderr
+    finally:
+        (box.workdir / "release").write_text("")
+        first.communicate(timeout=60)
+    assert first.returncode == 0
+    assert not (box.workdir / ".git").exists()  # the placeholder went with the last box
