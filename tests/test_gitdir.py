@@ -79,3 +79,15 @@ def test_gitlinks_in_every_index_version(tmp_path: Path) -> None:
         data = (tmp_path / ".git" / "index").read_bytes()
         assert validate("index", data) is None
         assert gitlinks_in(data) == ["dir/deep/sub", "dir/other"], version
+
+
+def test_an_empty_dot_git_is_no_repository(tmp_path) -> None:  # noqa: ANN001
+    """Another box's placeholder: git needs HEAD to call it a git dir, and so does the planner, or a
+    box planned while the placeholder stood would bind a private git dir that vanishes with it."""
+    from relay.fsplan import FsView
+    from relay.gitdir import locate, plan_git
+
+    (tmp_path / ".git").mkdir()
+    assert locate(str(tmp_path), FsView()) is None and plan_git(str(tmp_path), FsView()) is None
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    assert locate(str(tmp_path), FsView()) is not None
