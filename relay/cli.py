@@ -50,7 +50,7 @@ def contribute(
     `request.argv_override` here is the user's `shell -- CMD ARGS`."""
     command = request.argv_override
     env = dict(os.environ if env is None else env)
-    from .runner import mark
+    from .trace import mark
 
     mark("cli")
     if not os.path.isdir(request.workdir):

@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from . import janitor
 from .container_argv import ContainerRun
 from .errors import RefusedError, RelayError
+from .handshake import release, start_proxy
 from .netns import listen_in
 from .plan import Plan
 from .proxy import EgressProxy
-from .runner import mark, release, start_proxy
 from .seccomp_oci import default_profile, render
+from .trace import mark
 
 START_TIMEOUT = 120.0  # a rootless engine's first run of an image re-maps its layers (seconds)
 

@@ -3,57 +3,27 @@ Everything it does was decided by resolve()."""
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import select
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import agentstate, exitreport, guard, janitor, jobctl, limits, procs, safefs
+from . import agentstate, bwrap_runner, exitreport, guard, janitor, jobctl, limits, process_runner, procs, safefs, trace
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
-from .netns import listen_in
+from .handshake import BoxProcess
 from .paths import config_home, state_dir
 from .placeholders import Registry
-from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan
-from .proxy import DecisionLog, EgressProxy
-from .seccomp_policy import build_filter, compile_to_memfd, policy_for
+from .plan import Plan
+from .proxy import EgressProxy
+from .trace import mark
+from .vocab import MountKind, Tier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .container_runner import ContainerProcess
 
-HANDSHAKE_TIMEOUT = 30.0
-# Benchmark phase marks (perf_counter), written as JSON to $HIVE_RELAY_TRACE when set.
-TRACE: dict[str, float] = {}
-
-
-def mark(name: str) -> None:
-    TRACE[name] = time.perf_counter()
-
-
-def _dump_trace(env: Mapping[str, str]) -> None:
-    path = env.get("HIVE_RELAY_TRACE")
-    if path:
-        try:
-            with open(path, "w") as fh:
-                json.dump(TRACE, fh)
-        except OSError:
-            pass
-HINT = "To allow it: --allow-host {host}:{port} (or add it to your user config)."
-
-
-def box_env(plan: Plan, caller_env: Mapping[str, str]) -> dict[str, str]:
-    """The box's whole environment: fixed values plus allowlisted names copied from the caller."""
-    env = dict(plan.env_set)
-    for name in plan.env_pass:
-        if name in caller_env:
-            env[name] = caller_env[name]
-    return env
 
 
 def _exit_code(returncode: int) -> int:
@@ -108,16 +78,6 @@ def _wait(proc: subprocess.Popen | BoxProcess | ContainerProcess, timeout: int |
             return -1, f"upstream {why}"
 
 
-def _spawn(plan: Plan, env: dict[str, str], setup: Callable[[], None], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-    try:
-        return subprocess.Popen(list(plan.command), env=env, cwd=plan.workdir, pass_fds=pass_fds,
-                                preexec_fn=setup, close_fds=True)
-    except FileNotFoundError:
-        raise RelayError(f"cannot start {plan.command[0]}: not found") from None
-    except subprocess.SubprocessError as err:
-        raise RelayError(f"cannot start the box: {err}") from None
-
-
 def _finish(outcome: str | None, rc: int, plan: Plan) -> int:
     if outcome == "timeout":
         emit([f"hive-relay: timed out after {plan.timeout} s; the box was killed"])
@@ -145,7 +105,7 @@ def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
     """The opt-in path: the CLI alone under its own native sandbox, with a loud banner."""
     emit(banner_lines(plan, caller_env.get("HOME", "")) + note_lines(plan.notes))
     with _Signals(plan.interactive) as sigs:
-        proc = _spawn(plan, dict(caller_env), lambda: None)
+        proc = process_runner.spawn(plan, dict(caller_env), lambda: None)
         try:
             rc, outcome = _wait(proc, plan.timeout, sigs)
         finally:
@@ -163,12 +123,31 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if not quiet:
         emit(banner_lines(plan, caller_env.get("HOME", "")))
     emit(note_lines(plan.notes))
-    process_tier = plan.tier == "process"
-    container = plan.container
-    # Our own cgroups are for local boxes; a container's limits belong to its engine.
-    own_cgroup = container is None and plan.limits.method.startswith("cgroup")
+    state, go_fd = _prepare(plan, caller_env)
+    run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+    own_cgroup = plan.container is None and plan.limits.method.startswith("cgroup")
+    state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
+    box = _Box(plan, caller_env, state, go_fd)
+    try:
+        box.launch_and_wait()
+    finally:
+        messages = box.tear_down()
+    summary = box.proxy.log.summary_lines() if box.proxy is not None else []
+    if box.proxy is not None and box.proxy.log.write_errors:
+        summary.append(f"the egress log could not be fully written ({box.proxy.log.write_errors} errors): {plan.log_path}")
+    messages += exitreport.end(box.watch, plan, caller_env, run_id)
+    emit([f"hive-relay: {line}" for line in summary + messages])
+    return _finish(box.outcome, box.rc, plan)
+
+
+def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> tuple[janitor.RunState, int | None]:
+    """Everything on the host before the box exists: placeholders claimed, guarded files snapshot,
+    the run dir with its private copies, the container's control dir. Returns the run's state and
+    the container's go fd (None for local boxes)."""
     from . import passwd
 
+    process_tier = plan.tier == Tier.PROCESS
+    container = plan.container
     own_passwd = plan.box_uid is not None and passwd.needed(plan.mounts)
     needs_run_dir = (bool(plan.sync_files) or bool(plan.state_dirs) or process_tier or bool(plan.git_excludes)
                      or container is not None or plan.git is not None or own_passwd)
@@ -178,7 +157,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         state.registry = Registry(state_dir(dict(caller_env)))
         try:
             kinds = {m.dst: m.kind for m in plan.mounts}
-            missing = [(p, kinds.get(p) == "mask-dir") for p in plan.placeholders]
+            missing = [(p, kinds.get(p) == MountKind.MASK_DIR) for p in plan.placeholders]
             state.registry.claim(os.getpid(), missing, plan.protected + plan.denied,
                                  bases=(plan.workdir, state.home))
         except OSError as err:
@@ -207,65 +186,70 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
             go_fd = container_runner.prepare(plan)
         except OSError as err:
             raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
-    run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
-    state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
-    use_rlimits = state.cgroup is None
-    nofile = limits.raise_nofile()
-    watch = exitreport.begin(plan)
-    jpid, lifeline = janitor.spawn(state)
-    # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
-    # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
-    reaping = container is None and procs.become_subreaper()
-    keep = procs.children(os.getpid()) if reaping else set()
-    # The caller's terminal as it is now: the box gets it as a job, and its modes come back at the end.
-    job = jobctl.Job()
-    proc = None
-    proxy = None
-    outcome: str | None = None
-    rc = 0
-    try:
+    return state, go_fd
+
+
+class _Box:
+    """One box's life from the janitor's fork to its report: launch by tier, wait, and tear down in
+    the order that makes the host's judgement safe (every box process reaped, then the terminal
+    back, the proxy stopped, and only then the janitor's revert, sync-back and removal)."""
+
+    def __init__(self, plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, go_fd: int | None) -> None:
+        self.plan, self.caller_env, self.state, self.go_fd = plan, caller_env, state, go_fd
+        self.use_rlimits = state.cgroup is None
+        self.nofile = limits.raise_nofile()
+        self.watch = exitreport.begin(plan)
+        self.jpid, self.lifeline = janitor.spawn(state)
+        # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
+        # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
+        self.reaping = plan.container is None and procs.become_subreaper()
+        self.keep = procs.children(os.getpid()) if self.reaping else set()
+        # The caller's terminal as it is now: the box gets it as a job, and its modes come back at the end.
+        self.job = jobctl.Job()
+        self.proc: BoxProcess | ContainerProcess | subprocess.Popen | None = None
+        self.proxy: EgressProxy | None = None
+        self.outcome: str | None = None
+        self.rc = 0
+
+    def launch_and_wait(self) -> None:
+        plan = self.plan
         with _Signals(plan.interactive) as sigs:
-            if process_tier:
-                popen = _spawn(plan, box_env(plan, caller_env), _process_setup(plan, state, use_rlimits, nofile))
-                try:
-                    os.setpgid(popen.pid, popen.pid)
-                except OSError:
-                    pass  # the child did it first, or has already exec'd
-                job.give(popen.pid)
-                proc = BoxProcess(popen.pid, job, popen)
-            elif container is not None and go_fd is not None:
-                proc, proxy = container_runner.start(plan, caller_env, go_fd, lifeline)
+            if plan.tier == Tier.PROCESS:
+                self.proc = process_runner.start(plan, self.caller_env, self.state, self.use_rlimits, self.nofile,
+                                                 self.job)
+            elif plan.container is not None and self.go_fd is not None:
+                from . import container_runner
+
+                self.proc, self.proxy = container_runner.start(plan, self.caller_env, self.go_fd, self.lifeline)
             else:
-                proc, proxy = _start_supervised(plan, caller_env, state, use_rlimits, nofile, lifeline, job)
-            rc, outcome = _wait(proc, plan.timeout, sigs, None if plan.interactive or proxy is None else proxy.gave_up)
+                self.proc, self.proxy = bwrap_runner.start(plan, self.caller_env, self.state, self.use_rlimits,
+                                                           self.nofile, self.lifeline, self.job)
+            give_up = None if plan.interactive or self.proxy is None else self.proxy.gave_up
+            self.rc, self.outcome = _wait(self.proc, plan.timeout, sigs, give_up)
             mark("agent_exited")
-            if outcome is None and sigs.received:
-                outcome = f"signal {sigs.received}"
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if reaping:
+            if self.outcome is None and sigs.received:
+                self.outcome = f"signal {sigs.received}"
+
+    def tear_down(self) -> list[str]:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.reaping:
             # A process-tier daemon (no pid namespace) or bwrap's init must be gone before the guard
             # and the sync-back look at what the box left, or it could write after them.
-            procs.reap_descendants(keep)
-        job.end()
-        if proxy is not None:
-            proxy.stop()
-        if go_fd is not None:
-            os.close(go_fd)
-        messages = janitor.finish(jpid, lifeline)
+            procs.reap_descendants(self.keep)
+        self.job.end()
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.go_fd is not None:
+            os.close(self.go_fd)
+        messages = janitor.finish(self.jpid, self.lifeline)
         mark("torn_down")
         from .logs import prune_after_run
 
-        prune_after_run(plan.log_path)
-        _dump_trace(caller_env)
-    summary = proxy.log.summary_lines() if proxy is not None else []
-    if proxy is not None and proxy.log.write_errors:
-        summary.append(f"the egress log could not be fully written ({proxy.log.write_errors} errors): {plan.log_path}")
-    messages += exitreport.end(watch, plan, caller_env, run_id)
-    emit([f"hive-relay: {line}" for line in summary + messages])
-    return _finish(outcome, rc, plan)
+        prune_after_run(self.plan.log_path)
+        trace.dump(self.caller_env)
+        return messages
 
 
 def _git_excludes(plan: Plan, caller_env: Mapping[str, str]) -> str:
@@ -279,159 +263,3 @@ def _git_excludes(plan: Plan, caller_env: Mapping[str, str]) -> str:
     return (own.rstrip("\n") + "\n" if own else "") + ours + "\n"
 
 
-class BoxProcess:
-    """A Popen-like handle on the bwrap process started with posix_spawn (fixed fds, no fork of us)."""
-
-    def __init__(self, pid: int, job: jobctl.Job | None = None, popen: subprocess.Popen | None = None) -> None:
-        self.pid = pid
-        self.job = job
-        self.popen = popen  # the process tier's Popen, told the status we reaped
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
-            if pid and os.WIFSTOPPED(status):
-                if self.job is not None:
-                    self.job.suspend()  # Ctrl-Z in the box: the caller's shell sees the job stop
-                return None
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-                if self.popen is not None:
-                    self.popen.returncode = self.returncode
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired("bwrap", timeout or 0)
-            time.sleep(0.005)
-        assert self.returncode is not None
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _read_child_pid(info: int, proc: BoxProcess) -> int | None:
-    """bwrap writes {"child-pid": N} on --info-fd once the namespaces exist."""
-    data = b""
-    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([info], [], [], 0.05)
-        if ready:
-            chunk = os.read(info, 4096)
-            data += chunk
-            try:
-                return int(json.loads(data)["child-pid"])
-            except (ValueError, KeyError):
-                if not chunk:
-                    return None
-                continue
-        if proc.poll() is not None:
-            return None
-    raise RelayError("the box did not start within 30 s")
-
-
-def start_proxy(plan: Plan, listener: socket.socket) -> EgressProxy:
-    """The host-side proxy on a listener that lives in the box's network namespace."""
-    proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT)
-    proxy.start()
-    return proxy
-
-
-def release(fd: int, word: bytes) -> None:
-    """Let the waiting box go (bwrap's --block-fd, the container entrypoint's FIFO); a box that
-    already died has closed its end, which is not our error."""
-    try:
-        os.write(fd, word)
-    except OSError:
-        pass
-
-
-def _start_supervised(
-    plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int],
-    lifeline: int, job: jobctl.Job,
-) -> tuple[BoxProcess, EgressProxy | None]:
-    """Spawn bwrap blocked, put it in its cgroup (or rlimits), open the proxy listener in its network
-    namespace, start the proxy, then unblock it: the agent's first request finds the proxy serving."""
-    policy = plan.seccomp_policy or policy_for(nested_userns=False)
-    seccomp_fd = compile_to_memfd(policy)
-    info_r, info_w = os.pipe()
-    block_r, block_w = os.pipe()
-    mark("seccomp_compiled")
-    high = [(target, fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10))
-            for target, fd in ((SECCOMP_FD, seccomp_fd), (INFO_FD, info_w), (BLOCK_FD, block_r))]
-    targets = {target for target, _ in high}
-    # Only 0, 1, 2 and bwrap's own fds reach the box: a directory fd the caller's shell left open
-    # would be a key to the host's filesystem.
-    closes = [(os.POSIX_SPAWN_CLOSE, fd) for fd in procs.inheritable_fds() if fd not in targets]
-    try:
-        pid = os.posix_spawn(plan.command[0], list(plan.command), box_env(plan, caller_env),
-                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high] + closes,
-                             setpgroup=0)
-    except OSError as err:
-        raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
-    finally:
-        for fd in [seccomp_fd, info_w, block_r] + [fd for _, fd in high]:
-            os.close(fd)
-    proc = BoxProcess(pid, job)
-    job.give(pid)  # before the box is released: its first read of the terminal finds it its own
-    janitor.tell(lifeline, pid)
-    proxy = None
-    try:
-        mark("spawned")
-        child = _read_child_pid(info_r, proc)
-        if child is None:
-            return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
-        janitor.tell(lifeline, child)
-        if state.cgroup is not None:
-            # The box's init only: all the box will ever run descends from it, still blocked. bwrap's
-            # monitor outside stays where we are (each cgroup-v1 move costs milliseconds of launch).
-            try:
-                limits.join(state.cgroup, child)
-            except ProcessLookupError:
-                if proc.poll() is not None:
-                    return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
-                raise
-        limits.apply_to(child, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
-        if plan.proxy_listen:
-            try:
-                listener = listen_in(child, plan.proxy_listen, join_userns=os.getuid() != 0)
-            except OSError as err:
-                if proc.poll() is not None:
-                    return proc, None
-                raise RelayError(str(err)) from None
-            mark("box_ready")
-            proxy = start_proxy(plan, listener)
-        mark("proxy_started")
-        release(block_w, b"x")
-    finally:
-        os.close(block_w)
-        os.close(info_r)
-    return proc, proxy
-
-
-def _process_setup(plan: Plan, state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int]) -> Callable[[], None]:
-    """The process tier's in-child setup: limits, then Landlock, then seccomp, then exec."""
-    from . import landlock
-    from .probe import _landlock_abi
-
-    abi = _landlock_abi()
-    read = [p for p, mode in plan.fs_rules if mode == "ro"]
-    write = [p for p, mode in plan.fs_rules if mode == "rw"]
-    flt = build_filter(plan.seccomp_policy or policy_for(nested_userns=False, deny_network=True))
-
-    def setup() -> None:
-        jobctl.child_takes_terminal()
-        limits.child_setup(state.cgroup, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
-        landlock.die_with_parent()
-        landlock.apply(read, write, abi, deny_network=True)
-        flt.load()
-
-    return setup

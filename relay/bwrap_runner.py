@@ -1,0 +1,82 @@
+"""The supervised tier: bubblewrap started blocked with posix_spawn (fixed fds, its own process
+group), put in its cgroup or rlimits, the proxy listener opened in its network namespace, then
+released, so the agent's first request finds the proxy serving."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Mapping
+
+from . import janitor, jobctl, limits, procs
+from .errors import RelayError
+from .handshake import BoxProcess, box_env, read_child_pid, release, start_proxy
+from .netns import listen_in
+from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan
+from .proxy import EgressProxy
+from .seccomp_policy import compile_to_memfd
+from .trace import mark
+
+
+def start(
+    plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int],
+    lifeline: int, job: jobctl.Job,
+) -> tuple[BoxProcess, EgressProxy | None]:
+    """Spawn bwrap blocked, put it in its cgroup (or rlimits), open the proxy listener in its network
+    namespace, start the proxy, then unblock it: the agent's first request finds the proxy serving."""
+    # Never a silent default: a plan for this tier always carries its filter.
+    assert plan.seccomp_policy is not None, "a supervised plan without its seccomp policy"
+    seccomp_fd = compile_to_memfd(plan.seccomp_policy)
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    mark("seccomp_compiled")
+    high = [(target, fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10))
+            for target, fd in ((SECCOMP_FD, seccomp_fd), (INFO_FD, info_w), (BLOCK_FD, block_r))]
+    targets = {target for target, _ in high}
+    # Only 0, 1, 2 and bwrap's own fds reach the box: a directory fd the caller's shell left open
+    # would be a key to the host's filesystem.
+    closes = [(os.POSIX_SPAWN_CLOSE, fd) for fd in procs.inheritable_fds() if fd not in targets]
+    try:
+        pid = os.posix_spawn(plan.command[0], list(plan.command), box_env(plan, caller_env),
+                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high] + closes,
+                             setpgroup=0)
+    except OSError as err:
+        raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
+    finally:
+        for fd in [seccomp_fd, info_w, block_r] + [fd for _, fd in high]:
+            os.close(fd)
+    proc = BoxProcess(pid, job)
+    job.give(pid)  # before the box is released: its first read of the terminal finds it its own
+    janitor.tell(lifeline, pid)
+    proxy = None
+    try:
+        mark("spawned")
+        child = read_child_pid(info_r, proc)
+        if child is None:
+            return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
+        janitor.tell(lifeline, child)
+        if state.cgroup is not None:
+            # The box's init only: all the box will ever run descends from it, still blocked. bwrap's
+            # monitor outside stays where we are (each cgroup-v1 move costs milliseconds of launch).
+            try:
+                limits.join(state.cgroup, child)
+            except ProcessLookupError:
+                if proc.poll() is not None:
+                    return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
+                raise
+        limits.apply_to(child, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
+        if plan.proxy_listen:
+            try:
+                listener = listen_in(child, plan.proxy_listen, join_userns=os.getuid() != 0)
+            except OSError as err:
+                if proc.poll() is not None:
+                    return proc, None
+                raise RelayError(str(err)) from None
+            mark("box_ready")
+            proxy = start_proxy(plan, listener)
+        mark("proxy_started")
+        release(block_w, b"x")
+    finally:
+        os.close(block_w)
+        os.close(info_r)
+    return proc, proxy

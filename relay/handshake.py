@@ -1,0 +1,107 @@
+"""The box-start handshake shared by every runner: the handle on a box process, bwrap's child pid
+from --info-fd, the release of a blocked box, the box's environment and the host-side proxy on a
+listener that lives in the box's network namespace. The bwrap, process-tier and container runners
+use these; none of them imports another runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+
+from . import jobctl
+from .errors import RelayError
+from .plan import Plan
+from .proxy import DecisionLog, EgressProxy
+
+HANDSHAKE_TIMEOUT = 30.0
+HINT = "To allow it: --allow-host {host}:{port} (or add it to your user config)."
+
+
+def box_env(plan: Plan, caller_env: Mapping[str, str]) -> dict[str, str]:
+    """The box's whole environment: fixed values plus allowlisted names copied from the caller."""
+    env = dict(plan.env_set)
+    for name in plan.env_pass:
+        if name in caller_env:
+            env[name] = caller_env[name]
+    return env
+
+
+class BoxProcess:
+    """A Popen-like handle on the bwrap process started with posix_spawn (fixed fds, no fork of us)."""
+
+    def __init__(self, pid: int, job: jobctl.Job | None = None, popen: subprocess.Popen | None = None) -> None:
+        self.pid = pid
+        self.job = job
+        self.popen = popen  # the process tier's Popen, told the status we reaped
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
+            if pid and os.WIFSTOPPED(status):
+                if self.job is not None:
+                    self.job.suspend()  # Ctrl-Z in the box: the caller's shell sees the job stop
+                return None
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                if self.popen is not None:
+                    self.popen.returncode = self.returncode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired("bwrap", timeout or 0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def read_child_pid(info: int, proc: BoxProcess) -> int | None:
+    """bwrap writes {"child-pid": N} on --info-fd once the namespaces exist."""
+    data = b""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([info], [], [], 0.05)
+        if ready:
+            chunk = os.read(info, 4096)
+            data += chunk
+            try:
+                return int(json.loads(data)["child-pid"])
+            except (ValueError, KeyError):
+                if not chunk:
+                    return None
+                continue
+        if proc.poll() is not None:
+            return None
+    raise RelayError("the box did not start within 30 s")
+
+
+def start_proxy(plan: Plan, listener: socket.socket) -> EgressProxy:
+    """The host-side proxy on a listener that lives in the box's network namespace."""
+    proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT)
+    proxy.start()
+    return proxy
+
+
+def release(fd: int, word: bytes) -> None:
+    """Let the waiting box go (bwrap's --block-fd, the container entrypoint's FIFO); a box that
+    already died has closed its end, which is not our error."""
+    try:
+        os.write(fd, word)
+    except OSError:
+        pass
