@@ -389,7 +389,7 @@ def _credentials(d: _Draft) -> None:
             d.notes.append(f"credentials: in box for route {route.name}: {own[0]} is set, so the key goes where it "
                            f"points, not through the proxy; fix: unset {own[0]} to keep the key on the host")
             continue
-        d.routes.append(route)
+        d.routes.append(replace(route, secret_env=tuple(n for n in route.secret_env if n in passable)))
         d.withheld.update(route.secret_env)
         render = {"{url}": url, "{placeholder}": CREDENTIAL_PLACEHOLDER}
         for name, template in route.box_env:
