@@ -113,8 +113,15 @@ def exchange(port: int, data: bytes, wait: float = 5.0) -> bytes:
         return out
 
 
-def entries(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+def entries(log: Path, at_least: int = 1) -> list[dict]:
+    """The log's lines, once `at_least` are there (the proxy writes a route's line right after the
+    client has its answer, so a test may read first)."""
+    deadline = time.monotonic() + 3
+    while True:
+        lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        if len(lines) >= at_least or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.02)
 
 
 POST = (b"POST /anthropic/v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:3128\r\nx-api-key: " + PLACEHOLDER.encode()
