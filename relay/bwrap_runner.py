@@ -73,7 +73,7 @@ def start(
                     return proc, None
                 raise RelayError(str(err)) from None
             mark("box_ready")
-            proxy = start_proxy(plan, listener)
+            proxy = start_proxy(plan, listener, caller_env)
         mark("proxy_started")
         release(block_w, b"x")
     finally:

@@ -33,6 +33,29 @@ _PLACEHOLDERS = {"{prompt}", "{shell}", "{workdir}"}
 MAX_CONFIG_BYTES = 1 << 20
 
 
+SENDS = ("x-api-key", "authorization-bearer", "x-goog-api-key")
+ROUTE_PLACEHOLDERS = {"{url}", "{placeholder}"}
+
+
+@dataclass(frozen=True)
+class CredentialRoute:
+    """A backend's API key kept on the host: the box talks plain HTTP to the proxy at
+    `http://127.0.0.1:3128/<name>`, and the proxy re-originates TLS to `upstream` with the real key.
+
+    `secret_env`: the host's variables holding the key, first set one wins (never passed into the box);
+    `upstream`: host and port, the only place the key is ever sent; `send`: how (one of SENDS);
+    `box_env`: variables set in the box (`{url}` the route's base URL, `{placeholder}` a fixed non-secret);
+    `box_args`: argv added after the native flags (same placeholders)."""
+
+    name: str
+    secret_env: tuple[str, ...]
+    upstream_host: str
+    upstream_port: int
+    send: str
+    box_env: tuple[tuple[str, str], ...] = ()
+    box_args: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Backend:
     """One agent CLI as the matrix describes it; all paths still in `~/…` form."""
@@ -56,6 +79,7 @@ class Backend:
     nested_userns: bool = False
     home_guard: tuple[str, ...] = ()
     home_keep: tuple[str, ...] = ()
+    credentials: tuple[CredentialRoute, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -231,8 +255,58 @@ def _section(value: Any, where: _Where, key: str, allowed: set[str]) -> dict[str
 
 BACKEND_KEYS = {
     "description", "command", "prompt_command", "install", "home", "egress",
-    "env", "native", "deny", "opt_in", "nested_userns",
+    "env", "native", "deny", "opt_in", "nested_userns", "credentials",
 }
+ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args"}
+_ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+
+
+def _route_template(value: str, where: _Where, key: str) -> str:
+    for found in re.findall(r"\{[a-z_]+\}", value):
+        if found not in ROUTE_PLACEHOLDERS:
+            raise where.fail(key, f"unknown placeholder {found}", f"use one of {sorted(ROUTE_PLACEHOLDERS)}")
+    return value
+
+
+def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[CredentialRoute, ...]:
+    """`credentials: {ROUTE: {secret_env, upstream, send, box_env, box_args}}`, strictly."""
+    routes = []
+    for name, raw in _mapping(value, where, "credentials").items():
+        key = f"credentials.{name}"
+        if not _ROUTE_NAME.fullmatch(name):
+            raise where.fail(key, f"{name!r} is not a route name", "use lowercase letters, digits, '-'")
+        data = _section(raw, where, key, ROUTE_KEYS)
+        for required in ("secret_env", "upstream", "send"):
+            if required not in data:
+                raise where.fail(f"{key}.{required}", "missing", f"add {required}")
+        secret_env = _env_names(data["secret_env"], where, f"{key}.secret_env")
+        if not secret_env:
+            raise where.fail(f"{key}.secret_env", "no variable named", "list the host variables holding the key")
+        missing = [n for n in secret_env if n not in env_pass]
+        if missing:
+            raise where.fail(f"{key}.secret_env", f"{', '.join(missing)} not in env.pass",
+                             "list each secret variable in env.pass too (a repo that drops it there drops the route's use of it)")
+        upstream = _str(data["upstream"], where, f"{key}.upstream")
+        try:
+            rule = parse_rule(upstream)
+        except UsageError as err:
+            raise where.fail(f"{key}.upstream", str(err).removeprefix("--allow-host "), "write NAME:PORT") from None
+        if rule.port is None or rule.pin_addr is not None or rule.wildcard or rule.is_ip:
+            raise where.fail(f"{key}.upstream", f"{upstream!r} is not one host name with a port",
+                             "write e.g. api.anthropic.com:443 (pin it with --allow-host, never here)")
+        send = _str(data["send"], where, f"{key}.send")
+        if send not in SENDS:
+            raise where.fail(f"{key}.send", f"unknown way {send!r}", f"use one of {', '.join(SENDS)}")
+        box_env = _env_map(data.get("box_env", {}), where, f"{key}.box_env")
+        box_env = tuple((n, _route_template(v, where, f"{key}.box_env.{n}")) for n, v in box_env)
+        clash = [n for n, _ in box_env if n in secret_env and "{placeholder}" not in dict(box_env)[n]]
+        if clash:
+            raise where.fail(f"{key}.box_env", f"{clash[0]} is a secret variable set to something else than the placeholder",
+                             "set it to '{placeholder}' or leave it out")
+        box_args = tuple(_route_template(a, where, f"{key}.box_args")
+                         for a in _str_list(data.get("box_args", []), where, f"{key}.box_args"))
+        routes.append(CredentialRoute(str(name), secret_env, rule.name, rule.port, send, box_env, box_args))
+    return tuple(routes)
 
 
 def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> Backend:
@@ -291,6 +365,9 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
         values["opt_in"] = opt
     if "nested_userns" in data:
         values["nested_userns"] = _bool(data["nested_userns"], where, "nested_userns")
+    if "credentials" in data:
+        env_pass = values.get("env_pass", base.env_pass if base is not None else ())
+        values["credentials"] = _credentials(data["credentials"], where, env_pass)
     if base is not None:
         return replace(base, **values)
     defaults: dict[str, Any] = {
@@ -485,6 +562,9 @@ REPO_MAY_ADD = ("deny",)  # result ⊇ base: every added deny entry narrows the 
 # A repo may repeat base entries, but not add one (the host would touch a path the repo chose)
 # and not drop one (a settings file left unguarded is wider).
 REPO_KEEPS = ("home_guard",)
+# credentials (the key routes) are in none of these lists: a repo cannot add, change or drop a route
+# (dropping one would put the real key back into the box). It can only withhold a key from both the
+# box and the proxy, by narrowing env.pass.
 
 
 def _yaml_key(field: str) -> str:

@@ -119,7 +119,7 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) 
                     raise RefusedError(f"{err}: a docker container's network namespace belongs to the daemon's "
                                        "root; fix: use podman (rootless works), or run as root") from None
                 raise RelayError(str(err)) from None
-            proxy = start_proxy(plan, listener)
+            proxy = start_proxy(plan, listener, caller_env)
     except BaseException:
         # The caller never gets `proc`, so it cannot remove the container: do it here.
         proc.kill()

@@ -13,7 +13,8 @@ Two questions, one function each, both pure (no socket, no DNS, no clock):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from .errors import RefusedError
 from .hosts import HostRule, _is_ip, find_rule, is_internal_address, is_unspecified_target, parse_rule
 
 if TYPE_CHECKING:
-    from .config import Backend
+    from .config import Backend, CredentialRoute
     from .profiles import Profile
 
 NOT_LISTED = "not in the egress allowlist"
@@ -115,3 +116,49 @@ def decide(rules: Sequence[HostRule], host: str, port: int, resolved: Sequence[s
     if unspecified:
         return Decision(False, host, port, f"{unspecified[0]} is never a connect target (it reaches the host itself)")
     return decision
+
+
+# Credential routes (config.CredentialRoute): the box's CLI talks plain HTTP to the proxy at
+# `/<route>/...`; the proxy sends the request to the route's one upstream with the real key.
+# Every header that can carry an API key is dropped from what the client sent, whatever the route.
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization"})
+_KEY_VALUE = re.compile(r"[\x21-\x7e]{1,4096}")
+
+
+@dataclass(frozen=True)
+class RouteMatch:
+    """Which route an origin-form target names, and the path to request upstream; or why none."""
+
+    route: CredentialRoute | None
+    path: str = ""
+    reason: str = ""
+
+
+def match_route(routes: Sequence[CredentialRoute], target: str) -> RouteMatch:
+    """`/<route>/rest?q` → (the route named, `/rest?q`). The first path segment is the route name,
+    exactly; anything else (no such route, a target that is not a path) matches none."""
+    if not target.startswith("/"):
+        return RouteMatch(None, reason="not a path")
+    name, slash, rest = target[1:].partition("/")
+    name, q, query = name.partition("?")
+    for route in routes:
+        if route.name == name:
+            path = "/" + rest if slash else "/"
+            return RouteMatch(route, path + (q + query if q else ""))
+    known = ", ".join("/" + r.name for r in routes) or "none"
+    return RouteMatch(None, reason=f"no credential route /{name[:40]} (this box has: {known})")
+
+
+def credential_header(route: CredentialRoute, key: str) -> tuple[str, str]:
+    """The header that carries `key` on `route`. A key that is not one printable token (a newline in
+    it would start a second header, or a second request) raises ValueError, which never names it."""
+    if not _KEY_VALUE.fullmatch(key):
+        raise ValueError(f"the key for route {route.name} is not a single printable token")
+    if route.send == "authorization-bearer":
+        return "Authorization", f"Bearer {key}"
+    return route.send, key
+
+
+def route_key(route: CredentialRoute, env: Mapping[str, str]) -> str | None:
+    """The route's key from the launcher's environment: the first of its variables that is set."""
+    return next((env[n] for n in route.secret_env if env.get(n)), None)

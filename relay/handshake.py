@@ -14,7 +14,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from . import jobctl
+from . import egress, jobctl
 from .errors import RelayError
 from .plan import Plan
 from .proxy import DecisionLog, EgressProxy
@@ -91,9 +91,19 @@ def read_child_pid(info: int, proc: BoxProcess) -> int | None:
     raise RelayError("the box did not start within 30 s")
 
 
-def start_proxy(plan: Plan, listener: socket.socket) -> EgressProxy:
-    """The host-side proxy on a listener that lives in the box's network namespace."""
-    proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT)
+def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, str]) -> EgressProxy:
+    """The host-side proxy on a listener that lives in the box's network namespace. The plan's
+    credential routes get their keys from the caller's environment here, and only here: a key is
+    held by the proxy, never in the plan, the box's environment, an argv or a log."""
+    keys = {r.name: key for r in plan.credentials if (key := egress.route_key(r, caller_env)) is not None}
+    tls = None
+    if plan.credentials:
+        import ssl  # here, not at the top: only a run with a credential route pays for it
+
+        # The system store, or the launcher's SSL_CERT_FILE (a corporate CA, a test CA): never unverified.
+        tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
+    proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
+                        routes=plan.credentials, keys=keys, tls=tls)
     proxy.start()
     return proxy
 

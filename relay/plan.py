@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from . import bwrap_argv, container_argv
-from .config import Backend, Matrix
+from .config import Backend, CredentialRoute, Matrix
 from .container_argv import ContainerRun
 from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
@@ -42,6 +42,8 @@ DEFAULT_TIMEOUT = 1800
 MODES = ("local", "container")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 BOX_GIT_EXCLUDES = "/run/hive-relay/git-excludes"
+# What the box holds instead of a key the proxy injects: fixed, public, the same for every route.
+CREDENTIAL_PLACEHOLDER = "hive-relay-placeholder"
 
 
 
@@ -102,6 +104,8 @@ class Plan:
     git: GitPlan | None = None  # the workdir's git dir by allowlist (relay/gitdir.py)
     notes: tuple[str, ...] = field(default=())
     rules: tuple[HostRule, ...] = ()  # egress.allowed_rules: handed to the proxy as is; `egress` is their text
+    # Keys injected by the proxy (config.CredentialRoute): names of the host variables, never values.
+    credentials: tuple[CredentialRoute, ...] = ()
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -110,7 +114,14 @@ class Plan:
         data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
         data["command_line"] = shlex.join(self.command)
         data["egress_rules"] = explain(self.rules)
+        data["credentials"] = [route_json(r) for r in self.credentials]
         return data
+
+
+def route_json(route: CredentialRoute) -> dict:
+    """A route as the plan shows it: where the key goes and how, and which variables it comes from."""
+    return {"route": route.name, "upstream": f"{route.upstream_host}:{route.upstream_port}", "send": route.send,
+            "from": list(route.secret_env), "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
 
 
 def _expand_argv(template: tuple[str, ...], *, prompt: str | None, shell: str, workdir: str) -> list[str]:
@@ -208,6 +219,9 @@ class _Draft:
     git_excludes: tuple[str, ...] = ()
     env_set: dict[str, str] = field(default_factory=dict)
     env_pass: tuple[str, ...] = ()
+    routes: list[CredentialRoute] = field(default_factory=list)
+    route_env: dict[str, str] = field(default_factory=dict)
+    withheld: set[str] = field(default_factory=set)
     limits: Limits | None = None
     command: list[str] = field(default_factory=list)
     fs_rules: tuple[tuple[str, str], ...] = ()
@@ -253,6 +267,7 @@ def resolve(
     _refuse_workdir(d)
     _home_grants(d)
     _agent(d)
+    _credentials(d)
     _git(d)
     _filesystem(d)
     _environment(d)
@@ -357,6 +372,38 @@ def _agent(d: _Draft) -> None:
         d.extra_binds.append(Mount(MountKind.RO_BIND, install_dir, install_dir))
 
 
+def _credentials(d: _Draft) -> None:
+    """The backend's credential routes this run uses: those whose key is set in the caller's
+    environment (under a name the box would get). A used route's key variables are withheld from
+    the box, which gets the placeholder and the proxy's URL instead; the proxy adds the key.
+    A key the caller pointed elsewhere (its base-URL variable set) stays in the box, and says so."""
+    if not (d.profile.network and d.profile.backend_home) or d.tier == Tier.PROCESS:
+        return
+    passable = set(_env_names(d.profile, d.backend, d.env))
+    for route in d.backend.credentials:
+        if not any(d.env.get(n) for n in route.secret_env if n in passable):
+            continue
+        url = f"http://{PROXY_LISTEN}/{route.name}"
+        own = [n for n, _ in route.box_env if n not in route.secret_env and d.env.get(n) and n in passable]
+        if own:
+            d.notes.append(f"credentials: in box for route {route.name}: {own[0]} is set, so the key goes where it "
+                           f"points, not through the proxy; fix: unset {own[0]} to keep the key on the host")
+            continue
+        d.routes.append(replace(route, secret_env=tuple(n for n in route.secret_env if n in passable)))
+        d.withheld.update(route.secret_env)
+        render = {"{url}": url, "{placeholder}": CREDENTIAL_PLACEHOLDER}
+        for name, template in route.box_env:
+            d.route_env[name] = _render(template, render)
+        if d.request.argv_override is None and route.box_args:
+            d.argv[1:1] = [_render(a, render) for a in route.box_args]
+
+
+def _render(template: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        template = template.replace(key, value)
+    return template
+
+
 def _git(d: _Draft) -> None:
     """Write protections inside the workdir, and its git dir by allowlist (bwrap and container)."""
     d.protected = protected_paths(d.workdir) + nested_git_paths(d.workdir, d.fs)
@@ -416,7 +463,7 @@ def _environment(d: _Draft) -> None:
     """What the box's environment sets, and which caller variables pass by name; the limits."""
     profile, env = d.profile, d.env
     env_set: dict[str, str] = {"HOME": d.home, "TMPDIR": "/tmp", "HIVE_RELAY": "1", "HIVE_RELAY_BACKEND": d.backend.name}
-    env_pass = _env_names(profile, d.backend, env)
+    env_pass = tuple(n for n in _env_names(profile, d.backend, env) if n not in d.withheld)
     if d.tier == Tier.CONTAINER:
         caller_path = env.get("PATH") if "PATH" in env_pass else None
         env_set["PATH"] = container_argv.IMAGE_PATH + (f":{caller_path}" if caller_path else "")
@@ -425,6 +472,7 @@ def _environment(d: _Draft) -> None:
     env_pass = tuple(n for n in env_pass if n != "PATH")
     if profile.backend_home:
         env_set.update(dict(d.backend.env_set))
+    env_set.update(d.route_env)
     if d.git_excludes:
         env_set.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.excludesFile", GIT_CONFIG_VALUE_0=BOX_GIT_EXCLUDES)
     if profile.network:
@@ -502,6 +550,8 @@ def _plan(d: _Draft) -> Plan:
         "protected": fsplan.protected, "egress": egress, "env": sorted(d.env_pass), "limits": asdict(d.limits),
         "seccomp": seccomp.summary(), "fs_rules": d.fs_rules,
     }
+    if d.routes:
+        policy["credentials"] = [route_json(r) for r in d.routes]
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(d.now))
     log_path = os.path.join(state_dir(d.env), "logs", f"{stamp}-{d.backend.name}-{d.request.run_id or 'dry'}.jsonl")
     return Plan(
@@ -517,7 +567,7 @@ def _plan(d: _Draft) -> Plan:
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
-        notes=tuple(d.notes),
+        notes=tuple(d.notes), credentials=tuple(d.routes),
     )
 
 

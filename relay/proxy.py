@@ -23,13 +23,19 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from . import egress, safefs
 from .egress import NOT_LISTED, Decision
 from .errors import UsageError
 from .hosts import HostRule, _fmt_hostport, normalize_host, split_hostport
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import ssl  # at run time only when a credential route is used (importing it costs ~5 ms per launch)
+
+    from .config import CredentialRoute
 
 MAX_HEAD = 32 * 1024
 HEAD_TIMEOUT = 30.0  # a whole request head must arrive within this, however it trickles in
@@ -72,8 +78,10 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class Request:
-    """A parsed request head. `head` is the canonical head to send upstream (None for CONNECT);
-    `framing` is "none", "length" (with `length`) or "chunked"."""
+    """A parsed request head. `head` is the canonical head to send upstream (None for CONNECT, and for an
+    origin-form request, whose head `route_head` builds once its route is known); `framing` is "none",
+    "length" (with `length`) or "chunked". An origin-form request (`origin`, target `path`) is a box's
+    CLI talking to its credential route `http://127.0.0.1:3128/<route>/...` as if the proxy were the API."""
 
     method: str
     host: str
@@ -82,6 +90,10 @@ class Request:
     framing: str = "none"
     length: int = 0
     expect_continue: bool = False
+    origin: bool = False
+    path: str = ""
+    version: str = "HTTP/1.1"
+    kept: tuple[str, ...] = ()
 
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -113,19 +125,23 @@ def parse_head(head: bytes) -> Request:
         if port is None:
             raise RequestError("CONNECT target needs host:port")
         return Request(method, _norm(host), port, None)
-    scheme, sep, rest = target.partition("://")
-    if not sep or scheme.lower() != "http":
-        raise RequestError("only absolute http:// URIs (or CONNECT) are proxied")
-    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
-    authority, path = rest[:cut], rest[cut:].partition("#")[0]
-    if "@" in authority:
-        raise RequestError("credentials in the URI are not allowed")
-    try:
-        host, port = split_hostport(authority, authority)
-    except UsageError:
-        raise RequestError("bad host in URI") from None
-    host, port = _norm(host), port or 80
-    path = path if path.startswith("/") else "/" + path
+    origin = target.startswith("/")
+    if origin:
+        host, port, path = "-", 0, target.partition("#")[0]
+    else:
+        scheme, sep, rest = target.partition("://")
+        if not sep or scheme.lower() != "http":
+            raise RequestError("only absolute http:// URIs (or CONNECT) are proxied")
+        cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+        authority, path = rest[:cut], rest[cut:].partition("#")[0]
+        if "@" in authority:
+            raise RequestError("credentials in the URI are not allowed")
+        try:
+            host, port = split_hostport(authority, authority)
+        except UsageError:
+            raise RequestError("bad host in URI") from None
+        host, port = _norm(host), port or 80
+        path = path if path.startswith("/") else "/" + path
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
         if "\r" in line or "\n" in line:
@@ -158,6 +174,8 @@ def parse_head(head: bytes) -> Request:
     expects = values("expect")
     if expects and [e.lower() for e in expects] != ["100-continue"]:
         raise RequestError("unsupported Expect", host, port)
+    if origin and len(values("host")) > 1:
+        raise RequestError("more than one Host header", host, port)
     listed = {t.strip().lower() for v in values("connection") for t in v.split(",")}
     kept = [f"{n}: {v}" for n, v in headers
             if n.lower() not in _DROPPED and n.lower() not in listed and not n.lower().startswith("proxy-")]
@@ -165,9 +183,21 @@ def parse_head(head: bytes) -> Request:
         kept.append("Transfer-Encoding: chunked")
     elif framing == "length":
         kept.append(f"Content-Length: {length}")
+    if origin:
+        return Request(method, host, port, None, framing, length, bool(expects), True, path, version, tuple(kept))
     authority = _fmt_hostport(host, None if port == 80 else port)
     out = "\r\n".join([f"{method} {path} {version}", f"Host: {authority}", *kept, "Connection: close", "", ""])
     return Request(method, host, port, out.encode("latin-1"), framing, length, bool(expects))
+
+
+def route_head(req: Request, path: str, host: str, port: int, credential: tuple[str, str]) -> bytes:
+    """The head an origin-form request goes upstream with: its path on the route's host, every
+    credential header the client sent dropped, then the real one added."""
+    authority = _fmt_hostport(host, None if port == 443 else port)
+    kept = [line for line in req.kept if line.partition(":")[0].strip().lower() not in egress.CREDENTIAL_HEADERS]
+    out = "\r\n".join([f"{req.method} {path} {req.version}", f"Host: {authority}", *kept,
+                        f"{credential[0]}: {credential[1]}", "Connection: close", "", ""])
+    return out.encode("latin-1")
 
 
 class Body:
@@ -320,12 +350,15 @@ class DecisionLog:
         self.truncated = 0
         self._opened = False  # opened on the first decision: a run without traffic leaves no empty log
 
-    def record(self, decision: Decision, method: str) -> None:
+    def record(self, decision: Decision, method: str, extra: Mapping[str, object] | None = None) -> None:
+        """One line; `extra` (a credential route's name, path and status) is added to it. Never a key."""
         entry = {
             "time": round(time.time(), 3), "backend": self.backend, "host": decision.host,
             "port": decision.port, "method": method,
             "decision": decision.kind, "reason": decision.reason,
         }
+        if extra:
+            entry.update(extra)
         if decision.unreachable:
             entry["cause"] = decision.cause
         with self.lock:
@@ -432,6 +465,58 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+_RESPONSE_DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection"})
+
+
+def _relay_response(upstream: socket.socket, client: socket.socket) -> int:
+    """Relay one response from a TLS upstream (splice cannot see through TLS): its head read boundedly
+    and sent with `Connection: close` (one request per connection), interim 1xx heads passed on, then
+    the body as it arrives, in small reads, so an SSE stream flows. Redirects are the client's to
+    follow, through the proxy, without the key. Returns the status (0: no valid answer, 502 sent)."""
+    buf, status = b"", 0
+    try:
+        upstream.settimeout(HEAD_TIMEOUT)
+        for _ in range(8):
+            while b"\r\n\r\n" not in buf and len(buf) <= MAX_HEAD:
+                data = upstream.recv(65536)
+                if not data:
+                    break
+                buf += data
+            head, sep, buf = buf.partition(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            parts = lines[0].split(b" ", 2)
+            if (not sep or len(head) > MAX_HEAD or len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0")
+                    or not (parts[1].isdigit() and len(parts[1]) == 3)):
+                _answer(client, _response("502 Bad Gateway", "-", 0, "the upstream sent no valid response head", ""))
+                return 0
+            status = int(parts[1])
+            if 100 <= status < 200 and status != 101:
+                client.sendall(head + b"\r\n\r\n")
+                continue
+            listed = {t.strip().lower() for line in lines[1:] if line.partition(b":")[0].strip().lower() == b"connection"
+                      for t in line.partition(b":")[2].split(b",")}
+            kept = [line for line in lines[1:]
+                    if line.partition(b":")[0].strip().lower() not in _RESPONSE_DROPPED | listed]
+            client.sendall(b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""]) + buf)
+            break
+        else:
+            _answer(client, _response("502 Bad Gateway", "-", 0, "too many interim responses", ""))
+            return 0
+        upstream.settimeout(None)
+        while True:
+            data = upstream.recv(65536)
+            if not data:
+                break
+            client.sendall(data)
+    except OSError:
+        pass
+    try:
+        client.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    return status
 
 
 def _answer(client: socket.socket, response: bytes) -> None:
@@ -565,8 +650,14 @@ class EgressProxy:
         head_timeout: float = HEAD_TIMEOUT,
         notify: Callable[[str], None] | None = _stderr_line,
         watch: UpstreamWatch | None = None,
+        routes: tuple[CredentialRoute, ...] = (),
+        keys: Mapping[str, str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.listener = listener
+        self.routes = routes
+        self.keys = dict(keys or {})  # route name -> its key; only ever written into that route's upstream head
+        self.tls = tls
         self.watch = watch or UpstreamWatch(notify)
         self.rules = rules
         self.log = log
@@ -747,12 +838,16 @@ class EgressProxy:
         try:
             try:
                 req = parse_head(head[:-4])
-                body = Body(req) if req.head is not None else None
+                body = Body(req) if req.method != "CONNECT" else None
                 first = body.feed(rest) if body is not None else rest
             except RequestError as err:
                 self.log.record(Decision(False, err.host, err.port, f"bad request: {err}"), head.split(b" ", 1)[0][:16].decode("latin-1"))
                 _answer(client, _response("400 Bad Request", err.host, err.port, str(err),
                                           "Use CONNECT host:port or one plain http:// request per connection."))
+                return
+            if req.origin:
+                assert body is not None
+                upstream = self._serve_route(client, req, body, first)
                 return
             host, port, method = req.host, req.port, req.method
             decision = decide(self.rules, host, port, self.resolver)
@@ -763,16 +858,8 @@ class EgressProxy:
                 else:
                     self.watch.ok(host, port)
             self.log.record(decision, method)
-            if decision.unreachable:
-                self.watch.failed(host, port, decision.cause)
-                status = "504 Gateway Timeout" if decision.cause == "timed out" else "502 Bad Gateway"
-                _answer(client, _response(status, host, port, decision.reason,
-                                          f"{host}:{port} is allowed, but this machine cannot reach it: "
-                                          f"{LIKELY.get(decision.cause, LIKELY['failed'])}", header="Unreachable"))
-                return
             if not decision.allowed:
-                hint = self.hint.format(host=host, port=port) if decision.reason == NOT_LISTED else ""
-                _answer(client, _response("403 Forbidden", host, port, decision.reason, hint))
+                self._refuse(client, decision)
                 return
             assert upstream is not None
             if body is None:
@@ -791,7 +878,83 @@ class EgressProxy:
         finally:
             self._close(client, upstream)
 
-    def _forward(self, client: socket.socket, upstream: socket.socket, req: Request, body: Body, first: bytes) -> None:
+    def _refuse(self, client: socket.socket, decision: Decision) -> None:
+        """Answer a request the policy denied (403) or could not serve (502/504), with the reason."""
+        host, port = decision.host, decision.port
+        if decision.unreachable:
+            self.watch.failed(host, port, decision.cause)
+            status = "504 Gateway Timeout" if decision.cause == "timed out" else "502 Bad Gateway"
+            _answer(client, _response(status, host, port, decision.reason,
+                                      f"{host}:{port} is allowed, but this machine cannot reach it: "
+                                      f"{LIKELY.get(decision.cause, LIKELY['failed'])}", header="Unreachable"))
+            return
+        hint = self.hint.format(host=host, port=port) if decision.reason == NOT_LISTED else ""
+        _answer(client, _response("403 Forbidden", host, port, decision.reason, hint))
+
+    def _serve_route(self, client: socket.socket, req: Request, body: Body, first: bytes) -> socket.socket | None:
+        """An origin-form request to `/<route>/...`: to the route's one upstream (as the egress policy
+        pins it), over TLS verified for that name, with the client's credential headers replaced by the
+        real key; the response streamed back. Returns the upstream socket (closed by the caller)."""
+        match = egress.match_route(self.routes, req.path)
+        if match.route is None:
+            self.log.record(Decision(False, "-", 0, f"bad request: {match.reason}"), req.method)
+            _answer(client, _response("404 Not Found", "-", 0, match.reason,
+                                      "Plain-HTTP requests to the proxy go to a credential route, /ROUTE/path."))
+            return None
+        route = match.route
+        host, port = route.upstream_host, route.upstream_port
+        extra: dict[str, object] = {"route": route.name, "path": match.path.partition("?")[0][:200]}
+        key = self.keys.get(route.name)
+        try:
+            if key is None:
+                raise ValueError(f"no key for route {route.name} on the host")
+            credential = egress.credential_header(route, key)
+        except ValueError as err:
+            decision = Decision(False, host, port, str(err))
+            self.log.record(decision, req.method, extra)
+            _answer(client, _response("502 Bad Gateway", host, port, str(err), "Check the key's variable on the host."))
+            return None
+        decision = decide(self.rules, host, port, self.resolver)
+        upstream = None
+        if decision.allowed:
+            upstream, cause, detail = self._connect(decision)
+            if upstream is None:
+                decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
+            else:
+                upstream, detail = self._tls(upstream, host)
+                if upstream is None:
+                    decision = Decision(False, host, port, detail, unreachable=True, cause="failed")
+        if not decision.allowed:
+            self.log.record(decision, req.method, extra)
+            self._refuse(client, decision)
+            return None
+        assert upstream is not None
+        self.watch.ok(host, port)
+        routed = replace(req, host=host, port=port, head=route_head(req, match.path, host, port, credential))
+        status = self._forward(client, upstream, routed, body, first, relay=_relay_response)
+        extra["status"] = status
+        self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)
+        return upstream
+
+    def _tls(self, sock: socket.socket, host: str) -> tuple[ssl.SSLSocket | None, str]:
+        """TLS to the route's upstream, verified for its name (SNI), within CONNECT_TIMEOUT."""
+        if self.tls is None:
+            import ssl
+
+            self.tls = ssl.create_default_context()
+        context = self.tls
+        try:
+            sock.settimeout(CONNECT_TIMEOUT)
+            tls = context.wrap_socket(sock, server_hostname=host)
+            tls.settimeout(None)
+            return tls, ""
+        except (OSError, ValueError) as err:
+            sock.close()
+            reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or type(err).__name__
+            return None, f"TLS to {host} failed: {reason}"
+
+    def _forward(self, client: socket.socket, upstream: socket.socket, req: Request, body: Body, first: bytes,
+                 relay: Callable[[socket.socket, socket.socket], int] | None = None) -> int:
         """Send the one request upstream (its body re-framed as it arrives), then relay the response and
         close. Whatever the client sent after the body (a pipelined request) is never forwarded: the
         upstream gets exactly one request, and a pipelining client retries the rest after our close."""
@@ -816,7 +979,7 @@ class EgressProxy:
                 self.log.record(Decision(False, req.host, req.port, f"bad request: {reason}"), req.method)
                 _answer(client, _response("400 Bad Request", req.host, req.port, reason,
                                           "Send a well-framed body (Content-Length or chunked)."))
-                return
+                return 400
             try:
                 upstream.sendall(out)
             except OSError:
@@ -825,8 +988,13 @@ class EgressProxy:
             self.log.record(Decision(False, req.host, req.port, "a pipelined request after the first was dropped "
                                      "(one request per connection)"), req.method)
         client.settimeout(None)
-        pump(upstream, client)
+        status = 0
+        if relay is None:
+            pump(upstream, client)
+        else:
+            status = relay(upstream, client)
         _discard_pending(client)
+        return status
 
     def _connect(self, decision: Decision) -> tuple[socket.socket | None, str, str]:
         """(the upstream socket, "", "") or (None, short cause, reason): every address tried in turn."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.server
 import json
 import socketserver
+import ssl
 import threading
 
 ANSWER = "HIVE-RELAY-FAKE-ANSWER"
@@ -166,14 +167,31 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), FakeAPI)
+        self.tls = tls
         self.requests: list[dict] = []
         self.headers_seen: list[dict[str, str]] = []
         self.tool_command: str | None = None
 
+    def get_request(self):  # noqa: ANN201 - (socket, address)
+        conn, addr = self.socket.accept()
+        if self.tls is not None:  # the handshake in the handler's thread, not in the accept loop
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, addr
 
-def start() -> tuple[Server, int]:
-    server = Server()
+    def finish_request(self, request, client_address) -> None:  # noqa: ANN001
+        if self.tls is not None:
+            try:
+                request.do_handshake()
+            except OSError:
+                return
+        super().finish_request(request, client_address)
+
+
+def start(tls: ssl.SSLContext | None = None) -> tuple[Server, int]:
+    """The fake API on 127.0.0.1; with `tls`, it speaks HTTPS with that server context (a real API
+    name's certificate from a throwaway CA: tests/servers.make_ca)."""
+    server = Server(tls)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, server.server_address[1]

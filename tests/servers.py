@@ -129,3 +129,23 @@ def start_echo() -> tuple[socket.socket, int]:
                 conn.sendall(data)
 
     return start_tcp(echo)
+
+
+def make_ca(directory: Path, names: tuple[str, ...]) -> tuple[Path, ssl.SSLContext]:
+    """A throwaway CA and a server certificate for `names`, signed by it: (the CA file for clients,
+    a server context with the certificate). Used to serve a TLS upstream under a real API name."""
+    ca_key, ca, key, csr, cert = (directory / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem"))
+    ext = directory / "srv.ext"
+    ext.write_text("subjectAltName=" + ",".join(f"DNS:{n}" for n in names) + "\nextendedKeyUsage=serverAuth\n")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=hive relay test CA",
+            "-keyout", str(ca_key), "-out", str(ca))
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={names[0]}", "-keyout", str(key), "-out", str(csr))
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "2",
+            "-extfile", str(ext), "-out", str(cert))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    return ca, ctx

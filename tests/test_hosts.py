@@ -132,7 +132,11 @@ def test_parse_head_forms() -> None:
     assert (req.method, req.host, req.port, req.framing) == ("GET", "a.test", 8080, "none")
     assert req.head.startswith(b"GET /x?y HTTP/1.1\r\nHost: a.test:8080\r\n") and b"Proxy-Authorization" not in req.head
     assert parse_head(b"GET http://a.test?q HTTP/1.1").head.startswith(b"GET /?q HTTP/1.1\r\nHost: a.test\r\n")
-    for bad in (b"GET /relative HTTP/1.1", b"CONNECT a.test HTTP/1.1", b"GET ftp://a/ HTTP/1.1", b"garbage",
+    # Origin form is a box's CLI talking to a credential route: no head until the route is known.
+    origin = parse_head(b"POST /anthropic/v1?q HTTP/1.1\r\nHost: 127.0.0.1:3128\r\nx-api-key: p\r\nContent-Length: 2")
+    assert (origin.origin, origin.path, origin.head, origin.framing) == (True, "/anthropic/v1?q", None, "length")
+    assert origin.kept == ("x-api-key: p", "Content-Length: 2")
+    for bad in (b"CONNECT a.test HTTP/1.1", b"GET ftp://a/ HTTP/1.1", b"garbage",
                 b"GET http://user:pw@a.test/ HTTP/1.1", b"GET http://a.test/ HTTP/2.0", b"GET http://a.test/\x00 HTTP/1.1"):
         with pytest.raises(RequestError):
             parse_head(bad)

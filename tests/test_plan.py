@@ -81,7 +81,39 @@ def test_secrets_are_names_only(sandbox: Sandbox) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "sk-ant-SECRET-VALUE" not in proc.stdout
     plan = json.loads(proc.stdout)
-    assert "ANTHROPIC_API_KEY" in plan["env_pass"]
+    # The key stays on the host: the proxy injects it, the box gets a placeholder and the proxy's URL.
+    assert "ANTHROPIC_API_KEY" not in plan["env_pass"]
+    assert plan["env_set"]["ANTHROPIC_API_KEY"] == "hive-relay-placeholder"
+    assert plan["env_set"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:3128/anthropic"
+    assert plan["credentials"] == [{"route": "anthropic", "upstream": "api.anthropic.com:443", "send": "x-api-key",
+                                    "from": ["ANTHROPIC_API_KEY"], "box_url": "http://127.0.0.1:3128/anthropic"}]
+
+
+def test_a_key_pointed_elsewhere_stays_in_the_box_and_says_so(sandbox: Sandbox) -> None:
+    sandbox.env.update(ANTHROPIC_API_KEY="sk-ant-SECRET-VALUE", ANTHROPIC_BASE_URL="https://gateway.example")
+    proc = sandbox.relay("claude", "local", "--dry-run", "--json", "--prompt", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert "sk-ant-SECRET-VALUE" not in proc.stdout
+    plan = json.loads(proc.stdout)
+    assert "ANTHROPIC_API_KEY" in plan["env_pass"] and plan["credentials"] == []
+    assert any(n.startswith("credentials: in box for route anthropic: ANTHROPIC_BASE_URL is set") for n in plan["notes"])
+
+
+def test_codex_key_is_injected_with_its_base_url_on_the_argv(sandbox: Sandbox) -> None:
+    sandbox.env["OPENAI_API_KEY"] = "sk-openai-SECRET-VALUE"
+    proc = sandbox.relay("codex", "local", "--dry-run", "--json", "--prompt", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert "sk-openai-SECRET-VALUE" not in proc.stdout
+    plan = json.loads(proc.stdout)
+    assert not {"OPENAI_API_KEY", "CODEX_API_KEY"} & set(plan["env_pass"])
+    assert plan["env_set"]["CODEX_API_KEY"] == "hive-relay-placeholder"
+    assert plan["argv"][1:3] == ["-c", "openai_base_url=http://127.0.0.1:3128/openai/v1"]
+    assert [r["route"] for r in plan["credentials"]] == ["openai"]
+
+
+def test_no_key_set_means_no_route(sandbox: Sandbox) -> None:
+    plan = json.loads(sandbox.relay("gemini", "local", "--dry-run", "--json", "--prompt", "hi").stdout)
+    assert plan["credentials"] == [] and "GEMINI_API_KEY" not in plan["env_set"]
 
 
 def test_prompt_run_has_timeout_and_noninteractive_argv(sandbox: Sandbox) -> None:
