@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import logs as logs_mod
-from . import safefs
+from . import safefs, sweep
 from .paths import IN_CHECKOUT, PACKAGE_ROOT, cache_dir, tool_dir
 
 STRAY_SYNC_LOCK = ".hive-relay-sync.lock"
@@ -97,16 +97,6 @@ def live_boxes(home: str) -> list[int]:
     return found
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _run_dir_bases(env: Mapping[str, str]) -> list[str]:
     return list(dict.fromkeys(p for p in (env.get("XDG_RUNTIME_DIR"), "/tmp") if p))
 
@@ -119,9 +109,8 @@ def stale_run_dirs(env: Mapping[str, str]) -> list[str]:
         except OSError:
             continue
         for name in sorted(names):
-            owner = name.removeprefix("hive-relay-").split("-")[0]
-            if not name.startswith("hive-relay-") or not owner.isdigit() or _pid_alive(int(owner)):
-                continue
+            if not sweep.gone(name, "hive-relay-"):
+                continue  # not one of ours, or its launcher (pid and start time) still runs
             path = os.path.join(base, name)
             st = _ours(path)
             if st is not None and stat.S_ISDIR(st.st_mode):
@@ -252,7 +241,7 @@ def _doomed_logs(directory: str, everything: bool) -> list[logs_mod.LogFile]:
     """The logs prune() would remove (or, with --all, every log of a finished run)."""
     import time
 
-    files = [f for f in logs_mod.scan(directory) if not logs_mod._pid_alive(f.run)]
+    files = [f for f in logs_mod.scan(directory) if not logs_mod.run_alive(f.run)]
     if everything:
         return files
     now = time.time()

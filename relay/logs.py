@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import safefs
+from . import safefs, sweep
 from .errors import UsageError
 from .paths import state_dir
 from .sweep import RUN_ID_RE
@@ -50,17 +50,10 @@ def logs_dir(env: Mapping[str, str]) -> str:
     return os.path.join(state_dir(env), "logs")
 
 
-def _pid_alive(run: str) -> bool:
-    pid = run.split("-", 1)[0]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def run_alive(run: str) -> bool:
+    """Whether the run that writes this log still runs (its launcher's pid and start time)."""
+    owner = sweep.parse_run_id(run)
+    return owner is not None and sweep.alive(owner)
 
 
 def scan(directory: str) -> list[LogFile]:
@@ -94,7 +87,7 @@ def prune(directory: str, *, keep_days: float = KEEP_DAYS, keep_runs: int = KEEP
     doomed: list[LogFile] = []
     kept: list[LogFile] = []
     for f in files:
-        if f.name == live or _pid_alive(f.run):
+        if f.name == live or run_alive(f.run):
             continue
         if f.size == 0 or now - f.mtime > keep_days * 86400:
             doomed.append(f)
