@@ -55,6 +55,10 @@ def start(
         if child is None:
             return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
         janitor.tell(lifeline, child)
+        try:
+            proc.pidns = os.readlink(f"/proc/{child}/ns/pid")
+        except OSError:
+            pass
         if state.cgroup is not None:
             # The box's init only: all the box will ever run descends from it, still blocked. bwrap's
             # monitor outside stays where we are (each cgroup-v1 move costs milliseconds of launch).

@@ -40,6 +40,7 @@ class BoxProcess:
         self.job = job
         self.popen = popen  # the process tier's Popen, told the status we reaped
         self.returncode: int | None = None
+        self.pidns: str | None = None  # the box's pid namespace ("pid:[INODE]"), once bwrap reported its init
 
     def poll(self) -> int | None:
         if self.returncode is None:

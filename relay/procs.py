@@ -86,3 +86,34 @@ def reap_descendants(keep: set[int], rounds: int = 500) -> int:
                 pass
         time.sleep(0.001)
     return killed
+
+
+def kill_pidns(pidns: str, rounds: int = 200) -> int:
+    """SIGKILL every process in the pid namespace `pidns` (as /proc/PID/ns/pid reads it) until none is
+    left: whatever the box forked is gone, whoever its parent ended up being."""
+    import signal
+    import time
+
+    if pidns == os.readlink("/proc/self/ns/pid"):
+        return 0  # never our own namespace: that would be the whole host
+    killed = 0
+    for _ in range(rounds):
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                if os.readlink(f"/proc/{name}/ns/pid") == pidns:
+                    found.append(int(name))
+            except OSError:
+                continue
+        if not found:
+            return killed
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(0.005)
+    return killed

@@ -238,6 +238,8 @@ class _Box:
             # A process-tier daemon (no pid namespace) or bwrap's init must be gone before the guard
             # and the sync-back look at what the box left, or it could write after them.
             procs.reap_descendants(self.keep)
+        if isinstance(self.proc, BoxProcess) and self.proc.pidns:
+            procs.kill_pidns(self.proc.pidns)  # and nothing else of the box's namespace, whoever reaps it
         self.job.end()
         if self.proxy is not None:
             self.proxy.stop()
