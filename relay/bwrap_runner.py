@@ -45,9 +45,9 @@ def start(
     finally:
         for fd in [seccomp_fd, info_w, block_r] + [fd for _, fd in high]:
             os.close(fd)
+    janitor.tell(lifeline, pid)  # first: should we die from here on, the janitor knows the box's group
     proc = BoxProcess(pid, job)
     job.give(pid)  # before the box is released: its first read of the terminal finds it its own
-    janitor.tell(lifeline, pid)
     proxy = None
     try:
         mark("spawned")

@@ -224,15 +224,45 @@ _JANITOR_MESSAGES: dict[int, int] = {}
 
 
 def _kill_box(pids: list[int]) -> None:
-    """SIGKILL the box's bwrap processes (checked by cmdline: a pid may have been reused)."""
+    """SIGKILL the box's bwrap processes (checked by cmdline: a pid may have been reused), and the
+    process group each one leads: bwrap is spawned as a group leader, and the box's init stays in
+    that group. So even when we were told only bwrap's own pid (the launcher died before it could
+    name the init) and bwrap is already gone, the init goes too, and with it the pid namespace.
+    A group is only killed while a bwrap is still in it, so a recycled pid is never hit."""
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                argv0 = fh.read().split(b"\0")[0]
-            if os.path.basename(argv0) == b"bwrap":
+            if _argv0(pid) == b"bwrap":
                 os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+        if any(_argv0(member) == b"bwrap" for member in _group_members(pid)):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _argv0(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return os.path.basename(fh.read().split(b"\0")[0])
+    except OSError:
+        return None
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                members.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return members
 
 
 def _remove_container(rm_argv: list[str], clients: list[int], patience: float = 60.0) -> None:
