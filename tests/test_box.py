@@ -195,12 +195,15 @@ def test_exit_codes_pass_through(box_sandbox: Sandbox) -> None:
 def test_timeout_is_124_and_reaps_descendants(box_sandbox: Sandbox) -> None:
     s = box_sandbox
     marker = f"hive-timeout-{os.getpid()}"
-    proc = s.box(f"(sleep 300; echo {marker}) & sleep 301", "shell", "--timeout", "1")
+    # Durations unique to this test (sleep takes fractions): the process census is machine-wide,
+    # and another run's `sleep 300` is not this box's leftover.
+    tag = f"{os.getpid() % 1000:03d}"
+    proc = s.box(f"(sleep 300.{tag}; echo {marker}) & sleep 301.{tag}", "shell", "--timeout", "1")
     assert proc.returncode == 124
     assert "timed out after 1 s" in proc.stderr
 
     def strays() -> list[str]:
-        return [p for p in _cmdlines() if "sleep 30" in p and "hive-relay" not in p and p.startswith("sleep")]
+        return [p for p in _cmdlines() if p.startswith(("sleep 300." + tag, "sleep 301." + tag))]
 
     # The kernel kills the pid namespace asynchronously; on a loaded machine that takes a moment.
     assert _eventually(lambda: not strays() and not _leftovers(s)), (strays(), _leftovers(s))
