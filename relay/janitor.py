@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import agentstate, gitdir, guard, limits, safefs
+from . import agentstate, gitdir, guard, limits, procs, safefs
 from .digest import sha256
 from .placeholders import Registry
 
@@ -235,7 +235,7 @@ def _kill_box(pids: list[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-        if any(_argv0(member) == b"bwrap" for member in _group_members(pid)):
+        if any(_argv0(member) == b"bwrap" for member in procs.processes_where(2, pid)):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
@@ -248,21 +248,6 @@ def _argv0(pid: int) -> bytes | None:
             return os.path.basename(fh.read().split(b"\0")[0])
     except OSError:
         return None
-
-
-def _group_members(pgid: int) -> list[int]:
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                members.append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return members
 
 
 def _remove_container(rm_argv: list[str], clients: list[int], patience: float = 60.0) -> None:
@@ -289,11 +274,8 @@ def _remove_container(rm_argv: list[str], clients: list[int], patience: float = 
 
 def _running(pid: int) -> bool:
     """Alive and not a zombie (an orphaned client may wait a while for its reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+    fields = procs.stat_fields(pid)
+    return fields is not None and fields[0] != b"Z"
 
 
 def tell(lifeline: int, *words: object) -> None:

@@ -45,75 +45,88 @@ def become_subreaper() -> bool:
     return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def children(parent: int) -> set[int]:
-    """Live (not yet reaped) children of `parent`, from /proc."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat from field 3 (state) on, so [0] is the state, [1] the ppid, [2] the process
+    group, [19] the start time; the command name may hold spaces and parentheses. Bounded read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read(4096)
+    except OSError:
+        return None
+    fields = data.rsplit(b")", 1)[-1].split()
+    return fields if len(fields) > 19 else None
+
+
+def processes_where(index: int, value: int) -> set[int]:
+    """Pids whose stat field `index` (see stat_fields) equals `value`: children of a parent (1), the
+    members of a process group (2)."""
     found = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        fields = stat_fields(int(name))
         try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except OSError:
+            if fields is not None and int(fields[index]) == value:
+                found.add(int(name))
+        except ValueError:
             continue
-        if int(fields[1]) == parent:
-            found.add(int(name))
     return found
+
+
+def children(parent: int) -> set[int]:
+    """Live (not yet reaped) children of `parent`, from /proc."""
+    return processes_where(1, parent)
+
+
+def _kill_until_none(find, reap: bool, rounds: int, pause: float) -> int:  # noqa: ANN001 - () -> set[int]
+    """SIGKILL what `find()` returns, again and again (new orphans arrive, a namespace empties
+    asynchronously), until a scan finds none; reaps them when they are our children."""
+    import signal
+    import time
+
+    killed = 0
+    for _ in range(rounds):
+        pids = find()
+        if not pids:
+            return killed
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        if reap:
+            for pid in pids:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+        time.sleep(pause)
+    return killed
 
 
 def reap_descendants(keep: set[int], rounds: int = 500) -> int:
     """SIGKILL and reap every child of ours but `keep`, again and again as orphans of theirs arrive
     (we are a subreaper), until a scan finds none; returns how many were killed."""
-    import signal
-    import time
-
     me = os.getpid()
-    killed = 0
-    for _ in range(rounds):
-        kids = children(me) - keep
-        if not kids:
-            return killed
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        for pid in kids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-        time.sleep(0.001)
-    return killed
+    return _kill_until_none(lambda: children(me) - keep, reap=True, rounds=rounds, pause=0.001)
 
 
 def kill_pidns(pidns: str, rounds: int = 200) -> int:
     """SIGKILL every process in the pid namespace `pidns` (as /proc/PID/ns/pid reads it) until none is
     left: whatever the box forked is gone, whoever its parent ended up being."""
-    import signal
-    import time
-
     if pidns == os.readlink("/proc/self/ns/pid"):
         return 0  # never our own namespace: that would be the whole host
-    killed = 0
-    for _ in range(rounds):
-        found = []
+
+    def members() -> set[int]:
+        found = set()
         for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                if os.readlink(f"/proc/{name}/ns/pid") == pidns:
-                    found.append(int(name))
-            except OSError:
-                continue
-        if not found:
-            return killed
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        time.sleep(0.005)
-    return killed
+            if name.isdigit():
+                try:
+                    if os.readlink(f"/proc/{name}/ns/pid") == pidns:
+                        found.add(int(name))
+                except OSError:
+                    continue
+        return found
+
+    return _kill_until_none(members, reap=False, rounds=rounds, pause=0.005)

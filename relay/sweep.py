@@ -19,7 +19,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from .procs import pid_alive
+from .procs import pid_alive, stat_fields
 
 _BOOT: list[str] = []
 
@@ -35,20 +35,9 @@ def boot_id() -> str:
     return _BOOT[0]
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """/proc/PID/stat from field 3 (state) on; the command name may hold spaces and parentheses."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read(4096)
-    except OSError:
-        return None
-    fields = data.rsplit(b")", 1)[-1].split()
-    return fields if len(fields) > 19 else None
-
-
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22); None when it is gone or unreadable."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     try:
         return int(fields[19]) if fields else None
     except ValueError:
@@ -126,7 +115,7 @@ def alive(owner: Owner, made: float | None = None) -> bool:
     (the record's ctime), when that is known."""
     if owner.pid <= 0 or not pid_alive(owner.pid):
         return False
-    fields = _stat_fields(owner.pid)
+    fields = stat_fields(owner.pid)
     if fields is None:
         return True  # exists but /proc hides it (hidepid, another user): never sweep what may be live
     if fields[0] == b"Z":
