@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from relay import sweep
+from relay import procs, sweep
 
 from ..conftest import Sandbox
 
@@ -90,18 +90,7 @@ def test_exit_report_quiet_for_ordinary_source_edits(box_sandbox: Sandbox, repor
 
 def _janitors(pid: int) -> list[int]:
     """The launcher's forked children that lead a session of their own: its janitor."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and int(fields[3]) == int(name):
-            found.append(int(name))
-    return found
+    return sorted(c for c in procs.children(pid) if (f := procs.stat_fields(c)) is not None and int(f[3]) == c)
 
 
 def _cmdline(pid: int) -> bytes:
