@@ -221,6 +221,7 @@ def _contribute_hive(
     prompt: str | None = None,
     workdir: str = ".",
     allow_host: list[str] | None = None,
+    allow_preset: list[str] | None = None,
     timeout: str | None = None,
     dry_run: bool = False,
     json: bool = False,
@@ -237,7 +238,8 @@ def _contribute_hive(
     def go() -> int:
         request = request_from(
             None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
-            workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
+            workdir=workdir, allow_hosts=tuple(allow_host or ()), allow_presets=tuple(allow_preset or ()),
+            timeout=seconds(timeout), command=command,
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet)
 
@@ -245,7 +247,7 @@ def _contribute_hive(
 
 
 _contribute_hive.__doc__ = f"{DESCRIPTION}.\n\n{COMMAND_HELP}.\n\n{EPILOG}."
-contribute_hive = task(positional=["backend", "mode"], iterable=["allow_host"], help=HELP,
+contribute_hive = task(positional=["backend", "mode"], iterable=["allow_host", "allow_preset"], help=HELP,
                        name="contribute-hive")(_contribute_hive)
 
 

@@ -166,6 +166,7 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
              f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
              f"egress   {egress_text(plan)}",
              *[f"         {line}" for line in render_rules(plan.rules)],
+             *[f"preset   {name}: {', '.join(r.render() for r in rules)}" for name, rules in plan.presets],
              *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
                if plan.proxy_listen else []),
              f"log      {plan.log_path or '-'}",
@@ -280,7 +281,7 @@ def build_parser():  # noqa: ANN201
     for dest, short, meta in sorted(OPTIONS, key=lambda o: ["backend", "mode"].index(o[0])
                                     if o[0] in ("backend", "mode") else 2):
         names = [f"-{short}", flag_name(dest)]
-        if dest == "allow_host":
+        if dest in ("allow_host", "allow_preset"):
             parser.add_argument(*names, dest=dest, action="append", default=[], metavar=meta, help=HELP[dest])
         elif meta is None:
             parser.add_argument(*names, dest=dest, action="store_true", help=HELP[dest])
@@ -459,8 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         request = request_from(
             ns.backend_pos, ns.mode_pos, ns.backend, ns.mode, profile=ns.profile, isolation=ns.isolation,
-            prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
-            command=command,
+            prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host),
+            allow_presets=tuple(ns.allow_preset), timeout=seconds(ns.timeout), command=command,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet)
 

@@ -14,13 +14,15 @@ import errno
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from . import safefs
 from .errors import ConfigError, UsageError
 from .hosts import parse_rule
 from .paths import PACKAGE_ROOT, config_home
+from .presets import BUILTIN as BUILTIN_PRESETS
+from .presets import NAME_RE as PRESET_NAME
 
 TYPE_CHECKING = False  # importing typing costs ~4 ms per launch; annotations are strings anyway
 if TYPE_CHECKING:
@@ -80,6 +82,7 @@ class Backend:
     home_guard: tuple[str, ...] = ()
     home_keep: tuple[str, ...] = ()
     credentials: tuple[CredentialRoute, ...] = ()
+    presets: tuple[str, ...] = ()  # egress presets on for this backend (relay/presets.py); none shipped
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class Matrix:
     profiles: Mapping[str, ProfileSpec]
     allow_unsandboxed: frozenset[str]
     sources: tuple[str, ...]
+    presets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the user config's named presets
 
 
 class _Where:
@@ -218,6 +222,38 @@ def _hosts(value: Any, where: _Where, key: str) -> tuple[str, ...]:
     return entries
 
 
+def _preset_names(value: Any, where: _Where, key: str) -> tuple[str, ...]:
+    names = _str_list(value, where, key)
+    for name in names:
+        if not PRESET_NAME.fullmatch(name):
+            raise where.fail(key, f"{name!r} is not a preset name", "use lowercase letters, digits and '-'")
+    return tuple(dict.fromkeys(names))
+
+
+def _user_presets(value: Any, where: _Where) -> dict[str, tuple[str, ...]]:
+    """The user config's `presets: {name: [hosts]}`: new names only (a built-in one keeps its meaning,
+    so `--allow-preset npm` means the same for everyone), each a non-empty list of valid entries."""
+    out = {}
+    for name, hosts in _mapping(value, where, "presets").items():
+        key = f"presets.{name}"
+        if not PRESET_NAME.fullmatch(name):
+            raise where.fail(key, f"{name!r} is not a preset name", "use lowercase letters, digits and '-'")
+        if name in BUILTIN_PRESETS:
+            raise where.fail(key, "is a built-in preset", "pick another name for your own list")
+        out[name] = _hosts(hosts, where, key)
+        if not out[name]:
+            raise where.fail(key, "is empty", "list at least one host, or remove the preset")
+    return out
+
+
+def _check_presets(backends: Mapping[str, Backend], known: Mapping[str, tuple[str, ...]], file: str) -> None:
+    for backend in backends.values():
+        for name in backend.presets:
+            if name not in known:
+                raise _Where(file, backend.name).fail(
+                    "presets", f"unknown preset {name!r}", f"use one of {', '.join(sorted(known))}")
+
+
 def parse_size(value: Any, where: _Where, key: str) -> int:
     """Parse 8GiB / 512MiB / 4G / plain bytes; refuse zero and nonsense."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -255,7 +291,7 @@ def _section(value: Any, where: _Where, key: str, allowed: set[str]) -> dict[str
 
 BACKEND_KEYS = {
     "description", "command", "prompt_command", "install", "home", "egress",
-    "env", "native", "deny", "opt_in", "nested_userns", "credentials",
+    "env", "native", "deny", "opt_in", "nested_userns", "credentials", "presets",
 }
 ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args"}
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
@@ -365,6 +401,8 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
         values["opt_in"] = opt
     if "nested_userns" in data:
         values["nested_userns"] = _bool(data["nested_userns"], where, "nested_userns")
+    if "presets" in data:
+        values["presets"] = _preset_names(data["presets"], where, "presets")
     if "credentials" in data:
         env_pass = values.get("env_pass", base.env_pass if base is not None else ())
         values["credentials"] = _credentials(data["credentials"], where, env_pass)
@@ -521,7 +559,9 @@ def load_shipped(path: Path = SHIPPED_CONFIG) -> dict[str, Backend]:
     raw = _mapping(data.get("backends"), where, "backends")
     if not raw:
         raise where.fail("backends", "no backends defined", "add at least one backend")
-    return {name: _backend_from(name, entry, where, None) for name, entry in raw.items()}
+    backends = {name: _backend_from(name, entry, where, None) for name, entry in raw.items()}
+    _check_presets(backends, BUILTIN_PRESETS, str(path))
+    return backends
 
 
 def user_config_path(env: Mapping[str, str]) -> Path:
@@ -536,7 +576,8 @@ def apply_user(
     """Merge the user's own config: it may add backends and profiles, widen, and opt in.
     `data` is the already-read YAML (else the file is read)."""
     where = _Where(str(path))
-    data = _top(read_yaml(path, USER) if data is ABSENT else data, where, {"version", "backends", "profiles", "allow_unsandboxed"})
+    data = _top(read_yaml(path, USER) if data is ABSENT else data, where,
+                {"version", "backends", "profiles", "allow_unsandboxed", "presets"})
     merged = dict(backends)
     for name, entry in _mapping(data.get("backends") or {}, where, "backends").items():
         merged[name] = _backend_from(str(name), entry, where, merged.get(name))
@@ -552,11 +593,19 @@ def apply_user(
     return merged, profiles, opt_ins
 
 
-NARROWABLE = {"egress", "home", "deny", "env"}
+def user_presets(path: Path, data: Any, backends: Mapping[str, Backend]) -> dict[str, tuple[str, ...]]:
+    """The user config's named presets, and a check that every backend names only known ones."""
+    where = _Where(str(path))
+    presets = _user_presets(data.get("presets") or {}, where) if isinstance(data, dict) else {}
+    _check_presets(backends, {**BUILTIN_PRESETS, **presets}, str(path))
+    return presets
+
+
+NARROWABLE = {"egress", "home", "deny", "env", "presets"}
 # What a repo config may do to each Backend field. Every field not named here (and any field added
 # later) must come out exactly as the base has it, so a new key is refused by default.
 # home_keep: fewer kept paths means more of the box's writes are kept aside for review, never more synced.
-REPO_MAY_NARROW = ("egress", "home_ro", "home_rw", "home_sync", "home_keep", "env_pass")  # result ⊆ base
+REPO_MAY_NARROW = ("egress", "home_ro", "home_rw", "home_sync", "home_keep", "env_pass", "presets")  # result ⊆ base
 REPO_MAY_ADD = ("deny",)  # result ⊇ base: every added deny entry narrows the box
 # home.guard is host-side: the guard reads and restores those files with the caller's rights.
 # A repo may repeat base entries, but not add one (the host would touch a path the repo chose)
@@ -629,10 +678,12 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
     sources = [str(shipped)]
     profiles: dict[str, ProfileSpec] = {}
     opt_ins: frozenset[str] = frozenset()
+    presets: dict[str, tuple[str, ...]] = {}
     user_path = user_config_path(env)
     data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")))
     if data is not ABSENT:
         backends, profiles, opt_ins = apply_user(backends, user_path, data)
+        presets = user_presets(user_path, data, backends)
         sources.append(str(user_path))
     if workdir is not None:
         repo_path = workdir / REPO_CONFIG_NAME
@@ -640,7 +691,8 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
         if data is not ABSENT:
             backends = apply_repo(backends, repo_path, data)
             sources.append(str(repo_path))
-    return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources))
+    return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources),
+                  presets=presets)
 
 
 def backend_names(matrix: Matrix) -> list[str]:

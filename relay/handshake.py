@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from . import egress, jobctl
 from .errors import RelayError
 from .plan import Plan
+from .presets import origins
 from .proxy import DecisionLog, EgressProxy
 
 HANDSHAKE_TIMEOUT = 30.0
@@ -104,7 +105,7 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
         # The system store, or the launcher's SSL_CERT_FILE (a corporate CA, a test CA): never unverified.
         tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
     proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
-                        routes=plan.credentials, keys=keys, tls=tls)
+                        routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets))
     proxy.start()
     return proxy
 

@@ -19,6 +19,8 @@ HELP = {
     "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
     "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
     "allow_host": ALLOW_HOST_HELP,
+    "allow_preset": ("egress preset, repeatable: the hosts of one ecosystem's registry (npm, pypi, crates, go, "
+                     "apt, github-read, or one named under `presets:` in your user config); --dry-run shows them"),
     "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
@@ -29,6 +31,7 @@ HELP = {
 # from the names (first free letter), so both entries accept the same ones.
 OPTIONS = (
     ("allow_host", "a", "HOST[:PORT]"),
+    ("allow_preset", "l", "PRESET"),
     ("backend", "b", "BACKEND"),
     ("dry_run", "d", None),
     ("isolation", "i", "ISOLATION"),

@@ -26,6 +26,7 @@ from .hosts import HostRule, explain
 from .native import render as render_native
 from .paths import config_home, own_paths, state_dir, tool_dir
 from .planlimits import Limits, limit_method
+from .presets import expand as expand_presets
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
@@ -58,6 +59,7 @@ class Request:
     prompt: str | None = None
     workdir: str = "."
     allow_hosts: tuple[str, ...] = ()
+    allow_presets: tuple[str, ...] = ()
     timeout: int | None = None
     run_id: str = ""
     # Internal (selftest): run this argv in the backend's box instead of the agent.
@@ -106,6 +108,8 @@ class Plan:
     rules: tuple[HostRule, ...] = ()  # egress.allowed_rules: handed to the proxy as is; `egress` is their text
     # Keys injected by the proxy (config.CredentialRoute): names of the host variables, never values.
     credentials: tuple[CredentialRoute, ...] = ()
+    # Egress presets on for this run (the backend's, then --allow-preset): name → the rules it added.
+    presets: tuple[tuple[str, tuple[HostRule, ...]], ...] = ()
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -115,6 +119,7 @@ class Plan:
         data["command_line"] = shlex.join(self.command)
         data["egress_rules"] = explain(self.rules)
         data["credentials"] = [route_json(r) for r in self.credentials]
+        data["presets"] = {name: [r.render() for r in rules] for name, rules in self.presets}
         return data
 
 
@@ -170,9 +175,21 @@ def proxy_env(listen: str) -> dict[str, str]:
         "YARN_HTTP_PROXY": url,
         "YARN_HTTPS_PROXY": url,
         "GLOBAL_AGENT_HTTP_PROXY": url,
+        # Node's built-in fetch ignores HTTPS_PROXY unless told (Node >= 24, and 22.21+); Node 20 has no
+        # switch at all, so its fetch cannot leave the box (no route) rather than bypassing the proxy.
         "NODE_USE_ENV_PROXY": "1",
+        # Java reads no proxy variable; the JVM options do it (every JVM prints "Picked up ..." once).
+        # Go's net/http honours HTTPS_PROXY as it is; git and curl read the lowercase forms.
+        "JAVA_TOOL_OPTIONS": java_proxy_options(listen),
     })
     return env
+
+
+def java_proxy_options(listen: str) -> str:
+    """The JVM's proxy properties for the box's proxy, with the box's own loopback (NO_PROXY) direct."""
+    host, _, port = listen.rpartition(":")
+    return " ".join(f"-D{scheme}.proxy{k}={v}" for scheme in ("http", "https") for k, v in (("Host", host), ("Port", port))
+                    ) + " -Dhttp.nonProxyHosts=localhost|127.*|[::1]"
 
 
 def with_image(facts: HostFacts, matrix: Matrix, request: Request, caller_env: Mapping[str, str]) -> HostFacts:
@@ -203,6 +220,7 @@ class _Draft:
     notes: list[str]
     rules: tuple[HostRule, ...]
     now: float | None
+    presets: tuple[tuple[str, tuple[HostRule, ...]], ...] = ()
     own: list[str] = field(default_factory=list)
     run_dir: str | None = None
     grants: list[Grant] = field(default_factory=list)
@@ -257,13 +275,19 @@ def resolve(
     fs = fs or FsView()
     workdir = _checked_request(request, fs)
     extra_rules = parse_entries(request.allow_hosts)
+    presets = expand_presets(backend.presets + request.allow_presets, matrix.presets)
+    extra_rules += tuple(r for _, rules in presets for r in rules)
     choice = choose_tier(request, facts, backend, matrix, caller_env)
     shell = facts.shell if os.path.isabs(facts.shell) else "/bin/sh"
     if choice.tier == Tier.UNSANDBOXED:
         return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, list(choice.notes))
     profile = resolve_profile(choice.profile, matrix.profiles)
+    if presets and not profile.network:
+        raise RefusedError(f"profile {profile.name!r} has no network, so the egress presets "
+                           f"{', '.join(n for n, _ in presets)} cannot be honoured; fix: use --profile agent, "
+                           "or drop them")
     d = _Draft(backend, matrix, request, facts, caller_env, fs, workdir, choice.tier, profile, shell,
-               list(choice.notes), allowed_rules(backend, profile, extra_rules), now)
+               list(choice.notes), allowed_rules(backend, profile, extra_rules), now, presets=presets)
     _refuse_workdir(d)
     _home_grants(d)
     _agent(d)
@@ -567,7 +591,7 @@ def _plan(d: _Draft) -> Plan:
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
-        notes=tuple(d.notes), credentials=tuple(d.routes),
+        notes=tuple(d.notes), credentials=tuple(d.routes), presets=d.presets if proxy_listen else (),
     )
 
 

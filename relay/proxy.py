@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from . import egress, safefs
 from .egress import NOT_LISTED, Decision
 from .errors import UsageError
-from .hosts import HostRule, _fmt_hostport, normalize_host, split_hostport
+from .hosts import HostRule, _fmt_hostport, find_rule, normalize_host, split_hostport
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -653,8 +653,11 @@ class EgressProxy:
         routes: tuple[CredentialRoute, ...] = (),
         keys: Mapping[str, str] | None = None,
         tls: ssl.SSLContext | None = None,
+        origins: Mapping[HostRule, str] | None = None,
     ) -> None:
         self.listener = listener
+        # Where a rule came from, for its decision lines: a preset's name (presets.origins), "live".
+        self.origins = dict(origins or {})
         self.routes = routes
         self.keys = dict(keys or {})  # route name -> its key; only ever written into that route's upstream head
         self.tls = tls
@@ -857,7 +860,7 @@ class EgressProxy:
                     decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
                 else:
                     self.watch.ok(host, port)
-            self.log.record(decision, method)
+            self.log.record(decision, method, self._origin(decision))
             if not decision.allowed:
                 self._refuse(client, decision)
                 return
@@ -877,6 +880,14 @@ class EgressProxy:
             pass
         finally:
             self._close(client, upstream)
+
+    def _origin(self, decision: Decision) -> dict[str, str] | None:
+        """`{"preset": NAME}` when the rule that allowed this came from a preset (or a live allow)."""
+        if not self.origins or not (decision.allowed or decision.unreachable):
+            return None
+        rule = find_rule(self.rules, decision.host, decision.port)
+        origin = self.origins.get(rule) if rule is not None else None
+        return {"preset": origin} if origin else None
 
     def _refuse(self, client: socket.socket, decision: Decision) -> None:
         """Answer a request the policy denied (403) or could not serve (502/504), with the reason."""
