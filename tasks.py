@@ -14,9 +14,12 @@ from invoke.parser import Parser, ParserContext
 from invoke.parser.parser import ParseMachine, is_flag
 
 from relay.cli import (
+    ALLOW_DOC,
+    CHANGE_HELP,
     CLEAN_DOC,
     CLEAN_HELP,
     COMMAND_HELP,
+    DENY_DOC,
     DESCRIPTION,
     EPILOG,
     HELP,
@@ -305,6 +308,23 @@ def _clean(c: Context, dry_run: bool = False, all: bool = False) -> None:  # noq
 
 _clean.__doc__ = CLEAN_DOC
 clean = task(help={"dry_run": CLEAN_HELP["dry_run"], "all": CLEAN_HELP["all"]}, name="clean")(_clean)
+
+
+@task(positional=["host"], help=CHANGE_HELP, name="allow")
+def allow(c: Context, host: str, run: str | None = None) -> None:
+    from relay.control import change
+
+    _exit(guarded(change, "allow", host, run or None))
+
+
+@task(positional=["host"], help=CHANGE_HELP, name="deny")
+def deny(c: Context, host: str, run: str | None = None) -> None:
+    from relay.control import change
+
+    _exit(guarded(change, "deny", host, run or None))
+
+
+allow.__doc__, deny.__doc__ = ALLOW_DOC, DENY_DOC
 
 
 @task(help={"args": "extra arguments for pytest, e.g. '-k proxy -x'"})

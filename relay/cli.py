@@ -437,7 +437,31 @@ def _clean_main(argv: Sequence[str]) -> int:
     return clean(dry_run=ns.dry_run, everything=ns.all)
 
 
-SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main}
+# `allow` and `deny`: change a running box's egress rules (relay/control.py), from another terminal.
+CHANGE_HELP = {
+    "host": "HOST[:PORT] as for --allow-host (NAME[:PORT], *.DOMAIN[:PORT], NAME[:PORT]=ADDR:PORT); "
+            "no port means 443",
+    "run": "the run to change: its id or a unique part of it (the box's banner and denial lines name it); "
+           "default: your only live run",
+}
+ALLOW_DOC = ("Allow a host in a running box's egress proxy, from another terminal (only your own runs); "
+             "logged in the run's egress log.")
+DENY_DOC = ("Remove a host from a running box's egress rules (connections already open stay open); "
+            "logged in the run's egress log.")
+
+
+def _change_main(op: str, argv: Sequence[str]) -> int:
+    from .control import change
+
+    parser = _argument_parser(prog=f"hive-relay {op}", description=ALLOW_DOC if op == "allow" else DENY_DOC)
+    parser.add_argument("host", metavar="HOST[:PORT]", help=CHANGE_HELP["host"])
+    parser.add_argument("-r", "--run", metavar="RUN", help=CHANGE_HELP["run"])
+    ns = parser.parse_args(argv)
+    return change(op, ns.host, ns.run)
+
+
+SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main,
+               "allow": lambda argv: _change_main("allow", argv), "deny": lambda argv: _change_main("deny", argv)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

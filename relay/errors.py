@@ -8,6 +8,7 @@ from __future__ import annotations
 
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
+EXIT_NO_RUN = 4  # `allow`/`deny --run RUN`: no live run of the caller by that name (relay/control.py)
 EXIT_TIMEOUT = 124
 EXIT_UPSTREAM = 69  # sysexits EX_UNAVAILABLE: a --prompt run ended because an allowed host kept failing
 EXIT_INTERNAL = 70

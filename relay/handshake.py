@@ -21,7 +21,9 @@ from .presets import origins
 from .proxy import DecisionLog, EgressProxy
 
 HANDSHAKE_TIMEOUT = 30.0
-HINT = "To allow it: --allow-host {host}:{port} (or add it to your user config)."
+# The 403 body's one sentence for the agent: a policy, not an outage, and what the user can do about it.
+HINT = ("This is the sandbox's egress policy, not an outage: the user can allow it while this box runs with "
+        "`invoke allow {target} --run {run}`, or for later runs with --allow-host {target}.")
 
 
 def box_env(plan: Plan, caller_env: Mapping[str, str]) -> dict[str, str]:
@@ -105,9 +107,30 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
         # The system store, or the launcher's SSL_CERT_FILE (a corporate CA, a test CA): never unverified.
         tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
     proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
-                        routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets))
+                        routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets),
+                        run_id=run_id(plan), control=_control(plan))
     proxy.start()
     return proxy
+
+
+def _control(plan: Plan) -> socket.socket | None:
+    """The run's `invoke allow|deny` socket (relay/control.py); a run without it still runs, unapprovable."""
+    if not plan.run_dir or not os.path.isdir(plan.run_dir):
+        return None
+    from . import control
+
+    try:
+        return control.listen(plan.run_dir)
+    except (OSError, RelayError) as err:
+        from .banner import emit
+
+        emit([f"hive-relay: note: `invoke allow` cannot reach this run: {getattr(err, 'message', None) or err}"])
+        return None
+
+
+def run_id(plan: Plan) -> str:
+    """The run's id, from its run dir's name (`hive-relay-RUNID`)."""
+    return os.path.basename(plan.run_dir or "").removeprefix("hive-relay-")
 
 
 def release(fd: int, word: bytes) -> None:

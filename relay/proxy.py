@@ -41,6 +41,7 @@ MAX_HEAD = 32 * 1024
 HEAD_TIMEOUT = 30.0  # a whole request head must arrive within this, however it trickles in
 BODY_TIMEOUT = 60.0  # a request body may pause this long between reads
 MAX_CONNECTIONS = 256  # concurrent connections per box (reading a head, or being served)
+MAX_TOLD = 20  # denied hosts announced on the caller's terminal, one line each
 CONNECT_TIMEOUT = 15.0
 CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031
@@ -370,22 +371,31 @@ class DecisionLog:
                 self.causes.setdefault(key, Counter())[decision.cause] += 1
             else:
                 self.denied[f"{decision.host}:{decision.port}"] += 1
-            if not self._opened and self.path:
-                self._opened = True
-                try:
-                    self._fh = _open_log(self.path)
-                except OSError:
-                    self.write_errors += 1
-            if self._fh is not None:
-                line = json.dumps(entry) + "\n"
-                if self.written + len(line) > MAX_LOG_BYTES:
-                    self.truncated += 1  # a flood of refusals must not fill the disk
-                    return
-                try:
-                    self._fh.write(line)
-                    self.written += len(line)
-                except OSError:
-                    self.write_errors += 1
+            self._write(entry)
+
+    def event(self, entry: dict[str, object]) -> None:
+        """A line that is not a proxy decision (a live allow or deny): written, never counted."""
+        with self.lock:
+            self._write({"time": round(time.time(), 3), "backend": self.backend, **entry})
+
+    def _write(self, entry: dict[str, object]) -> None:
+        """Append one line (the caller holds the lock); the file is opened on the first line."""
+        if not self._opened and self.path:
+            self._opened = True
+            try:
+                self._fh = _open_log(self.path)
+            except OSError:
+                self.write_errors += 1
+        if self._fh is not None:
+            line = json.dumps(entry) + "\n"
+            if self.written + len(line) > MAX_LOG_BYTES:
+                self.truncated += 1  # a flood of refusals must not fill the disk
+                return
+            try:
+                self._fh.write(line)
+                self.written += len(line)
+            except OSError:
+                self.write_errors += 1
 
     def close(self) -> None:
         with self.lock:
@@ -627,7 +637,7 @@ class _Pending:
         self.deadline = deadline
 
 
-_LISTENER, _WAKE = object(), object()
+_LISTENER, _WAKE, _CONTROL = object(), object(), object()
 
 
 class EgressProxy:
@@ -654,8 +664,16 @@ class EgressProxy:
         keys: Mapping[str, str] | None = None,
         tls: ssl.SSLContext | None = None,
         origins: Mapping[HostRule, str] | None = None,
+        run_id: str = "",
+        control: socket.socket | None = None,
     ) -> None:
         self.listener = listener
+        self.run_id = run_id
+        self.notify = notify
+        self._told: set[str] = set()  # host:port the caller was told about (the first denial of each)
+        self.control = control  # `invoke allow|deny` (relay/control.py): a listening Unix socket in the run dir
+        self.live: set[HostRule] = set()  # rules added by `invoke allow` while the box runs
+        self._rules_lock = threading.Lock()  # serializes writers; readers take `self.rules` in one read
         # Where a rule came from, for its decision lines: a preset's name (presets.origins), "live".
         self.origins = dict(origins or {})
         self.routes = routes
@@ -700,6 +718,8 @@ class EgressProxy:
         except OSError:
             pass
         self.listener.close()
+        if self.control is not None:
+            self.control.close()
         if self._thread is None:
             for sock in (self._wake_r, self._wake_w):
                 sock.close()
@@ -715,6 +735,9 @@ class EgressProxy:
             self.listener.setblocking(False)
             sel.register(self.listener, selectors.EVENT_READ, _LISTENER)
             sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+            if self.control is not None:
+                self.control.setblocking(False)
+                sel.register(self.control, selectors.EVENT_READ, _CONTROL)
             tick = min(0.5, self.head_timeout / 4)
             next_sweep = time.monotonic() + tick
             while not self._stop.is_set():
@@ -728,6 +751,8 @@ class EgressProxy:
                     try:
                         if key.data is _LISTENER:
                             self._accept(sel)
+                        elif key.data is _CONTROL:
+                            self._accept_control()
                         elif key.data is not _WAKE:
                             self._read_head(sel, key.data)
                     except Exception:  # noqa: BLE001 - one bad connection must not stop the box's proxy
@@ -768,6 +793,40 @@ class EgressProxy:
             pending = _Pending(client, time.monotonic() + self.head_timeout)
             self._pending[client.fileno()] = pending
             sel.register(client, selectors.EVENT_READ, pending)
+
+    def _accept_control(self) -> None:
+        """One `invoke allow|deny` connection, answered on its own thread (it never blocks the reactor)."""
+        from . import control
+
+        assert self.control is not None
+        try:
+            conn, _ = self.control.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        conn.setblocking(True)
+        threading.Thread(target=control.serve, args=(conn, self.change_rules), daemon=True).start()
+
+    def change_rules(self, op: str, entry: str, uid: int) -> dict:
+        """Add (`allow`) or remove (`deny`) a rule while the box runs: the new tuple replaces the old
+        in one assignment, so a request is judged wholly by one of them. Logged as a JSON line."""
+        from . import control
+
+        with self._rules_lock:
+            try:
+                rules, rule, message = control.apply(self.rules, op, entry)
+            except UsageError as err:
+                return {"ok": False, "error": err.message.removeprefix("--allow-host ")}
+            self.rules = rules
+            if op == "allow":
+                self.live.add(rule)
+            else:
+                self.live = {r for r in self.live if r.target != rule.target}
+        host, port = rule.name if not rule.wildcard else "*." + rule.name, rule.port or 443
+        self.log.event({"host": host, "port": port, "method": op.upper(), "decision": f"live-{op}",
+                        "reason": f"invoke {op} by uid {uid}: {message}", "rule": rule.render()})
+        with self._lock:
+            self._told.discard(_fmt_hostport(host, port))  # a later denial is announced again
+        return {"ok": True, "message": message, "rules": [r.render() for r in rules]}
 
     def _refuse_over_cap(self, client: socket.socket) -> None:
         reason = f"connection cap reached ({self.max_connections} concurrent connections per box)"
@@ -883,9 +942,11 @@ class EgressProxy:
 
     def _origin(self, decision: Decision) -> dict[str, str] | None:
         """`{"preset": NAME}` when the rule that allowed this came from a preset (or a live allow)."""
-        if not self.origins or not (decision.allowed or decision.unreachable):
+        if not (self.origins or self.live) or not (decision.allowed or decision.unreachable):
             return None
         rule = find_rule(self.rules, decision.host, decision.port)
+        if rule is not None and rule in self.live:
+            return {"live": "allow"}
         origin = self.origins.get(rule) if rule is not None else None
         return {"preset": origin} if origin else None
 
@@ -899,8 +960,26 @@ class EgressProxy:
                                       f"{host}:{port} is allowed, but this machine cannot reach it: "
                                       f"{LIKELY.get(decision.cause, LIKELY['failed'])}", header="Unreachable"))
             return
-        hint = self.hint.format(host=host, port=port) if decision.reason == NOT_LISTED else ""
+        hint = ""
+        if decision.reason in (NOT_LISTED, egress.IP_NOT_LISTED):
+            target = _fmt_hostport(host, port)
+            hint = self.hint.format(host=host, port=port, target=target, run=self.run_id or "RUN")
+            self._tell(target, decision.reason)
         _answer(client, _response("403 Forbidden", host, port, decision.reason, hint))
+
+    def _tell(self, target: str, reason: str) -> None:
+        """The caller's terminal hears of the first denial of each host:port, with the command that
+        allows it while the box runs (at most MAX_TOLD hosts; the rest are in the exit summary)."""
+        with self._lock:
+            if target in self._told or len(self._told) > MAX_TOLD or self.notify is None:
+                return
+            self._told.add(target)
+            last = len(self._told) > MAX_TOLD
+        if last:
+            self.notify("hive-relay: more hosts denied; the exit summary and `invoke logs --denied` list them")
+        else:
+            self.notify(f"hive-relay: egress denied {target} ({reason}); to allow it now: "
+                        f"invoke allow {target} --run {self.run_id or 'RUN'}")
 
     def _serve_route(self, client: socket.socket, req: Request, body: Body, first: bytes) -> socket.socket | None:
         """An origin-form request to `/<route>/...`: to the route's one upstream (as the egress policy

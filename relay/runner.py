@@ -150,6 +150,7 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> tuple[janitor.RunStat
     container = plan.container
     own_passwd = plan.box_uid is not None and passwd.needed(plan.mounts)
     needs_run_dir = (bool(plan.sync_files) or bool(plan.state_dirs) or process_tier or bool(plan.git_excludes)
+                     or plan.proxy_listen is not None  # the `invoke allow` socket (relay/control.py)
                      or container is not None or plan.git is not None or own_passwd)
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir)

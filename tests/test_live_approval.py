@@ -1,0 +1,200 @@
+"""Live approval: while a box runs, `allow HOST` from another terminal lets it reach the host and `deny HOST`
+takes it away again; both are logged; a run that does not exist is one line and exit 4; another user's run
+is refused. The 403 body tells the agent that a policy (not an outage) denied it, with the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from relay import control
+from relay.errors import EXIT_NO_RUN, EXIT_REFUSED, RefusedError
+
+from .conftest import REPO, Sandbox, require_tool
+from .servers import start_http
+
+LOOP = ("i=0; while [ ! -e stop ] && [ $i -lt 1200 ]; do i=$((i+1)); "
+        "echo \"code=$(curl -s -o /dev/null -w '%{{http_code}}' http://svc.test:{port}/x)\"; sleep 0.2; done")
+
+
+def _lines(proc: subprocess.Popen) -> queue.Queue:
+    q: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            q.put(line.strip())
+        q.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return q
+
+
+def _wait_for(q: queue.Queue, want: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            raise AssertionError(f"the box ended before printing {want}")
+        if line == want:
+            return
+    raise AssertionError(f"no {want} within {timeout} s")
+
+
+def _run_allow(s: Sandbox, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relay", *args], cwd=s.workdir, env=s.env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.box
+@pytest.mark.parametrize("mode", ["local", "container"])
+def test_allow_then_deny_a_host_while_the_box_runs(request: pytest.FixtureRequest, mode: str) -> None:
+    require_tool("curl")
+    s: Sandbox = request.getfixturevalue("csandbox" if mode == "container" else "box_sandbox")
+    if mode == "container":  # the shared runtime dir holds other tests' runs: each test its own
+        s.env["XDG_RUNTIME_DIR"] = str(s.root / "run")
+    server, port, _ = start_http()
+    box = subprocess.Popen([sys.executable, "-m", "relay", "shell", mode, "--quiet", "--prompt", LOOP.format(port=port)],
+                           cwd=s.workdir, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        q = _lines(box)
+        _wait_for(q, "code=403")
+        entry = f"svc.test:{port}=127.0.0.1:{port}"
+        allowed = _run_allow(s, "allow", entry)
+        assert allowed.returncode == 0, allowed.stderr
+        assert allowed.stdout.startswith("hive-relay: run ") and f"allowed {entry}" in allowed.stdout
+        _wait_for(q, "code=200")
+        denied = _run_allow(s, "deny", f"svc.test:{port}")
+        assert denied.returncode == 0, denied.stderr
+        assert f"denied svc.test:{port}" in denied.stdout
+        _wait_for(q, "code=403")
+        again = _run_allow(s, "deny", f"svc.test:{port}")  # nothing left to deny: one line, usage error
+        assert again.returncode == 2 and "is not allowed in this run" in again.stderr, again.stderr
+    finally:
+        (s.workdir / "stop").write_text("")
+        try:
+            _, err = box.communicate(timeout=120)
+        finally:
+            box.kill()
+            server.shutdown()
+    assert box.returncode == 0, err[-2000:]
+    # The caller's terminal was told, at the first denial, the exact command.
+    assert f"egress denied svc.test:{port} (not in the egress allowlist); to allow it now: invoke allow svc.test:{port} --run " in err
+    logs = sorted((s.home / ".local" / "state" / "hive-relay" / "logs").glob("*.jsonl"))
+    entries = [json.loads(line) for line in logs[-1].read_text().splitlines()]
+    kinds = [e["decision"] for e in entries]
+    assert "live-allow" in kinds and "live-deny" in kinds
+    live = [e for e in entries if e["decision"].startswith("live-")]
+    assert live[0]["rule"] == entry and f"by uid {os.getuid()}" in live[0]["reason"]
+    assert any(e["decision"] == "allow" and e.get("live") == "allow" for e in entries)
+    first_allow, first_live = kinds.index("allow"), kinds.index("live-allow")
+    assert first_live < first_allow < kinds.index("live-deny") < len(kinds) - 1 and kinds[-1] == "deny"
+    # The run dir (and the socket in it) is gone with the run.
+    assert not list((Path(s.env["XDG_RUNTIME_DIR"])).glob("hive-relay-*"))
+
+
+@pytest.mark.box
+def test_the_403_body_says_policy_not_outage_with_the_command(box_sandbox: Sandbox) -> None:
+    require_tool("curl")
+    proc = box_sandbox.box("curl -s http://nowhere.test/x; echo; curl -s http://203.0.113.9/x")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line]
+    assert lines[0].startswith("hive-relay: forbidden nowhere.test:80: not in the egress allowlist. This is the "
+                               "sandbox's egress policy, not an outage: the user can allow it while this box runs "
+                               "with `invoke allow nowhere.test:80 --run ")
+    assert lines[0].endswith("`, or for later runs with --allow-host nowhere.test:80.")
+    assert "IP literals are refused" in lines[1] and "invoke allow 203.0.113.9:80 --run" in lines[1]
+    run = lines[0].split("--run ")[1].split("`")[0]
+    assert control.sweep.parse_run_id(run) is not None  # the real run id, not a placeholder
+
+
+def test_no_such_run_is_one_line_and_exit_4(sandbox: Sandbox) -> None:
+    for args in (("allow", "x.example.com", "--run", "1-2-deadbeef-cafecafe"), ("deny", "x.example.com")):
+        proc = _run_allow(sandbox, *args)
+        assert proc.returncode == EXIT_NO_RUN == 4, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "no live run of yours" in proc.stderr
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "invoke"), "-r", str(REPO), "allow", "x.example.com", "--run",
+                           "nope"], cwd=sandbox.workdir, env=sandbox.env, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 127:  # the invoke entry point, where the venv has it
+        assert proc.returncode == 4 and "no live run of yours matches 'nope'" in proc.stderr, proc.stderr
+
+
+def test_a_bad_entry_is_refused_before_any_run_is_looked_for(sandbox: Sandbox) -> None:
+    proc = _run_allow(sandbox, "allow", "localhost:8080")
+    assert proc.returncode == 2 and "=127.0.0.1:8080" in proc.stderr and "allow 'localhost:8080'" in proc.stderr
+
+
+def _fake_run(base: Path, run_id: str, mode: int = 0o700) -> Path:
+    path = base / f"hive-relay-{run_id}"
+    path.mkdir()
+    path.chmod(mode)
+    return path
+
+
+def test_another_users_run_is_refused_and_its_twin_is_found(tmp_path: Path) -> None:
+    """A live run of ours is found (the twin); a run dir owned by another uid is refused by name (as root:
+    root's allow never widens a user's box); an unprivileged caller cannot even see into one (0700)."""
+    base = tmp_path / "run"
+    base.mkdir(mode=0o700)
+    me = control.sweep.me()
+    mine = _fake_run(base, f"{me.token()}-0a0b0c0d")
+    sock = control.listen(str(mine))
+    served: list[tuple[str, str]] = []
+
+    def handle(op: str, entry: str, uid: int) -> dict:
+        served.append((op, entry))
+        return {"ok": True, "message": "fine"}
+
+    def accept_one() -> None:
+        conn, _ = sock.accept()
+        control.serve(conn, handle)
+
+    try:
+        assert stat.S_IMODE(os.lstat(mine / "control").st_mode) == 0o600
+        (run,) = control.live_runs(str(base))
+        assert control.pick(str(base), None) == run and control.pick(str(base), "0a0b0c0d") == run
+        t = threading.Thread(target=accept_one)
+        t.start()
+        assert control.request(run, "allow", "x.example.com") == {"ok": True, "message": "fine"}
+        t.join(5)
+        assert served == [("allow", "x.example.com")]
+        # A run dir that is not private (0755) is not talked to.
+        mine.chmod(0o755)
+        assert control.live_runs(str(base)) == []
+        with pytest.raises(RefusedError):
+            control.request(run, "allow", "x.example.com")
+        mine.chmod(0o700)
+        if os.getuid() == 0:
+            theirs = _fake_run(base, f"{me.token()}-0e0e0e0e")
+            os.chown(theirs, 65534, 65534)
+            with pytest.raises(RefusedError) as err:
+                control.pick(str(base), f"{me.token()}-0e0e0e0e")
+            assert err.value.exit_code == EXIT_REFUSED and "belongs to uid 65534" in err.value.message
+            assert [r.run_id for r in control.live_runs(str(base))] == [run.run_id]
+    finally:
+        sock.close()
+
+
+def test_apply_follows_the_allow_host_rules() -> None:
+    from relay.hosts import parse_rule
+
+    rules = (parse_rule("api.example.com"),)
+    added, rule, message = control.apply(rules, "allow", "svc.test:8080=127.0.0.1:8080")
+    assert added == rules + (rule,) and "pinned to 127.0.0.1:8080" in message
+    assert control.apply(added, "allow", "svc.test:8080=127.0.0.1:8080")[0] == added
+    assert control.apply(added, "deny", "api.example.com")[0] == (rule,)
+    with pytest.raises(control.UsageError, match="NO_PROXY"):
+        control.apply(rules, "allow", "127.0.0.1:80")
+    with pytest.raises(control.UsageError, match="public suffix"):
+        control.apply(rules, "allow", "*.com")
