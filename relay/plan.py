@@ -24,6 +24,7 @@ from .fsplan import FsPlan, FsView, Grant, Mount, plan_filesystem
 from .gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from .hosts import HostRule, explain
 from .native import render as render_native
+from .nodeproxy import node_options
 from .paths import config_home, own_paths, state_dir, tool_dir
 from .planlimits import Limits, limit_method
 from .presets import expand as expand_presets
@@ -175,9 +176,10 @@ def proxy_env(listen: str) -> dict[str, str]:
         "YARN_HTTP_PROXY": url,
         "YARN_HTTPS_PROXY": url,
         "GLOBAL_AGENT_HTTP_PROXY": url,
-        # Node's built-in fetch ignores HTTPS_PROXY unless told (Node >= 24, and 22.21+); Node 20 has no
-        # switch at all, so its fetch cannot leave the box (no route) rather than bypassing the proxy.
+        # Node's built-in fetch ignores HTTPS_PROXY unless told: NODE_USE_ENV_PROXY on Node >= 24 (and
+        # 22.21+), a preload on older Node (relay/nodeproxy.py; it stands aside on the newer ones).
         "NODE_USE_ENV_PROXY": "1",
+        "NODE_OPTIONS": node_options(),
         # Java reads no proxy variable; the JVM options do it (every JVM prints "Picked up ..." once).
         # Go's net/http honours HTTPS_PROXY as it is; git and curl read the lowercase forms.
         "JAVA_TOOL_OPTIONS": java_proxy_options(listen),
