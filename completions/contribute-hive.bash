@@ -28,10 +28,10 @@ _hive_relay_complete() {
         esac
     done
     if ((n == 0)); then
-        COMPREPLY=($(compgen -W "$backends build-image completion logs clean" -- "$cur"))
+        COMPREPLY=($(compgen -W "$backends build-image completion logs clean allow deny" -- "$cur"))
     elif [[ $first == completion ]]; then
         ((n == 1)) && COMPREPLY=($(compgen -W "bash zsh" -- "$cur"))
-    elif ((n == 1)) && [[ $first != build-image && $first != logs && $first != clean ]]; then
+    elif ((n == 1)) && [[ $first != build-image && $first != logs && $first != clean && $first != allow && $first != deny ]]; then
         COMPREPLY=($(compgen -W "$modes" -- "$cur"))
     fi
     return 0

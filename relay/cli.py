@@ -441,7 +441,7 @@ def _clean_main(argv: Sequence[str]) -> int:
 CHANGE_HELP = {
     "host": "HOST[:PORT] as for --allow-host (NAME[:PORT], *.DOMAIN[:PORT], NAME[:PORT]=ADDR:PORT); "
             "no port means 443",
-    "run": "the run to change: its id or a unique part of it (the box's banner and denial lines name it); "
+    "run": "the run to change: its id or a unique part of it (the denial lines and the log's name carry it); "
            "default: your only live run",
 }
 ALLOW_DOC = ("Allow a host in a running box's egress proxy, from another terminal (only your own runs); "
