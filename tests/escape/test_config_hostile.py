@@ -301,19 +301,30 @@ def test_repo_guard_entries_beyond_the_base_are_refused(tmp_path: Path, report: 
 
 
 def test_legit_repo_narrowing_of_every_narrowable_key(tmp_path: Path, report: Report) -> None:
-    claude = BASE["claude"]
+    claude = dataclasses.replace(BASE["claude"], presets=("npm", "pypi"))  # as a user config may turn presets on
     path = tmp_path / REPO_CONFIG_NAME
     narrowed = {"egress": list(claude.egress[:1]),
                 "home": {"ro": [], "rw": list(claude.home_rw[:1]), "sync": [], "guard": list(claude.home_guard)},
-                "env": {"pass": list(claude.env_pass[:1])}, "deny": ["~/.claude/projects"]}
+                "env": {"pass": list(claude.env_pass[:1])}, "deny": ["~/.claude/projects"], "presets": ["pypi"]}
     assert set(narrowed) == NARROWABLE
     path.write_text(yaml.safe_dump({"backends": {"claude": narrowed}}))
-    result = apply_repo(dict(BASE), path)["claude"]
+    result = apply_repo({**BASE, "claude": claude}, path)["claude"]
     works = (result.egress == claude.egress[:1] and result.home_rw == claude.home_rw[:1] and result.home_ro == ()
              and result.env_pass == claude.env_pass[:1] and "~/.claude/projects" in result.deny
-             and set(claude.deny) <= set(result.deny) and result.home_guard == claude.home_guard)
+             and set(claude.deny) <= set(result.deny) and result.home_guard == claude.home_guard
+             and result.presets == ("pypi",))
     report.legit(works)
     assert works
+
+
+def test_repo_cannot_turn_a_preset_on(tmp_path: Path, report: Report) -> None:
+    """A repo naming a preset its backend does not have would widen egress: refused, like any added host."""
+    path = tmp_path / REPO_CONFIG_NAME
+    path.write_text(yaml.safe_dump({"backends": {"claude": {"presets": ["github-read"]}}}))
+    with pytest.raises(ConfigError) as err:
+        apply_repo(dict(BASE), path)
+    report.attack("may only narrow, but adds github-read" in err.value.message)
+    assert "may only narrow, but adds github-read" in err.value.message
 
 
 # --- 4. the environment allowlist is exact names ----------------------------------------------------------
