@@ -82,10 +82,10 @@ def serve(conn: socket.socket, handle: Callable[[str, str, int], dict]) -> None:
         conn.settimeout(TIMEOUT)
         try:
             uid = peer_uid(conn)
+            data = _read_line(conn)  # read (bounded) even from a stranger, so that it hears the refusal
             if uid != os.getuid():
                 reply = {"ok": False, "error": f"uid {uid} may not change this run (it belongs to uid {os.getuid()})"}
             else:
-                data = _read_line(conn)
                 try:
                     message = json.loads(data)
                     op, entry = str(message["op"]), str(message.get("entry", ""))

@@ -198,3 +198,52 @@ def test_apply_follows_the_allow_host_rules() -> None:
         control.apply(rules, "allow", "127.0.0.1:80")
     with pytest.raises(control.UsageError, match="public suffix"):
         control.apply(rules, "allow", "*.com")
+
+
+CLIENT = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(json.dumps({"op": "allow", "entry": "x.example.com"}).encode() + b"\\n")
+print(s.makefile().readline().strip())
+"""
+
+
+def test_the_proxy_end_answers_only_its_own_uid() -> None:
+    """The proxy's end checks SO_PEERCRED: another uid (here nobody, as root can switch to it) is refused
+    and its request never reaches the rules; the twin, the same uid, is served."""
+    import socket
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="hive-relay-ctl-test-")
+    os.chmod(base, 0o755)
+    path = os.path.join(base, "control")
+    served: list[str] = []
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    os.chmod(path, 0o777)  # only the peer check stands between a stranger and the rules here
+    listener.listen(4)
+
+    def serve_two() -> None:
+        for _ in range(2 if os.getuid() == 0 else 1):
+            conn, _ = listener.accept()
+            control.serve(conn, lambda op, entry, uid: served.append(f"{op} {entry} {uid}") or {"ok": True})
+
+    t = threading.Thread(target=serve_two, daemon=True)
+    t.start()
+    try:
+        same = subprocess.run(["/usr/bin/python3", "-c", CLIENT, path], capture_output=True, text=True, timeout=30)
+        assert same.stdout.strip(), same
+        assert json.loads(same.stdout) == {"ok": True} and served == [f"allow x.example.com {os.getuid()}"]
+        if os.getuid() == 0:
+            other = subprocess.run(["/usr/bin/python3", "-c", CLIENT, path], capture_output=True, text=True,
+                                   timeout=30, user=65534, group=65534, extra_groups=[])
+            assert other.stdout.strip(), other
+            reply = json.loads(other.stdout)
+            assert reply["ok"] is False and "uid 65534 may not change this run" in reply["error"], other
+            assert len(served) == 1
+        t.join(10)
+    finally:
+        listener.close()
+        os.unlink(path)
+        os.rmdir(base)
