@@ -15,6 +15,7 @@ from invoke.parser.parser import ParseMachine, is_flag
 
 from relay.cli import (
     ALLOW_DOC,
+    ASK_DOC,
     CHANGE_HELP,
     CLEAN_DOC,
     CLEAN_HELP,
@@ -225,6 +226,7 @@ def _contribute_hive(
     workdir: str = ".",
     allow_host: list[str] | None = None,
     allow_preset: list[str] | None = None,
+    ask: bool = False,
     timeout: str | None = None,
     dry_run: bool = False,
     json: bool = False,
@@ -242,7 +244,7 @@ def _contribute_hive(
         request = request_from(
             None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
             workdir=workdir, allow_hosts=tuple(allow_host or ()), allow_presets=tuple(allow_preset or ()),
-            timeout=seconds(timeout), command=command,
+            ask=ask, timeout=seconds(timeout), command=command,
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet)
 
@@ -324,7 +326,14 @@ def deny(c: Context, host: str, run: str | None = None) -> None:
     _exit(guarded(change, "deny", host, run or None))
 
 
-allow.__doc__, deny.__doc__ = ALLOW_DOC, DENY_DOC
+@task(help={"run": CHANGE_HELP["run"]}, name="ask")
+def ask(c: Context, run: str | None = None) -> None:
+    from relay.control import ask as run_ask
+
+    _exit(guarded(run_ask, run or None))
+
+
+allow.__doc__, deny.__doc__, ask.__doc__ = ALLOW_DOC, DENY_DOC, ASK_DOC
 
 
 @task(help={"args": "extra arguments for pytest, e.g. '-k proxy -x'"})

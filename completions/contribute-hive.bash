@@ -3,7 +3,7 @@
 _hive_relay_complete() {
     local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} i w n=0 first=
     local backends="claude codex gemini opencode shell" modes="local container" profiles="agent default" isolations="auto process supervised container"
-    local options="-a --allow-host -l --allow-preset -b --backend -d --dry-run -i --isolation -j --json -m --mode -p --profile -q --quiet -r --prompt -t --timeout -v --version -w --workdir -h --help"
+    local options="-a --allow-host -l --allow-preset -s --ask -b --backend -d --dry-run -i --isolation -j --json -m --mode -p --profile -q --quiet -r --prompt -t --timeout -v --version -w --workdir -h --help"
     for ((i = 1; i < COMP_CWORD; i++)); do
         if [[ ${COMP_WORDS[i]} == -- ]]; then
             if ((i == COMP_CWORD - 1)); then COMPREPLY=($(compgen -c -- "$cur")); else COMPREPLY=($(compgen -f -- "$cur")); fi
@@ -28,10 +28,10 @@ _hive_relay_complete() {
         esac
     done
     if ((n == 0)); then
-        COMPREPLY=($(compgen -W "$backends build-image completion logs clean allow deny" -- "$cur"))
+        COMPREPLY=($(compgen -W "$backends build-image completion logs clean allow deny ask" -- "$cur"))
     elif [[ $first == completion ]]; then
         ((n == 1)) && COMPREPLY=($(compgen -W "bash zsh" -- "$cur"))
-    elif ((n == 1)) && [[ $first != build-image && $first != logs && $first != clean && $first != allow && $first != deny ]]; then
+    elif ((n == 1)) && [[ $first != build-image && $first != logs && $first != clean && $first != allow && $first != deny && $first != ask ]]; then
         COMPREPLY=($(compgen -W "$modes" -- "$cur"))
     fi
     return 0

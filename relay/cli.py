@@ -460,7 +460,20 @@ def _change_main(op: str, argv: Sequence[str]) -> int:
     return change(op, ns.host, ns.run)
 
 
-SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main,
+ASK_DOC = ("Answer, from a second terminal, the egress questions of a box started with --ask: each denied host "
+           "is asked once (y allows it, an entry such as NAME:PORT=ADDR:PORT allows that, anything else refuses).")
+
+
+def _ask_main(argv: Sequence[str]) -> int:
+    from .control import ask
+
+    parser = _argument_parser(prog="hive-relay ask", description=ASK_DOC)
+    parser.add_argument("-r", "--run", metavar="RUN", help=CHANGE_HELP["run"])
+    ns = parser.parse_args(argv)
+    return ask(ns.run)
+
+
+SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main, "ask": _ask_main,
                "allow": lambda argv: _change_main("allow", argv), "deny": lambda argv: _change_main("deny", argv)}
 
 
@@ -485,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         request = request_from(
             ns.backend_pos, ns.mode_pos, ns.backend, ns.mode, profile=ns.profile, isolation=ns.isolation,
             prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host),
-            allow_presets=tuple(ns.allow_preset), timeout=seconds(ns.timeout), command=command,
+            allow_presets=tuple(ns.allow_preset), ask=ns.ask, timeout=seconds(ns.timeout), command=command,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import struct
@@ -61,8 +62,8 @@ def listen(run_dir: str) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
+            sock.listen(8)  # before anyone can see it listed as live (live_runs looks for the socket)
             os.chmod(SOCKET_NAME, 0o600, dir_fd=fd)
-            sock.listen(8)
         except OSError:
             sock.close()
             raise
@@ -76,9 +77,12 @@ def peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def serve(conn: socket.socket, handle: Callable[[str, str, int], dict]) -> None:
-    """Answer one request on an accepted connection: `handle(op, entry, uid)` gives the reply."""
-    with conn:
+def serve(conn: socket.socket, handle: Callable[[str, str, int], dict],
+          watch: Callable[[socket.socket], None] | None = None) -> None:
+    """Answer one request on an accepted connection: `handle(op, entry, uid)` gives the reply. The op
+    `watch` (`invoke ask`) hands the connection to `watch`, which keeps it to send questions on."""
+    keep = False
+    try:
         conn.settimeout(TIMEOUT)
         try:
             uid = peer_uid(conn)
@@ -92,10 +96,19 @@ def serve(conn: socket.socket, handle: Callable[[str, str, int], dict]) -> None:
                 except (ValueError, KeyError, TypeError):
                     reply = {"ok": False, "error": "malformed request"}
                 else:
+                    if op == "watch" and watch is not None:
+                        conn.sendall(b'{"ok": true, "message": "watching"}\n')
+                        conn.settimeout(None)
+                        keep = True
+                        watch(conn)
+                        return
                     reply = handle(op, entry, uid)
             conn.sendall((json.dumps(reply) + "\n").encode())
         except OSError:
             pass
+    finally:
+        if not keep:
+            conn.close()
 
 
 def _read_line(conn: socket.socket) -> bytes:
@@ -155,7 +168,7 @@ def live_runs(base: str) -> list[Run]:
     runs = []
     for name in names:
         run_id = name.removeprefix("hive-relay-")
-        owner = sweep.parse_run_id(run_id)
+        owner = sweep.parse_run_id(run_id) if re.fullmatch(sweep.RUN_ID_RE, run_id) else None
         path = os.path.join(base, name)
         if owner is None or not sweep.alive(owner) or _private_dir(path) is None:
             continue
@@ -227,6 +240,56 @@ def request(run: Run, op: str, entry: str) -> dict:
     except ValueError:
         raise RelayError(f"run {run.run_id} sent no valid answer") from None
     return reply if isinstance(reply, dict) else {"ok": False, "error": "invalid answer"}
+
+
+def ask(run: str | None = None, env: dict[str, str] | None = None, answers=None) -> int:  # noqa: ANN001
+    """`invoke ask [--run RUN]`: in a second terminal, answer the questions of a box started with --ask.
+    Each denied host is asked once: `y` allows it as asked, an entry (`NAME:PORT=ADDR:PORT`) allows
+    that instead, anything else refuses it; the box's request waits meanwhile (up to ASK_TIMEOUT)."""
+    import sys
+
+    answers = answers or sys.stdin
+    target = pick(runtime_base(env if env is not None else os.environ), run)
+    fd = os.open(target.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+            raise RefusedError(f"the run dir {target.path} is not private to you; not talking to it")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(TIMEOUT)
+        try:
+            sock.connect(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
+        except OSError as err:
+            sock.close()
+            raise NoRunError(f"run {target.run_id} does not answer ({err.strerror or err})") from None
+    finally:
+        os.close(fd)
+    with sock:
+        sock.sendall(b'{"op": "watch"}\n')
+        lines = sock.makefile("r", encoding="utf-8", errors="replace")
+        sock.settimeout(None)
+        if not json.loads(lines.readline() or "{}").get("ok"):
+            raise RefusedError(f"run {target.run_id} does not take questions (was it started with --ask?)")
+        print(f"hive-relay: answering run {target.run_id}'s egress questions (Ctrl-C to stop)", flush=True)
+        for line in lines:
+            try:
+                host = str(json.loads(line)["ask"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            shown = "".join(c if c.isprintable() else "?" for c in host)[:300]
+            print(f"hive-relay: run {target.run_id} asks for {shown} (not in the egress allowlist). Allow it? "
+                  "[y/N, or an entry such as NAME:PORT=ADDR:PORT]", flush=True)
+            answer = (answers.readline() or "").strip()
+            entry = shown if answer.lower() in ("y", "yes") else answer if answer and answer.lower() not in ("n", "no") \
+                else ""
+            try:
+                reply = request(target, "allow" if entry else "refuse", entry or shown)
+            except RelayError as err:
+                print(f"hive-relay: {err.message}", flush=True)
+                continue
+            print(f"hive-relay: {reply.get('message') or reply.get('error')}", flush=True)
+    print(f"hive-relay: run {target.run_id} ended", flush=True)
+    return 0
 
 
 def change(op: str, entry: str, run: str | None = None, env: dict[str, str] | None = None) -> int:

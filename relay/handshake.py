@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -108,16 +109,19 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
         tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
     proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
                         routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets),
-                        run_id=run_id(plan), control=_control(plan))
+                        run_id=run_id(plan), control=_control(plan), ask=plan.ask)
     proxy.start()
     return proxy
 
 
 def _control(plan: Plan) -> socket.socket | None:
     """The run's `invoke allow|deny` socket (relay/control.py); a run without it still runs, unapprovable."""
-    if not plan.run_dir or not os.path.isdir(plan.run_dir):
-        return None
     from . import control
+    from .sweep import RUN_ID_RE
+
+    # The verification run (`RUN-verify`, relay/verify.py) is over in a moment: nothing to approve there.
+    if not plan.run_dir or not re.fullmatch(RUN_ID_RE, run_id(plan)) or not os.path.isdir(plan.run_dir):
+        return None
 
     try:
         return control.listen(plan.run_dir)

@@ -21,6 +21,8 @@ HELP = {
     "allow_host": ALLOW_HOST_HELP,
     "allow_preset": ("egress preset, repeatable: the hosts of one ecosystem's registry (npm, pypi, crates, go, "
                      "apt, github-read, or one named under `presets:` in your user config); --dry-run shows them"),
+    "ask": ("when the box is denied a host, hold the request (up to 30 s) and ask `invoke ask` in a second "
+            "terminal; with nobody asking, it is denied at once as usual"),
     "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
@@ -32,6 +34,7 @@ HELP = {
 OPTIONS = (
     ("allow_host", "a", "HOST[:PORT]"),
     ("allow_preset", "l", "PRESET"),
+    ("ask", "s", None),
     ("backend", "b", "BACKEND"),
     ("dry_run", "d", None),
     ("isolation", "i", "ISOLATION"),

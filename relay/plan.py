@@ -61,6 +61,7 @@ class Request:
     workdir: str = "."
     allow_hosts: tuple[str, ...] = ()
     allow_presets: tuple[str, ...] = ()
+    ask: bool = False
     timeout: int | None = None
     run_id: str = ""
     # Internal (selftest): run this argv in the backend's box instead of the agent.
@@ -111,6 +112,7 @@ class Plan:
     credentials: tuple[CredentialRoute, ...] = ()
     # Egress presets on for this run (the backend's, then --allow-preset): name → the rules it added.
     presets: tuple[tuple[str, tuple[HostRule, ...]], ...] = ()
+    ask: bool = False  # --ask: the proxy holds a denied request while `invoke ask` answers
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -594,6 +596,7 @@ def _plan(d: _Draft) -> Plan:
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
         notes=tuple(d.notes), credentials=tuple(d.routes), presets=d.presets if proxy_listen else (),
+        ask=d.request.ask and proxy_listen is not None,
     )
 
 

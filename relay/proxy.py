@@ -42,6 +42,7 @@ HEAD_TIMEOUT = 30.0  # a whole request head must arrive within this, however it 
 BODY_TIMEOUT = 60.0  # a request body may pause this long between reads
 MAX_CONNECTIONS = 256  # concurrent connections per box (reading a head, or being served)
 MAX_TOLD = 20  # denied hosts announced on the caller's terminal, one line each
+ASK_TIMEOUT = 30.0  # --ask: how long a denied request waits for `invoke ask` to answer
 CONNECT_TIMEOUT = 15.0
 CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031
@@ -666,6 +667,7 @@ class EgressProxy:
         origins: Mapping[HostRule, str] | None = None,
         run_id: str = "",
         control: socket.socket | None = None,
+        ask: bool = False,
     ) -> None:
         self.listener = listener
         self.run_id = run_id
@@ -674,6 +676,9 @@ class EgressProxy:
         self.control = control  # `invoke allow|deny` (relay/control.py): a listening Unix socket in the run dir
         self.live: set[HostRule] = set()  # rules added by `invoke allow` while the box runs
         self._rules_lock = threading.Lock()  # serializes writers; readers take `self.rules` in one read
+        self.ask = ask  # --ask: hold a denied request while `invoke ask` (a watcher) answers
+        self._watchers: list[socket.socket] = []
+        self._questions: dict[str, threading.Event] = {}
         # Where a rule came from, for its decision lines: a preset's name (presets.origins), "live".
         self.origins = dict(origins or {})
         self.routes = routes
@@ -720,6 +725,11 @@ class EgressProxy:
         self.listener.close()
         if self.control is not None:
             self.control.close()
+        with self._lock:
+            watchers, self._watchers = self._watchers, []
+        for conn in watchers:
+            conn.close()
+        self._wake(None)
         if self._thread is None:
             for sock in (self._wake_r, self._wake_w):
                 sock.close()
@@ -804,13 +814,68 @@ class EgressProxy:
         except (BlockingIOError, InterruptedError):
             return
         conn.setblocking(True)
-        threading.Thread(target=control.serve, args=(conn, self.change_rules), daemon=True).start()
+        threading.Thread(target=control.serve, args=(conn, self.change_rules, self._watch if self.ask else None),
+                         daemon=True).start()
+
+    def _watch(self, conn: socket.socket) -> None:
+        conn.settimeout(5.0)  # a watcher that does not read its questions is dropped, never waited on
+        with self._lock:
+            self._watchers.append(conn)
+
+    def _ask(self, host: str, port: int) -> bool:
+        """--ask: put the question to the watchers (once per host while it is open) and wait for an answer
+        (an allow, a deny or a refusal of it), at most ASK_TIMEOUT. False when nobody watches or answered."""
+        target = _fmt_hostport(host, port)
+        with self._lock:
+            if not self._watchers:
+                return False
+            event = self._questions.get(target)
+            fresh = event is None
+            if event is None:
+                event = self._questions[target] = threading.Event()
+            watchers = list(self._watchers)
+        if fresh:
+            line = (json.dumps({"ask": target}) + "\n").encode()
+            for conn in watchers:
+                try:
+                    conn.sendall(line)
+                except OSError:
+                    with self._lock:
+                        if conn in self._watchers:
+                            self._watchers.remove(conn)
+                    conn.close()
+            with self._lock:
+                if not self._watchers:
+                    self._questions.pop(target, None)
+                    return False
+        answered = event.wait(ASK_TIMEOUT)
+        with self._lock:
+            if self._questions.get(target) is event:
+                del self._questions[target]
+        return answered
+
+    def _wake(self, target: str | None) -> None:
+        """Answer the open questions: all of them after an allow (any new rule may cover them), else one."""
+        with self._lock:
+            events = list(self._questions.values()) if target is None else [self._questions.get(target)]
+        for event in events:
+            if event is not None:
+                event.set()
 
     def change_rules(self, op: str, entry: str, uid: int) -> dict:
         """Add (`allow`) or remove (`deny`) a rule while the box runs: the new tuple replaces the old
         in one assignment, so a request is judged wholly by one of them. Logged as a JSON line."""
         from . import control
 
+        if op == "refuse":  # `invoke ask` said no: the held request gets its 403 now; the rules stay
+            try:
+                rule = control.parse_rule(entry)
+            except UsageError as err:
+                return {"ok": False, "error": err.message.removeprefix("--allow-host ")}
+            self._wake(rule.target)
+            self.log.event({"host": rule.name, "port": rule.port or 443, "method": "REFUSE", "decision": "live-refuse",
+                            "reason": f"invoke ask by uid {uid}: refused"})
+            return {"ok": True, "message": f"refused {rule.target}"}
         with self._rules_lock:
             try:
                 rules, rule, message = control.apply(self.rules, op, entry)
@@ -826,6 +891,7 @@ class EgressProxy:
                         "reason": f"invoke {op} by uid {uid}: {message}", "rule": rule.render()})
         with self._lock:
             self._told.discard(_fmt_hostport(host, port))  # a later denial is announced again
+        self._wake(None if op == "allow" else rule.target)
         return {"ok": True, "message": message, "rules": [r.render() for r in rules]}
 
     def _refuse_over_cap(self, client: socket.socket) -> None:
@@ -913,6 +979,9 @@ class EgressProxy:
                 return
             host, port, method = req.host, req.port, req.method
             decision = decide(self.rules, host, port, self.resolver)
+            if (not decision.allowed and self.ask and decision.reason in (NOT_LISTED, egress.IP_NOT_LISTED)
+                    and self._ask(host, port)):
+                decision = decide(self.rules, host, port, self.resolver)  # answered: judged by the rules now
             if decision.allowed:
                 upstream, cause, detail = self._connect(decision)
                 if upstream is None:

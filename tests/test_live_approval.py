@@ -81,6 +81,8 @@ def test_allow_then_deny_a_host_while_the_box_runs(request: pytest.FixtureReques
         _wait_for(q, "code=403")
         again = _run_allow(s, "deny", f"svc.test:{port}")  # nothing left to deny: one line, usage error
         assert again.returncode == 2 and "is not allowed in this run" in again.stderr, again.stderr
+        asked = _run_allow(s, "ask")  # a run started without --ask takes no questions
+        assert asked.returncode == 3 and "does not take questions" in asked.stderr, asked.stderr
     finally:
         (s.workdir / "stop").write_text("")
         try:
@@ -247,3 +249,59 @@ def test_the_proxy_end_answers_only_its_own_uid() -> None:
         listener.close()
         os.unlink(path)
         os.rmdir(base)
+
+
+ASK_SCRIPT = ("while [ ! -e go ]; do sleep 0.1; done; "
+              "curl -s -o /dev/null -w 'first=%{{http_code}}\\n' http://svc.test:{port}/x; "
+              "s=$(date +%s); curl -s -o /dev/null -w 'other=%{{http_code}}\\n' http://other.test:{port}/x; "
+              "echo took=$(( $(date +%s) - s ))")
+
+
+@pytest.mark.box
+@pytest.mark.parametrize("mode", ["local", "container"])
+def test_ask_holds_the_denied_request_until_the_second_terminal_answers(request: pytest.FixtureRequest,
+                                                                         mode: str) -> None:
+    """--ask: the box's first request to an unlisted host waits while `ask` (a second terminal) is asked;
+    the answer (a pinned entry) lets that very request through; a `n` for the next host gives its 403 at
+    once. (Without --ask, `ask` is told the run takes no questions: the test above.)"""
+    require_tool("curl")
+    s: Sandbox = request.getfixturevalue("csandbox" if mode == "container" else "box_sandbox")
+    s.env["XDG_RUNTIME_DIR"] = str(s.root / "run")
+    server, port, _ = start_http()
+    box = subprocess.Popen([sys.executable, "-m", "relay", "shell", mode, "--quiet", "--ask", "--prompt",
+                            ASK_SCRIPT.format(port=port)], cwd=s.workdir, env=s.env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    asker = None
+    try:
+        deadline = time.monotonic() + 90
+        while not control.live_runs(s.env["XDG_RUNTIME_DIR"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        asker = subprocess.Popen([sys.executable, "-m", "relay", "ask"], cwd=s.workdir, env=s.env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out = _lines(asker)
+        first = out.get(timeout=30)
+        assert first.startswith("hive-relay: answering run "), first
+        (s.workdir / "go").write_text("")
+        question = out.get(timeout=30)
+        assert f"asks for svc.test:{port} (not in the egress allowlist). Allow it?" in question, question
+        asker.stdin.write(f"svc.test:{port}=127.0.0.1:{port}\n")  # type: ignore[union-attr]
+        asker.stdin.flush()  # type: ignore[union-attr]
+        assert f"allowed svc.test:{port}=127.0.0.1:{port}" in out.get(timeout=30)
+        question = out.get(timeout=30)
+        assert f"asks for other.test:{port}" in question, question
+        asker.stdin.write("n\n")  # type: ignore[union-attr]
+        asker.stdin.flush()  # type: ignore[union-attr]
+        assert f"refused other.test:{port}" in out.get(timeout=30)
+        stdout, stderr = box.communicate(timeout=120)
+        assert out.get(timeout=30).endswith("ended")
+    finally:
+        box.kill()
+        if asker is not None:
+            asker.kill()
+        server.shutdown()
+    assert box.returncode == 0, stderr[-2000:]
+    assert "first=200" in stdout and "other=403" in stdout, stdout
+    assert int(stdout.split("took=")[1].split()[0]) < 10  # refused at once, not after the 30 s wait
+    proc = subprocess.run([sys.executable, "-m", "relay", "ask", "--run", "1-2-deadbeef-cafecafe"], cwd=s.workdir,
+                          env=s.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 4 and "no live run of yours" in proc.stderr

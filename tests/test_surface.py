@@ -198,7 +198,7 @@ def test_bash_completion_offers_backends_modes_and_options(sandbox: Sandbox, tmp
     path.write_text(proc.stdout)
     backends = ["claude", "codex", "gemini", "opencode", "shell"]
     assert complete(path, "contribute-hive", "") == backends + ["build-image", "completion", "logs", "clean", "allow",
-                                                               "deny"]
+                                                               "deny", "ask"]
     assert complete(path, "hive-relay", "allow", "") == []
     assert complete(path, "contribute-hive", "c") == ["claude", "codex", "completion", "clean"]
     assert complete(path, "hive-relay", "logs", "") == []
