@@ -24,7 +24,7 @@ import re
 import socket
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import safefs, sweep
@@ -42,7 +42,7 @@ class NoRunError(RelayError):
     exit_code = EXIT_NO_RUN
 
 
-def runtime_base(env: dict[str, str] | os._Environ) -> str:
+def runtime_base(env: Mapping[str, str]) -> str:
     """Where run dirs live (plan._refuse_workdir names them the same way)."""
     return env.get("XDG_RUNTIME_DIR") or "/tmp"
 
@@ -242,7 +242,7 @@ def request(run: Run, op: str, entry: str) -> dict:
     return reply if isinstance(reply, dict) else {"ok": False, "error": "invalid answer"}
 
 
-def ask(run: str | None = None, env: dict[str, str] | None = None, answers=None) -> int:  # noqa: ANN001
+def ask(run: str | None = None, env: Mapping[str, str] | None = None, answers=None) -> int:  # noqa: ANN001
     """`invoke ask [--run RUN]`: in a second terminal, answer the questions of a box started with --ask.
     Each denied host is asked once: `y` allows it as asked, an entry (`NAME:PORT=ADDR:PORT`) allows
     that instead, anything else refuses it; the box's request waits meanwhile (up to ASK_TIMEOUT)."""
@@ -292,7 +292,7 @@ def ask(run: str | None = None, env: dict[str, str] | None = None, answers=None)
     return 0
 
 
-def change(op: str, entry: str, run: str | None = None, env: dict[str, str] | None = None) -> int:
+def change(op: str, entry: str, run: str | None = None, env: Mapping[str, str] | None = None) -> int:
     """`invoke allow|deny HOST[:PORT] [--run RUN]`: one line saying what changed, or one error line."""
     try:
         parse_rule(entry)  # a bad entry is the caller's error, reported before any run is looked for

@@ -62,6 +62,10 @@ def test_dry_run_shows_the_expansion_in_text_and_json(sandbox: Sandbox) -> None:
     assert dry_json(sandbox)["presets"] == {}  # none is on by default
     text = sandbox.relay("shell", "local", "--dry-run", "-l", "go").stdout
     assert "preset   go: proxy.golang.org, sum.golang.org" in text
+    assert "ask      " not in text
+    asking = sandbox.relay("shell", "local", "--dry-run", "--ask")
+    assert "ask      a denied host is put to `invoke ask`" in asking.stdout
+    assert dry_json(sandbox, "--ask")["ask"] is True and dry_json(sandbox)["ask"] is False
 
 
 def test_no_backend_has_a_preset_on_by_default(sandbox: Sandbox) -> None:
