@@ -119,9 +119,23 @@ class Plan:
 
 
 def route_json(route: CredentialRoute) -> dict:
-    """A route as the plan shows it: where the key goes and how, and which variables it comes from."""
-    return {"route": route.name, "upstream": f"{route.upstream_host}:{route.upstream_port}", "send": route.send,
-            "from": list(route.secret_env), "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
+    """A route as the plan shows it: where the key goes and how, and which variables it comes from.
+    A grant also says where its secret is read (a command's argv, a file and JSON path), never its value."""
+    shown = {"route": route.name, "upstream": f"{route.upstream_host}:{route.upstream_port}", "send": route.send,
+             "from": list(route.secret_env), "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
+    if route.grant:
+        shown["grant"] = True
+        shown["secret"] = ({"env": list(route.secret_env)} if route.secret_env else
+                           {"command": list(route.secret_command)} if route.secret_command else
+                           {"file": route.secret_file, **({"json": route.secret_json} if route.secret_json else {})})
+        shown["git_insteadof"] = grant_origin(route)
+    return shown
+
+
+def grant_origin(route: CredentialRoute) -> str:
+    """The https origin a grant serves; the box's git rewrites it to the grant's route."""
+    port = "" if route.upstream_port == 443 else f":{route.upstream_port}"
+    return f"https://{route.upstream_host}{port}/"
 
 
 def _expand_argv(template: tuple[str, ...], *, prompt: str | None, shell: str, workdir: str) -> list[str]:
@@ -221,6 +235,7 @@ class _Draft:
     env_pass: tuple[str, ...] = ()
     routes: list[CredentialRoute] = field(default_factory=list)
     route_env: dict[str, str] = field(default_factory=dict)
+    git_config: list[tuple[str, str]] = field(default_factory=list)
     withheld: set[str] = field(default_factory=set)
     limits: Limits | None = None
     command: list[str] = field(default_factory=list)
@@ -268,6 +283,7 @@ def resolve(
     _home_grants(d)
     _agent(d)
     _credentials(d)
+    _grants(d)
     _git(d)
     _filesystem(d)
     _environment(d)
@@ -398,6 +414,21 @@ def _credentials(d: _Draft) -> None:
             d.argv[1:1] = [_render(a, render) for a in route.box_args]
 
 
+def _grants(d: _Draft) -> None:
+    """The user config's `auth:` grants: each is a route of this run (any backend with network; the plan
+    lists it), and the box's git rewrites the grant's https origin to it, so `git clone/fetch/push
+    https://HOST/...` reaches the proxy in plain HTTP on the box's loopback and the proxy adds the
+    credential. The box holds no token and no credential helper."""
+    if not d.profile.network or d.tier == Tier.PROCESS or not d.matrix.grants:
+        return
+    for grant in d.matrix.grants:
+        d.routes.append(grant)
+        d.withheld.update(grant.secret_env)  # a grant's variables never reach the box, whatever passes them
+        d.git_config.append((f"url.http://{PROXY_LISTEN}/{grant.name}/.insteadOf", grant_origin(grant)))
+        d.notes.append(f"auth grant {grant.name}: requests to {grant_origin(grant)} through "
+                       f"http://{PROXY_LISTEN}/{grant.name}/ get your credential, added on the host")
+
+
 def _render(template: str, values: dict[str, str]) -> str:
     for key, value in values.items():
         template = template.replace(key, value)
@@ -473,8 +504,9 @@ def _environment(d: _Draft) -> None:
     if profile.backend_home:
         env_set.update(dict(d.backend.env_set))
     env_set.update(d.route_env)
-    if d.git_excludes:
-        env_set.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.excludesFile", GIT_CONFIG_VALUE_0=BOX_GIT_EXCLUDES)
+    git_config = ([("core.excludesFile", BOX_GIT_EXCLUDES)] if d.git_excludes else []) + d.git_config
+    for i, (key, value) in enumerate(git_config):  # git's env-provided config: box-only, no file
+        env_set.update({"GIT_CONFIG_COUNT": str(len(git_config)), f"GIT_CONFIG_KEY_{i}": key, f"GIT_CONFIG_VALUE_{i}": value})
     if profile.network:
         env_set.update(proxy_env(PROXY_LISTEN))
     d.env_set = env_set
