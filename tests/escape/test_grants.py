@@ -39,6 +39,7 @@ env | grep -c GRANT-TOKEN
 for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f"; done 2>/dev/null | grep -c GRANT-TOKEN
 grep -rl GRANT-TOKEN "$HOME" /tmp 2>/dev/null | wc -l
 git config --get-regexp '^url\.' || echo "no rewrite"
+git ls-remote http://127.0.0.1:3128/github/o/r.git >/dev/null 2>&1; echo "route=$?"
 """
 
 
@@ -106,6 +107,7 @@ def test_git_clone_and_push_over_https_with_no_token_in_the_box(box: Sandbox, ca
     report.attack(clean)
     assert clean, proc.stdout
     assert "url.http://127.0.0.1:3128/github/.insteadof https://github.com/" in out
+    assert "route=0" in out
     # The server got the credential on every request, the real one; nothing else carried a key.
     assert server.heads and all("Authorization: Basic " in h for h in server.heads)
     # Every use of the credential is one line in the run's log: route, method, path, status; never the token.
@@ -127,6 +129,9 @@ def test_without_the_grant_the_push_fails_and_nothing_carries_a_token(box: Sandb
     # The box's git cannot even verify the server (it has no CA and no credential); no head reached it
     # with a key.
     assert all("Authorization" not in h for h in server.heads)
+    # Asking the proxy's route by hand is refused too: this run has no grant, so no route /github.
+    assert "route=0" not in out
+    assert any("no credential route /github" in e["reason"] for e in logged(box))
 
 
 def test_a_failing_secret_command_is_one_line_and_starts_no_box(box: Sandbox, ca, github, tmp_path: Path,
