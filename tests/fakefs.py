@@ -32,6 +32,7 @@ class MemFs(FsView):
     dirs: set[str] = field(default_factory=lambda: {"/"})
     links: dict[str, str] = field(default_factory=dict)
     executables: set[str] = field(default_factory=set)
+    sockets: dict[str, int] = field(default_factory=dict)  # path -> owner uid (for --allow-socket)
 
     @classmethod
     def build(cls, *, dirs: Iterable[str] = (), files: Mapping[str, bytes | str] | Iterable[str] = (),
@@ -86,6 +87,13 @@ class MemFs(FsView):
 
     def is_symlink(self, path: str) -> bool:
         return self.lkind(path) == "link"
+
+    def lstat(self, path: str) -> tuple[str, int] | None:
+        real = self._resolve(path, follow_last=False)
+        if real in self.sockets:
+            return "socket", self.sockets[real]
+        kind = self._kind_at(real)
+        return None if kind == "missing" else (kind, 0)
 
     def readlink(self, path: str) -> str | None:
         return self.links.get(self._resolve(path, follow_last=False))
