@@ -496,6 +496,10 @@ def _agent_sockets(d: _Draft) -> None:
     box-private path (AF_UNIX socket() is then allowed in this box only, see _plan); ssh through the
     proxy by GIT_SSH_COMMAND. Loud in the notes; refused where they cannot be kept that narrow."""
     request = d.request
+    if d.profile.network and d.tier != Tier.PROCESS:
+        # Always: ssh in the box goes to the proxy, which allows the --allow-ssh hosts and answers any
+        # other with a refusal that names the fix (rather than the box's "cannot resolve").
+        d.env_set.update({"GIT_SSH_COMMAND": ssh_command(), CONNECT_ENV: connect_script(PROXY_LISTEN)})
     if not (request.allow_sockets or request.allow_ssh):
         return
     if d.tier == Tier.PROCESS:
@@ -527,10 +531,9 @@ def _agent_sockets(d: _Draft) -> None:
             d.env_set["SSH_AUTH_SOCK"] = agent.box
         d.env_pass = tuple(n for n in d.env_pass if n != "SSH_AUTH_SOCK")
     if request.allow_ssh:
-        d.env_set.update({"GIT_SSH_COMMAND": ssh_command(), CONNECT_ENV: connect_script(PROXY_LISTEN)})
         hosts = ", ".join(r.render() for r in parse_ssh_hosts(request.allow_ssh))
-        d.notes.append(f"ssh through the egress proxy to {hosts} (git uses GIT_SSH_COMMAND; a host key is accepted "
-                       "on first use in the box)" + ("" if agent else "; the box has no ssh key: add --allow-socket "
+        d.notes.append(f"ssh through the egress proxy to {hosts} (git uses GIT_SSH_COMMAND, plain ssh: "
+                       "$GIT_SSH_COMMAND HOST; a host key is accepted on first use in the box)" + ("" if agent else "; the box has no ssh key: add --allow-socket "
                                                       "ssh-agent"))
 
 
