@@ -352,3 +352,30 @@ def test_the_repo_checkout_is_not_needed_for_the_proxy_command() -> None:
 
     assert "%" not in connect_script("127.0.0.1:3128")
     assert str(REPO) not in ssh_command() and "$HIVE_RELAY_SSH_CONNECT" in ssh_command()
+
+
+# --- container mode ---------------------------------------------------------------------------------
+
+def test_container_reaches_the_agent_only_with_the_opt_in(csandbox: Sandbox, report: Report) -> None:
+    """podman: the socket file alone as a volume, the OCI profile with AF_UNIX allowed; the twin keeps
+    socket(AF_UNIX) at EPERM. The image has python3, which speaks the agent protocol here."""
+    require_tool("ssh-agent")
+    s = csandbox
+    found = Agent(s.root)
+    dock = s.root / "dock" / "docker.sock"
+    srv = _listening(dock)
+    try:
+        probe = (f"python3 -c '{AGENT_PROBE}' \"$SSH_AUTH_SOCK\"; "
+                 f"python3 -c '{CONNECT_PROBE}' {dock} {found.sock}")
+        on = run(s, probe, "--allow-socket", "ssh-agent", sock=found.sock, mode="container", timeout=300)
+        off = run(s, f"python3 -c '{CONNECT_PROBE}' /run/hive-relay/sockets/ssh-agent {found.sock}", sock=found.sock,
+                  mode="container", timeout=300)
+    finally:
+        found.stop()
+        srv.close()
+    report.legit("agent-answer 12" in on.stdout)  # SSH2_AGENT_IDENTITIES_ANSWER
+    assert "agent-answer 12" in on.stdout, on.stdout + on.stderr
+    report.attack(f"{dock} connect 2" in on.stdout and f"{found.sock} connect 2" in on.stdout)
+    assert f"{dock} connect 2" in on.stdout and f"{found.sock} connect 2" in on.stdout, on.stdout
+    report.attack(off.stdout.count("socket 1") == 2)
+    assert off.stdout.count("socket 1") == 2, off.stdout + off.stderr
