@@ -64,9 +64,9 @@ def _one(value: str, env: Mapping[str, str], home: str, uid: int, fs: FsView) ->
         return BoxSocket(value, _checked(value, path, uid, fs), SSH_AGENT_BOX)
     if value == "gpg-agent":
         path = _gpg_socket(env, home, uid, fs)
-        # gpg finds its agent by path only: in the box (no /run/user/UID) that is $GNUPGHOME/S.gpg-agent.
-        box_home = env.get("GNUPGHOME") or os.path.join(home, ".gnupg")
-        return BoxSocket(value, _checked(value, path, uid, fs), os.path.join(box_home, "S.gpg-agent"))
+        # gpg finds its agent by path only: in the box (no /run/user/UID, no GNUPGHOME) that is
+        # ~/.gnupg/S.gpg-agent, in the box's own home: the socket alone, none of the keyrings.
+        return BoxSocket(value, _checked(value, path, uid, fs), os.path.join(home, ".gnupg", "S.gpg-agent"))
     if not value.startswith("/"):
         raise UsageError(f"--allow-socket {value!r}: expected ssh-agent, gpg-agent or an absolute PATH to a socket; "
                          "fix: e.g. --allow-socket ssh-agent")

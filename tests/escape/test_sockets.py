@@ -379,3 +379,28 @@ def test_container_reaches_the_agent_only_with_the_opt_in(csandbox: Sandbox, rep
     assert f"{dock} connect 2" in on.stdout and f"{found.sock} connect 2" in on.stdout, on.stdout
     report.attack(off.stdout.count("socket 1") == 2)
     assert off.stdout.count("socket 1") == 2, off.stdout + off.stderr
+
+
+def test_gpg_agent_socket_enters_alone(box: Sandbox, report: Report) -> None:
+    """--allow-socket gpg-agent: the box's gpg finds the host's agent (its pid, asked through the
+    socket, is the host agent's), and sees none of the keyrings beside the socket."""
+    require_tool("gpg-agent")
+    gnupg = box.root / "gnupg"
+    gnupg.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(gnupg)}
+    subprocess.run(["gpg-agent", "--daemon"], env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    try:
+        host_pid = subprocess.run(["gpg-connect-agent", "--no-autostart", "GETINFO pid", "/bye"], env=env,
+                                  capture_output=True, text=True, check=True).stdout.split()[1]
+        probe = "ls -A ~/.gnupg; gpg-connect-agent --no-autostart 'GETINFO pid' /bye"
+        on = box.relay("shell", "local", "--quiet", "--prompt", probe, "--allow-socket", "gpg-agent",
+                       extra_env={"GNUPGHOME": str(gnupg)})
+        off = box.relay("shell", "local", "--quiet", "--prompt", probe, extra_env={"GNUPGHOME": str(gnupg)})
+    finally:
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, capture_output=True)
+    report.legit(f"D {host_pid}" in on.stdout)
+    assert f"D {host_pid}" in on.stdout, on.stdout + on.stderr
+    assert on.stdout.split()[0] == "S.gpg-agent" and "private-keys" not in on.stdout
+    report.attack(f"D {host_pid}" not in off.stdout)
+    assert f"D {host_pid}" not in off.stdout, off.stdout
