@@ -296,33 +296,42 @@ def _user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def test_git_over_ssh_through_the_proxy(box: Sandbox, agent: Agent, remote: tuple[Sshd, Path],
-                                        report: Report) -> None:
-    require_tool("git")
-    srv, bare = remote
+def _git_over_ssh(s: Sandbox, agent: Agent, srv: Sshd, bare: Path, report: Report, mode: str) -> None:
     url = f"ssh://{_user()}@git.test{bare}"
     pin = ["--allow-host", f"git.test:22=127.0.0.1:{srv.port}", "--allow-socket", "ssh-agent"]
     script = (f"git ls-remote {url} && git clone -q {url} /tmp/c && cd /tmp/c && "
-              "git -c user.name=box -c user.email=box@example.com commit -q --allow-empty -m from-the-box && "
+              f"git -c user.name=box -c user.email=box@example.com commit -q --allow-empty -m from-the-{mode} && "
               "git push -q origin main && echo pushed")
-    on = run(box, script, "--allow-ssh", "git.test", *pin, sock=agent.sock, timeout=180)
+    on = run(s, script, "--allow-ssh", "git.test", *pin, sock=agent.sock, mode=mode, timeout=300)
     head = subprocess.run(["git", "-C", str(bare), "log", "-1", "--format=%s", "main"], capture_output=True,
                           text=True).stdout.strip()
-    report.legit(on.returncode == 0 and head == "from-the-box")
+    report.legit(on.returncode == 0 and head == f"from-the-{mode}")
     assert on.returncode == 0 and "pushed" in on.stdout, on.stdout + on.stderr + srv.log.read_text()[-2000:]
-    assert "refs/heads/main" in on.stdout and head == "from-the-box"
+    assert "refs/heads/main" in on.stdout and head == f"from-the-{mode}"
     # The twin: the same box without --allow-ssh for git.test; the proxy refuses and says how to allow it.
-    off = run(box, f"git ls-remote {url}", "--allow-ssh", "other.test", "--allow-socket", "ssh-agent",
-              sock=agent.sock)
+    off = run(s, f"git ls-remote {url}", "--allow-ssh", "other.test", "--allow-socket", "ssh-agent",
+              sock=agent.sock, mode=mode, timeout=300)
     report.attack(off.returncode != 0)
     assert off.returncode != 0 and "refs/heads" not in off.stdout
     assert "hive-relay: ssh to git.test:22 refused by the egress proxy" in off.stderr, off.stderr
     assert "fix: --allow-ssh git.test" in off.stderr
-    # Without any --allow-ssh, the pinned port-443 rule alone does not carry ssh either.
-    bare_off = run(box, f"git ls-remote {url}", "--allow-host", f"git.test=127.0.0.1:{srv.port}",
-                   "--allow-socket", "ssh-agent", sock=agent.sock)
+    # Without any --allow-ssh, a pinned port-443 rule for the name does not carry ssh either.
+    bare_off = run(s, f"git ls-remote {url}", "--allow-host", f"git.test=127.0.0.1:{srv.port}",
+                   "--allow-socket", "ssh-agent", sock=agent.sock, mode=mode, timeout=300)
     report.attack(bare_off.returncode != 0)
     assert bare_off.returncode != 0 and "refused by the egress proxy" in bare_off.stderr, bare_off.stderr
+
+
+def test_git_over_ssh_through_the_proxy(box: Sandbox, agent: Agent, remote: tuple[Sshd, Path],
+                                        report: Report) -> None:
+    require_tool("git")
+    _git_over_ssh(box, agent, *remote, report, "local")
+
+
+def test_git_over_ssh_through_the_proxy_in_a_container(csandbox: Sandbox, agent: Agent,
+                                                       remote: tuple[Sshd, Path], report: Report) -> None:
+    require_tool("git")
+    _git_over_ssh(csandbox, agent, *remote, report, "container")
 
 
 def test_commits_are_signed_with_the_agents_key(box: Sandbox, agent: Agent, report: Report) -> None:
