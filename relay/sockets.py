@@ -56,8 +56,11 @@ def resolve_sockets(requested: Sequence[str], env: Mapping[str, str], home: str,
 
 
 def _one(value: str, env: Mapping[str, str], home: str, uid: int, fs: FsView) -> BoxSocket:
+    agent = env.get("SSH_AUTH_SOCK") or ""
+    if value.startswith("/") and agent.startswith("/") and os.path.normpath(value) == os.path.normpath(agent):
+        value = "ssh-agent"  # the caller's agent by its path: the same as naming it (SSH_AUTH_SOCK is set)
     if value == "ssh-agent":
-        path = env.get("SSH_AUTH_SOCK") or ""
+        path = agent
         if not path.startswith("/"):
             raise UsageError("--allow-socket ssh-agent: SSH_AUTH_SOCK is not set to an absolute path, so there is no "
                              "agent to share; fix: start one (eval \"$(ssh-agent)\" && ssh-add) or pass its PATH")

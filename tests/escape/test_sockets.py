@@ -173,6 +173,12 @@ def test_a_socket_in_a_denied_dir_enters_alone(box: Sandbox, report: Report) -> 
     assert bad.returncode == 2 and "is a dir, not a socket" in bad.stderr, bad.stderr
 
 
+def test_the_agents_path_is_the_agent(box: Sandbox, agent: Agent) -> None:
+    """--allow-socket $SSH_AUTH_SOCK is --allow-socket ssh-agent: the box's SSH_AUTH_SOCK is set."""
+    proc = run(box, "ssh-add -l", "--allow-socket", str(agent.sock), sock=agent.sock)
+    assert proc.returncode == 0 and agent.fingerprint in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_bad_socket_requests_are_one_line_and_leave_nothing(box: Sandbox, agent: Agent, tmp_path: Path) -> None:
     link = tmp_path / "link.sock"
     link.symlink_to(agent.sock)
