@@ -268,6 +268,7 @@ def resolve(
     if choice.tier == Tier.UNSANDBOXED:
         return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, list(choice.notes))
     profile = resolve_profile(choice.profile, matrix.profiles)
+    _check_socket_requests(request, choice.tier, profile)
     d = _Draft(backend, matrix, request, facts, caller_env, fs, workdir, choice.tier, profile, shell,
                list(choice.notes), allowed_rules(backend, profile, extra_rules), now)
     _refuse_workdir(d)
@@ -491,6 +492,19 @@ def _environment(d: _Draft) -> None:
         d.notes.append("--timeout applies to --prompt runs only; interactive sessions have no wall-clock kill")
 
 
+def _check_socket_requests(request: Request, tier: Tier, profile: Profile) -> None:
+    """--allow-socket/--allow-ssh where they cannot be kept narrow: refused before anything else."""
+    if not (request.allow_sockets or request.allow_ssh):
+        return
+    if tier == Tier.PROCESS:
+        raise RefusedError("--allow-socket and --allow-ssh need the supervised box or a container: the process tier "
+                           "has no mount namespace to show one socket alone, and no network; fix: install "
+                           "bubblewrap, or use --mode container")
+    if request.allow_ssh and not profile.network:
+        raise RefusedError(f"profile {profile.name!r} has no network, so --allow-ssh cannot be honoured; "
+                           "fix: use --profile agent, or drop --allow-ssh")
+
+
 def _agent_sockets(d: _Draft) -> None:
     """--allow-socket and --allow-ssh (relay/sockets.py): each named host socket, alone, bound at a
     box-private path (AF_UNIX socket() is then allowed in this box only, see _plan); ssh through the
@@ -502,13 +516,6 @@ def _agent_sockets(d: _Draft) -> None:
         d.env_set.update({"GIT_SSH_COMMAND": ssh_command(), CONNECT_ENV: connect_script(PROXY_LISTEN)})
     if not (request.allow_sockets or request.allow_ssh):
         return
-    if d.tier == Tier.PROCESS:
-        raise RefusedError("--allow-socket and --allow-ssh need the supervised box or a container: the process tier "
-                           "has no mount namespace to show one socket alone, and no network; fix: install "
-                           "bubblewrap, or use --mode container")
-    if request.allow_ssh and not d.profile.network:
-        raise RefusedError(f"profile {d.profile.name!r} has no network, so --allow-ssh cannot be honoured; "
-                           "fix: use --profile agent, or drop --allow-ssh")
     assert d.fsplan is not None
     d.sockets = resolve_sockets(request.allow_sockets, d.env, d.home, d.uid, d.fs)
     mounts = list(d.fsplan.mounts)

@@ -36,8 +36,12 @@ class MemFs(FsView):
 
     @classmethod
     def build(cls, *, dirs: Iterable[str] = (), files: Mapping[str, bytes | str] | Iterable[str] = (),
-              links: Mapping[str, str] | None = None, executables: Iterable[str] = ()) -> MemFs:
+              links: Mapping[str, str] | None = None, executables: Iterable[str] = (),
+              sockets: Mapping[str, int] | None = None) -> MemFs:
         fs = cls()
+        fs.sockets = dict(sockets or {})
+        for path in fs.sockets:
+            fs.files.setdefault(path, b"")  # kind() sees a socket as a file, as os.stat does
         items = files.items() if isinstance(files, Mapping) else ((f, b"") for f in files)
         for path, data in items:
             fs.files[path] = data.encode() if isinstance(data, str) else data
@@ -173,4 +177,5 @@ def fake_host() -> MemFs:
         links={f"{HOME}/.config/git": "../.gitconfig-dir", "/bin/sh": "dash"},
         executables=["/bin/bash", "/bin/dash", "/usr/bin/bwrap", "/usr/bin/podman", "/usr/bin/python3",
                      *(f"{TOOLS}/node_modules/.bin/{cli}" for cli in ("claude", "codex", "opencode"))],
+        sockets={"/run/user/1000/ssh-agent.sock": 1000},  # the caller's ssh-agent ($SSH_AUTH_SOCK)
     )
