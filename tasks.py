@@ -23,6 +23,7 @@ from relay.cli import (
     LOGS_DOC,
     LOGS_HELP,
     METAVARS,
+    REPEATABLE,
     contribute,
     extra_argument,
     flag_name,
@@ -226,6 +227,8 @@ def _contribute_hive(
     json: bool = False,
     quiet: bool = False,
     version: bool = False,
+    allow_socket: list[str] | None = None,
+    allow_ssh: list[str] | None = None,
 ) -> None:
     if version:
         print(version_line())
@@ -238,6 +241,7 @@ def _contribute_hive(
         request = request_from(
             None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
             workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
+            allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet)
 
@@ -245,7 +249,7 @@ def _contribute_hive(
 
 
 _contribute_hive.__doc__ = f"{DESCRIPTION}.\n\n{COMMAND_HELP}.\n\n{EPILOG}."
-contribute_hive = task(positional=["backend", "mode"], iterable=["allow_host"], help=HELP,
+contribute_hive = task(positional=["backend", "mode"], iterable=list(REPEATABLE), help=HELP,
                        name="contribute-hive")(_contribute_hive)
 
 

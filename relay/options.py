@@ -19,6 +19,10 @@ HELP = {
     "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
     "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
     "allow_host": ALLOW_HOST_HELP,
+    "allow_socket": ("bind this host socket into the box and allow AF_UNIX sockets there, repeatable: ssh-agent "
+                     "($SSH_AUTH_SOCK), gpg-agent, or an absolute PATH to a socket you own"),
+    "allow_ssh": ("let ssh (git over ssh) reach HOST[:PORT] (port 22 unless given) through the egress proxy, "
+                  "repeatable; pair it with --allow-socket ssh-agent for your keys"),
     "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
@@ -40,7 +44,10 @@ OPTIONS = (
     ("timeout", "t", "SECONDS"),
     ("version", "v", None),
     ("workdir", "w", "DIR"),
+    ("allow_socket", "l", "SOCKET"),
+    ("allow_ssh", "o", "HOST[:PORT]"),
 )
+REPEATABLE = ("allow_host", "allow_socket", "allow_ssh")
 METAVARS = {dest: meta for dest, _, meta in OPTIONS if meta}
 MODES = ("local", "container")
 DESCRIPTION = "Run a coding agent inside the hive relay box: BACKEND [local|container] [options] [-- CMD ARGS...]"

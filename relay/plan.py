@@ -29,6 +29,7 @@ from .planlimits import Limits, limit_method
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
+from .sockets import CONNECT_ENV, BoxSocket, connect_script, parse_ssh_hosts, resolve_sockets, ssh_command
 from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
 from .vocab import MountKind, Tier
 from .workdir import refusal as workdir_refusal
@@ -60,6 +61,8 @@ class Request:
     allow_hosts: tuple[str, ...] = ()
     timeout: int | None = None
     run_id: str = ""
+    allow_sockets: tuple[str, ...] = ()  # --allow-socket: ssh-agent, gpg-agent or PATH (relay/sockets.py)
+    allow_ssh: tuple[str, ...] = ()  # --allow-ssh HOST[:PORT]
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
 
@@ -106,6 +109,8 @@ class Plan:
     rules: tuple[HostRule, ...] = ()  # egress.allowed_rules: handed to the proxy as is; `egress` is their text
     # Keys injected by the proxy (config.CredentialRoute): names of the host variables, never values.
     credentials: tuple[CredentialRoute, ...] = ()
+    sockets: tuple[BoxSocket, ...] = ()  # --allow-socket: host sockets bound in; AF_UNIX socket() allowed
+    ssh: tuple[str, ...] = ()  # --allow-ssh: HOST:PORT reached by ssh through the proxy
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -241,6 +246,7 @@ class _Draft:
     command: list[str] = field(default_factory=list)
     fs_rules: tuple[tuple[str, str], ...] = ()
     container: ContainerRun | None = None
+    sockets: tuple[BoxSocket, ...] = ()
 
     @property
     def home(self) -> str:
@@ -271,12 +277,13 @@ def resolve(
     one small function per tier (_TIERS)."""
     fs = fs or FsView()
     workdir = _checked_request(request, fs)
-    extra_rules = parse_entries(request.allow_hosts)
+    extra_rules = parse_entries(request.allow_hosts) + parse_ssh_hosts(request.allow_ssh)
     choice = choose_tier(request, facts, backend, matrix, caller_env)
     shell = facts.shell if os.path.isabs(facts.shell) else "/bin/sh"
     if choice.tier == Tier.UNSANDBOXED:
         return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, list(choice.notes))
     profile = resolve_profile(choice.profile, matrix.profiles)
+    _check_socket_requests(request, choice.tier, profile)
     d = _Draft(backend, matrix, request, facts, caller_env, fs, workdir, choice.tier, profile, shell,
                list(choice.notes), allowed_rules(backend, profile, extra_rules), now)
     _refuse_workdir(d)
@@ -287,6 +294,7 @@ def resolve(
     _git(d)
     _filesystem(d)
     _environment(d)
+    _agent_sockets(d)
     _TIERS[d.tier](d)
     return _plan(d)
 
@@ -516,6 +524,58 @@ def _environment(d: _Draft) -> None:
         d.notes.append("--timeout applies to --prompt runs only; interactive sessions have no wall-clock kill")
 
 
+def _check_socket_requests(request: Request, tier: Tier, profile: Profile) -> None:
+    """--allow-socket/--allow-ssh where they cannot be kept narrow: refused before anything else."""
+    if not (request.allow_sockets or request.allow_ssh):
+        return
+    if tier == Tier.PROCESS:
+        raise RefusedError("--allow-socket and --allow-ssh need the supervised box or a container: the process tier "
+                           "has no mount namespace to show one socket alone, and no network; fix: install "
+                           "bubblewrap, or use --mode container")
+    if request.allow_ssh and not profile.network:
+        raise RefusedError(f"profile {profile.name!r} has no network, so --allow-ssh cannot be honoured; "
+                           "fix: use --profile agent, or drop --allow-ssh")
+
+
+def _agent_sockets(d: _Draft) -> None:
+    """--allow-socket and --allow-ssh (relay/sockets.py): each named host socket, alone, bound at a
+    box-private path (AF_UNIX socket() is then allowed in this box only, see _plan); ssh through the
+    proxy by GIT_SSH_COMMAND. Loud in the notes; refused where they cannot be kept that narrow."""
+    request = d.request
+    if d.profile.network and d.tier != Tier.PROCESS:
+        # Always: ssh in the box goes to the proxy, which allows the --allow-ssh hosts and answers any
+        # other with a refusal that names the fix (rather than the box's "cannot resolve").
+        d.env_set.update({"GIT_SSH_COMMAND": ssh_command(), CONNECT_ENV: connect_script(PROXY_LISTEN)})
+    if not (request.allow_sockets or request.allow_ssh):
+        return
+    assert d.fsplan is not None
+    d.sockets = resolve_sockets(request.allow_sockets, d.env, d.home, d.uid, d.fs)
+    mounts = list(d.fsplan.mounts)
+    for sock in d.sockets:
+        cover = next((m for m in reversed(mounts) if safe_beneath(sock.box, m.dst)), None)
+        if cover is not None and cover.kind in (MountKind.MASK_DIR, MountKind.MASK_FILE):
+            raise RefusedError(f"--allow-socket {sock.name}: {sock.box} lies in {cover.dst}, which the box hides; "
+                               "fix: move the socket elsewhere")
+        mounts.append(Mount(MountKind.RO_BIND, sock.box, sock.host))
+        d.notes.append(f"HOST SOCKET IN THE BOX: {sock.name} ({sock.host}) at {sock.box}; AF_UNIX sockets are allowed "
+                       "in this box; every other host socket stays hidden")
+    d.fsplan = replace(d.fsplan, mounts=tuple(mounts))
+    agent = next((s for s in d.sockets if s.name == "ssh-agent"), None)
+    if agent is not None:
+        if d.tier == Tier.CONTAINER:
+            # The image's entrypoint refuses to start when $SSH_AUTH_SOCK is a socket it can see (its
+            # deny-list check); the agent gets the variable after that check instead.
+            d.argv[:0] = ["env", f"SSH_AUTH_SOCK={agent.box}"]
+        else:
+            d.env_set["SSH_AUTH_SOCK"] = agent.box
+        d.env_pass = tuple(n for n in d.env_pass if n != "SSH_AUTH_SOCK")
+    if request.allow_ssh:
+        hosts = ", ".join(r.render() for r in parse_ssh_hosts(request.allow_ssh))
+        d.notes.append(f"ssh through the egress proxy to {hosts} (git uses GIT_SSH_COMMAND, plain ssh: "
+                       "$GIT_SSH_COMMAND HOST; a host key is accepted on first use in the box)" + ("" if agent else "; the box has no ssh key: add --allow-socket "
+                                                      "ssh-agent"))
+
+
 def _process_tier(d: _Draft) -> None:
     """Landlock rules instead of mounts: read the host's system dirs, write the workdir and a tmp."""
     if d.run_dir is None:
@@ -575,7 +635,8 @@ def _plan(d: _Draft) -> Plan:
     fsplan, tier = d.fsplan, d.tier
     egress = as_entries(d.rules)
     proxy_listen = PROXY_LISTEN if d.profile.network else None
-    seccomp = policy_for(nested_userns=d.backend.nested_userns, deny_network=tier == Tier.PROCESS)
+    seccomp = policy_for(nested_userns=d.backend.nested_userns, deny_network=tier == Tier.PROCESS,
+                         unix_sockets=bool(d.sockets))
     policy = {
         "tier": tier, "grants": [asdict(g) for g in d.grants], "sync": d.sync, "guard": d.guarded,
         "state": d.state_dirs, "keep": d.backend.home_keep if d.state_dirs else (), "denied": fsplan.denied,
@@ -584,6 +645,8 @@ def _plan(d: _Draft) -> Plan:
     }
     if d.routes:
         policy["credentials"] = [route_json(r) for r in d.routes]
+    if d.sockets:
+        policy["sockets"] = [asdict(s) for s in d.sockets]
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(d.now))
     log_path = os.path.join(state_dir(d.env), "logs", f"{stamp}-{d.backend.name}-{d.request.run_id or 'dry'}.jsonl")
     return Plan(
@@ -599,7 +662,8 @@ def _plan(d: _Draft) -> Plan:
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
-        notes=tuple(d.notes), credentials=tuple(d.routes),
+        notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
+        ssh=tuple(r.render() for r in parse_ssh_hosts(d.request.allow_ssh)),
     )
 
 
