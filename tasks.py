@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from invoke import Context, task
+from invoke import Context, Task, task
 from invoke.exceptions import ParseError
 from invoke.parser import Parser, ParserContext
 from invoke.parser.parser import ParseMachine, is_flag
@@ -27,6 +27,7 @@ from relay.cli import (
     LOGS_DOC,
     LOGS_HELP,
     METAVARS,
+    REPEATABLE,
     contribute,
     extra_argument,
     flag_name,
@@ -225,13 +226,15 @@ def _contribute_hive(
     prompt: str | None = None,
     workdir: str = ".",
     allow_host: list[str] | None = None,
-    allow_preset: list[str] | None = None,
-    ask: bool = False,
     timeout: str | None = None,
     dry_run: bool = False,
     json: bool = False,
     quiet: bool = False,
     version: bool = False,
+    allow_socket: list[str] | None = None,
+    allow_ssh: list[str] | None = None,
+    allow_preset: list[str] | None = None,
+    ask: bool = False,
 ) -> None:
     if version:
         print(version_line())
@@ -243,8 +246,9 @@ def _contribute_hive(
     def go() -> int:
         request = request_from(
             None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
-            workdir=workdir, allow_hosts=tuple(allow_host or ()), allow_presets=tuple(allow_preset or ()),
-            ask=ask, timeout=seconds(timeout), command=command,
+            workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
+            allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
+            allow_presets=tuple(allow_preset or ()), ask=ask,
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet)
 
@@ -252,7 +256,20 @@ def _contribute_hive(
 
 
 _contribute_hive.__doc__ = f"{DESCRIPTION}.\n\n{COMMAND_HELP}.\n\n{EPILOG}."
-contribute_hive = task(positional=["backend", "mode"], iterable=["allow_host", "allow_preset"], help=HELP,
+class _Task(Task):
+    """invoke derives a short flag from the first free character of the name, dashes included: for
+    `allow-preset` (a, l, o, w taken) that is `-`. Take the first free letter instead, as options.OPTIONS says."""
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict:
+        opts = super().arg_opts(name, default, taken_names)
+        names = opts["names"]
+        if len(names) > 1 and not names[1].isalpha():
+            free = [c for c in names[0] if c.isalpha() and c not in taken_names]
+            names[1:2] = free[:1]
+        return opts
+
+
+contribute_hive = task(klass=_Task, positional=["backend", "mode"], iterable=list(REPEATABLE), help=HELP,
                        name="contribute-hive")(_contribute_hive)
 
 

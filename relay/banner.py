@@ -42,7 +42,13 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
               f"{plan.limits.pids} procs via {plan.limits.method}")
     if plan.log_path:
         second += f" · log {short_path(plan.log_path, home)}"
-    return [first, second]
+    lines = [first, second]
+    if plan.sockets:  # --allow-socket: said loudly, every launch
+        shown = ", ".join(f"{s.name} -> {s.box}" for s in plan.sockets)
+        lines.append(f"hive-relay: WARNING: host sockets in this box (AF_UNIX allowed): {shown}")
+    if plan.ssh:
+        lines.append(f"hive-relay: ssh through the proxy to: {', '.join(plan.ssh)}")
+    return lines
 
 
 def note_lines(notes: tuple[str, ...] | list[str]) -> list[str]:

@@ -24,6 +24,7 @@ from .options import (  # noqa: F401 - re-exported: tasks.py and the tests read 
     METAVARS,
     MODES,
     OPTIONS,
+    REPEATABLE,
     flag_name,
 )
 from .plan import Request, resolve, with_image
@@ -176,6 +177,8 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
              "denied   " + ("\n         ".join(plan.denied) or "-"),
              "protected " + ("\n          ".join(plan.protected) or "-"),
              "seccomp  " + "\n         ".join(plan.seccomp),
+             *([f"sockets  {s.name}: {s.host} -> {s.box} (AF_UNIX allowed)" for s in plan.sockets]),
+             *([f"ssh      {', '.join(plan.ssh)} through the proxy (GIT_SSH_COMMAND)"] if plan.ssh else []),
              f"command  {data['command_line']}"]
     lines += note_lines(plan.notes)
     return "\n".join(lines)
@@ -282,7 +285,7 @@ def build_parser():  # noqa: ANN201
     for dest, short, meta in sorted(OPTIONS, key=lambda o: ["backend", "mode"].index(o[0])
                                     if o[0] in ("backend", "mode") else 2):
         names = [f"-{short}", flag_name(dest)]
-        if dest in ("allow_host", "allow_preset"):
+        if dest in REPEATABLE:
             parser.add_argument(*names, dest=dest, action="append", default=[], metavar=meta, help=HELP[dest])
         elif meta is None:
             parser.add_argument(*names, dest=dest, action="store_true", help=HELP[dest])
@@ -498,8 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         request = request_from(
             ns.backend_pos, ns.mode_pos, ns.backend, ns.mode, profile=ns.profile, isolation=ns.isolation,
-            prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host),
-            allow_presets=tuple(ns.allow_preset), ask=ns.ask, timeout=seconds(ns.timeout), command=command,
+            prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
+            command=command, allow_sockets=tuple(ns.allow_socket), allow_ssh=tuple(ns.allow_ssh),
+            allow_presets=tuple(ns.allow_preset), ask=ns.ask,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet)
 

@@ -35,8 +35,18 @@ _PLACEHOLDERS = {"{prompt}", "{shell}", "{workdir}"}
 MAX_CONFIG_BYTES = 1 << 20
 
 
-SENDS = ("x-api-key", "authorization-bearer", "x-goog-api-key")
+SENDS = ("x-api-key", "authorization-bearer", "x-goog-api-key", "authorization-basic")
+SEND_QUERY = "query:"  # `query:NAME`: the key as the query parameter NAME (any client-sent value replaced)
+_QUERY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ROUTE_PLACEHOLDERS = {"{url}", "{placeholder}"}
+
+
+def _send(value: Any, where: _Where, key: str) -> str:
+    """One of SENDS, or `query:NAME` with NAME a plain parameter name (nothing to escape)."""
+    send = _str(value, where, key)
+    if send in SENDS or (send.startswith(SEND_QUERY) and _QUERY_NAME.fullmatch(send[len(SEND_QUERY):])):
+        return send
+    raise where.fail(key, f"unknown way {send!r}", f"use one of {', '.join(SENDS)} or query:NAME")
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,13 @@ class CredentialRoute:
     send: str
     box_env: tuple[tuple[str, str], ...] = ()
     box_args: tuple[str, ...] = ()
+    # An `auth:` grant of the user config (not a backend's route): its secret comes from a host command
+    # (`secret_command`) or a file (`secret_file`, at JSON path `secret_json`) when not from variables.
+    grant: bool = False
+    secret_command: tuple[str, ...] = ()
+    secret_file: str = ""
+    secret_json: str = ""
+    basic_user: str = "x-access-token"  # authorization-basic sends base64(basic_user:key)
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,7 @@ class Matrix:
     allow_unsandboxed: frozenset[str]
     sources: tuple[str, ...]
     presets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the user config's named presets
+    grants: tuple[CredentialRoute, ...] = ()  # the user config's `auth:` (never a repo's)
 
 
 class _Where:
@@ -330,9 +348,7 @@ def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[
         if rule.port is None or rule.pin_addr is not None or rule.wildcard or rule.is_ip:
             raise where.fail(f"{key}.upstream", f"{upstream!r} is not one host name with a port",
                              "write e.g. api.anthropic.com:443 (pin it with --allow-host, never here)")
-        send = _str(data["send"], where, f"{key}.send")
-        if send not in SENDS:
-            raise where.fail(f"{key}.send", f"unknown way {send!r}", f"use one of {', '.join(SENDS)}")
+        send = _send(data["send"], where, f"{key}.send")
         box_env = _env_map(data.get("box_env", {}), where, f"{key}.box_env")
         box_env = tuple((n, _route_template(v, where, f"{key}.box_env.{n}")) for n, v in box_env)
         clash = [n for n, _ in box_env if n in secret_env and "{placeholder}" not in dict(box_env)[n]]
@@ -343,6 +359,63 @@ def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[
                          for a in _str_list(data.get("box_args", []), where, f"{key}.box_args"))
         routes.append(CredentialRoute(str(name), secret_env, rule.name, rule.port, send, box_env, box_args))
     return tuple(routes)
+
+
+GRANT_KEYS = {"host", "secret", "send", "user"}
+SECRET_KEYS = {"env", "command", "file", "json"}
+
+
+def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
+    """`auth: {NAME: {host, secret: {env | command | file [+ json]}, send, user}}` (user config only): a
+    credential for another host, injected by the proxy on the route `/NAME` (e.g. git over HTTPS)."""
+    grants = []
+    for name, raw in _mapping(value, where, "auth").items():
+        key = f"auth.{name}"
+        if not _ROUTE_NAME.fullmatch(name):
+            raise where.fail(key, f"{name!r} is not a grant name", "use lowercase letters, digits, '-'")
+        data = _section(raw, where, key, GRANT_KEYS)
+        for required in ("host", "secret", "send"):
+            if required not in data:
+                raise where.fail(f"{key}.{required}", "missing", f"add {required}")
+        host = _str(data["host"], where, f"{key}.host")
+        try:
+            rule = parse_rule(host if ":" in host else f"{host}:443")
+        except UsageError as err:
+            raise where.fail(f"{key}.host", str(err).removeprefix("--allow-host "), "write NAME or NAME:PORT") from None
+        if rule.port is None or rule.pin_addr is not None or rule.wildcard or rule.is_ip:
+            raise where.fail(f"{key}.host", f"{host!r} is not one host name",
+                             "write e.g. github.com (pin it with --allow-host, never here)")
+        secret = _section(data["secret"], where, f"{key}.secret", SECRET_KEYS)
+        sources = [s for s in ("env", "command", "file") if s in secret]
+        if len(sources) != 1 or ("json" in secret and sources != ["file"]):
+            raise where.fail(f"{key}.secret", "needs exactly one of env, command, file (json only with file)",
+                             "write {env: [GH_TOKEN]}, {command: [gh, auth, token]} or {file: ~/x.json, json: a.b}")
+        env_names: tuple[str, ...] = ()
+        command: tuple[str, ...] = ()
+        file = json_path = ""
+        if "env" in secret:
+            env_names = _env_names(secret["env"], where, f"{key}.secret.env")
+            if not env_names:
+                raise where.fail(f"{key}.secret.env", "no variable named", "list the host variables holding it")
+        elif "command" in secret:
+            command = _str_list(secret["command"], where, f"{key}.secret.command")
+            if not command:
+                raise where.fail(f"{key}.secret.command", "the command is empty", "write e.g. [gh, auth, token]")
+        else:
+            file = _paths([secret["file"]] if isinstance(secret["file"], str) else secret["file"],
+                          where, f"{key}.secret.file")[0]
+            if "json" in secret:
+                json_path = _str(secret["json"], where, f"{key}.secret.json")
+                if not all(json_path.split(".")):
+                    raise where.fail(f"{key}.secret.json", f"{json_path!r} is not a dotted path", "write e.g. a.b")
+        send = _send(data["send"], where, f"{key}.send")
+        user = _str(data.get("user", "x-access-token"), where, f"{key}.user")
+        if ":" in user or not _QUERY_NAME.fullmatch(user.replace("@", "")):
+            raise where.fail(f"{key}.user", f"{user!r} is not a plain user name", "write e.g. x-access-token")
+        grants.append(CredentialRoute(str(name), env_names, rule.name, rule.port, send, grant=True,
+                                      secret_command=command, secret_file=file, secret_json=json_path,
+                                      basic_user=user))
+    return tuple(grants)
 
 
 def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> Backend:
@@ -574,10 +647,10 @@ def apply_user(
     backends: dict[str, Backend], path: Path, data: Any = ABSENT
 ) -> tuple[dict[str, Backend], dict[str, ProfileSpec], frozenset[str]]:
     """Merge the user's own config: it may add backends and profiles, widen, and opt in.
-    `data` is the already-read YAML (else the file is read)."""
+    `data` is the already-read YAML (else the file is read). Its `auth:` grants: `user_grants`."""
     where = _Where(str(path))
     data = _top(read_yaml(path, USER) if data is ABSENT else data, where,
-                {"version", "backends", "profiles", "allow_unsandboxed", "presets"})
+                {"version", "backends", "profiles", "allow_unsandboxed", "auth", "presets"})
     merged = dict(backends)
     for name, entry in _mapping(data.get("backends") or {}, where, "backends").items():
         merged[name] = _backend_from(str(name), entry, where, merged.get(name))
@@ -599,6 +672,19 @@ def user_presets(path: Path, data: Any, backends: Mapping[str, Backend]) -> dict
     presets = _user_presets(data.get("presets") or {}, where) if isinstance(data, dict) else {}
     _check_presets(backends, {**BUILTIN_PRESETS, **presets}, str(path))
     return presets
+
+
+def user_grants(backends: Mapping[str, Backend], path: Path, data: Any) -> tuple[CredentialRoute, ...]:
+    """The user config's `auth:` grants; a name a backend's route already uses is refused (one name,
+    one upstream)."""
+    where = _Where(str(path))
+    grants = _grants((data or {}).get("auth") or {}, where) if isinstance(data, dict) else ()
+    taken = {r.name: b.name for b in backends.values() for r in b.credentials}
+    for grant in grants:
+        if grant.name in taken:
+            raise where.fail(f"auth.{grant.name}", f"the name is backend {taken[grant.name]}'s credential route",
+                             "choose another name")
+    return grants
 
 
 NARROWABLE = {"egress", "home", "deny", "env", "presets"}
@@ -679,11 +765,13 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
     profiles: dict[str, ProfileSpec] = {}
     opt_ins: frozenset[str] = frozenset()
     presets: dict[str, tuple[str, ...]] = {}
+    grants: tuple[CredentialRoute, ...] = ()
     user_path = user_config_path(env)
     data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")))
     if data is not ABSENT:
         backends, profiles, opt_ins = apply_user(backends, user_path, data)
         presets = user_presets(user_path, data, backends)
+        grants = user_grants(backends, user_path, data)
         sources.append(str(user_path))
     if workdir is not None:
         repo_path = workdir / REPO_CONFIG_NAME
@@ -692,7 +780,7 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
             backends = apply_repo(backends, repo_path, data)
             sources.append(str(repo_path))
     return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources),
-                  presets=presets)
+                  grants=grants, presets=presets)
 
 
 def backend_names(matrix: Matrix) -> list[str]:

@@ -156,7 +156,39 @@ def credential_header(route: CredentialRoute, key: str) -> tuple[str, str]:
         raise ValueError(f"the key for route {route.name} is not a single printable token")
     if route.send == "authorization-bearer":
         return "Authorization", f"Bearer {key}"
+    if route.send == "authorization-basic":
+        import base64
+
+        return "Authorization", "Basic " + base64.b64encode(f"{route.basic_user}:{key}".encode()).decode("ascii")
     return route.send, key
+
+
+def apply_credential(route: CredentialRoute, key: str, path: str) -> tuple[str, tuple[str, str] | None]:
+    """(the path to request upstream, the header to add or None): `query:NAME` puts the key in the
+    query as NAME (every value of NAME the client sent removed, however it spelt it), the other ways
+    in a header (`credential_header`). Raises ValueError, never naming the key, for a key that is
+    not one printable token."""
+    header = credential_header(route, key)  # validates the key for every way
+    if not route.send.startswith("query:"):
+        return path, header
+    from urllib.parse import quote, unquote
+
+    name = route.send.removeprefix("query:")
+    base, _, query = path.partition("?")
+    kept = [p for p in query.split("&") if p and unquote(p.partition("=")[0].replace("+", " ")) != name]
+    kept.append(f"{name}={quote(key, safe='')}")
+    return f"{base}?{'&'.join(kept)}", None
+
+
+def route_rules(rules: Sequence[HostRule], route: CredentialRoute) -> tuple[HostRule, ...]:
+    """The rules a route's upstream is decided by. A backend's route goes through the egress policy as
+    it is (its host is in the backend's egress). A grant names its host itself, in the user's own
+    config: it is allowed for the proxy's connection (pinned if `--allow-host` pins it), without
+    letting the box CONNECT to that host on its own."""
+    rules = tuple(rules)
+    if not route.grant or find_rule(rules, route.upstream_host, route.upstream_port) is not None:
+        return rules
+    return (*rules, parse_rule(f"{route.upstream_host}:{route.upstream_port}"))
 
 
 def route_key(route: CredentialRoute, env: Mapping[str, str]) -> str | None:

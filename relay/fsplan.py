@@ -71,6 +71,18 @@ class FsView:
             return "link"
         return "dir" if stat.S_ISDIR(mode) else "file"
 
+    def lstat(self, path: str) -> tuple[str, int] | None:
+        """(kind, owner uid) of `path` itself, a link not followed: kind is socket, link, dir, file
+        or other; None when it does not exist (relay/sockets.py checks `--allow-socket` with it)."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        mode = st.st_mode
+        kind = ("socket" if stat.S_ISSOCK(mode) else "link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode)
+                else "file" if stat.S_ISREG(mode) else "other")
+        return kind, st.st_uid
+
     def readlink(self, path: str) -> str | None:
         try:
             return os.readlink(path)

@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from . import egress, jobctl
+from . import hostsecrets, jobctl
 from .errors import RelayError
 from .plan import Plan
 from .presets import origins
@@ -100,7 +100,7 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
     """The host-side proxy on a listener that lives in the box's network namespace. The plan's
     credential routes get their keys from the caller's environment here, and only here: a key is
     held by the proxy, never in the plan, the box's environment, an argv or a log."""
-    keys = {r.name: key for r in plan.credentials if (key := egress.route_key(r, caller_env)) is not None}
+    keys = hostsecrets.read_keys(plan.credentials, caller_env)  # read (and checked) once, before the box: runner.run
     tls = None
     if plan.credentials:
         import ssl  # here, not at the top: only a run with a credential route pays for it

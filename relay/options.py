@@ -23,6 +23,10 @@ HELP = {
                      "apt, github-read, or one named under `presets:` in your user config); --dry-run shows them"),
     "ask": ("when the box is denied a host, hold the request (up to 30 s) and ask `invoke ask` in a second "
             "terminal; with nobody asking, it is denied at once as usual"),
+    "allow_socket": ("bind this host socket into the box and allow AF_UNIX sockets there, repeatable: ssh-agent "
+                     "($SSH_AUTH_SOCK), gpg-agent, or an absolute PATH to a socket you own"),
+    "allow_ssh": ("let ssh (git over ssh) reach HOST[:PORT] (port 22 unless given) through the egress proxy, "
+                  "repeatable; pair it with --allow-socket ssh-agent for your keys"),
     "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
@@ -33,8 +37,6 @@ HELP = {
 # from the names (first free letter), so both entries accept the same ones.
 OPTIONS = (
     ("allow_host", "a", "HOST[:PORT]"),
-    ("allow_preset", "l", "PRESET"),
-    ("ask", "s", None),
     ("backend", "b", "BACKEND"),
     ("dry_run", "d", None),
     ("isolation", "i", "ISOLATION"),
@@ -46,7 +48,12 @@ OPTIONS = (
     ("timeout", "t", "SECONDS"),
     ("version", "v", None),
     ("workdir", "w", "DIR"),
+    ("allow_socket", "l", "SOCKET"),
+    ("allow_ssh", "o", "HOST[:PORT]"),
+    ("allow_preset", "e", "PRESET"),
+    ("ask", "s", None),
 )
+REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")
 METAVARS = {dest: meta for dest, _, meta in OPTIONS if meta}
 MODES = ("local", "container")
 DESCRIPTION = "Run a coding agent inside the hive relay box: BACKEND [local|container] [options] [-- CMD ARGS...]"

@@ -31,6 +31,7 @@ from .presets import expand as expand_presets
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
+from .sockets import CONNECT_ENV, BoxSocket, connect_script, parse_ssh_hosts, resolve_sockets, ssh_command
 from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
 from .vocab import MountKind, Tier
 from .workdir import refusal as workdir_refusal
@@ -64,6 +65,8 @@ class Request:
     ask: bool = False
     timeout: int | None = None
     run_id: str = ""
+    allow_sockets: tuple[str, ...] = ()  # --allow-socket: ssh-agent, gpg-agent or PATH (relay/sockets.py)
+    allow_ssh: tuple[str, ...] = ()  # --allow-ssh HOST[:PORT]
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
 
@@ -113,6 +116,8 @@ class Plan:
     # Egress presets on for this run (the backend's, then --allow-preset): name → the rules it added.
     presets: tuple[tuple[str, tuple[HostRule, ...]], ...] = ()
     ask: bool = False  # --ask: the proxy holds a denied request while `invoke ask` answers
+    sockets: tuple[BoxSocket, ...] = ()  # --allow-socket: host sockets bound in; AF_UNIX socket() allowed
+    ssh: tuple[str, ...] = ()  # --allow-ssh: HOST:PORT reached by ssh through the proxy
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -127,9 +132,23 @@ class Plan:
 
 
 def route_json(route: CredentialRoute) -> dict:
-    """A route as the plan shows it: where the key goes and how, and which variables it comes from."""
-    return {"route": route.name, "upstream": f"{route.upstream_host}:{route.upstream_port}", "send": route.send,
-            "from": list(route.secret_env), "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
+    """A route as the plan shows it: where the key goes and how, and which variables it comes from.
+    A grant also says where its secret is read (a command's argv, a file and JSON path), never its value."""
+    shown = {"route": route.name, "upstream": f"{route.upstream_host}:{route.upstream_port}", "send": route.send,
+             "from": list(route.secret_env), "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
+    if route.grant:
+        shown["grant"] = True
+        shown["secret"] = ({"env": list(route.secret_env)} if route.secret_env else
+                           {"command": list(route.secret_command)} if route.secret_command else
+                           {"file": route.secret_file, **({"json": route.secret_json} if route.secret_json else {})})
+        shown["git_insteadof"] = grant_origin(route)
+    return shown
+
+
+def grant_origin(route: CredentialRoute) -> str:
+    """The https origin a grant serves; the box's git rewrites it to the grant's route."""
+    port = "" if route.upstream_port == 443 else f":{route.upstream_port}"
+    return f"https://{route.upstream_host}{port}/"
 
 
 def _expand_argv(template: tuple[str, ...], *, prompt: str | None, shell: str, workdir: str) -> list[str]:
@@ -243,11 +262,13 @@ class _Draft:
     env_pass: tuple[str, ...] = ()
     routes: list[CredentialRoute] = field(default_factory=list)
     route_env: dict[str, str] = field(default_factory=dict)
+    git_config: list[tuple[str, str]] = field(default_factory=list)
     withheld: set[str] = field(default_factory=set)
     limits: Limits | None = None
     command: list[str] = field(default_factory=list)
     fs_rules: tuple[tuple[str, str], ...] = ()
     container: ContainerRun | None = None
+    sockets: tuple[BoxSocket, ...] = ()
 
     @property
     def home(self) -> str:
@@ -278,7 +299,7 @@ def resolve(
     one small function per tier (_TIERS)."""
     fs = fs or FsView()
     workdir = _checked_request(request, fs)
-    extra_rules = parse_entries(request.allow_hosts)
+    extra_rules = parse_entries(request.allow_hosts) + parse_ssh_hosts(request.allow_ssh)
     presets = expand_presets(backend.presets + request.allow_presets, matrix.presets)
     extra_rules += tuple(r for _, rules in presets for r in rules)
     choice = choose_tier(request, facts, backend, matrix, caller_env)
@@ -286,6 +307,7 @@ def resolve(
     if choice.tier == Tier.UNSANDBOXED:
         return _unsandboxed_plan(backend, request, facts, caller_env, workdir, shell, list(choice.notes))
     profile = resolve_profile(choice.profile, matrix.profiles)
+    _check_socket_requests(request, choice.tier, profile)
     if presets and not profile.network:
         raise RefusedError(f"profile {profile.name!r} has no network, so the egress presets "
                            f"{', '.join(n for n, _ in presets)} cannot be honoured; fix: use --profile agent, "
@@ -296,9 +318,11 @@ def resolve(
     _home_grants(d)
     _agent(d)
     _credentials(d)
+    _grants(d)
     _git(d)
     _filesystem(d)
     _environment(d)
+    _agent_sockets(d)
     _TIERS[d.tier](d)
     return _plan(d)
 
@@ -426,6 +450,21 @@ def _credentials(d: _Draft) -> None:
             d.argv[1:1] = [_render(a, render) for a in route.box_args]
 
 
+def _grants(d: _Draft) -> None:
+    """The user config's `auth:` grants: each is a route of this run (any backend with network; the plan
+    lists it), and the box's git rewrites the grant's https origin to it, so `git clone/fetch/push
+    https://HOST/...` reaches the proxy in plain HTTP on the box's loopback and the proxy adds the
+    credential. The box holds no token and no credential helper."""
+    if not d.profile.network or d.tier == Tier.PROCESS or not d.matrix.grants:
+        return
+    for grant in d.matrix.grants:
+        d.routes.append(grant)
+        d.withheld.update(grant.secret_env)  # a grant's variables never reach the box, whatever passes them
+        d.git_config.append((f"url.http://{PROXY_LISTEN}/{grant.name}/.insteadOf", grant_origin(grant)))
+        d.notes.append(f"auth grant {grant.name}: requests to {grant_origin(grant)} through "
+                       f"http://{PROXY_LISTEN}/{grant.name}/ get your credential, added on the host")
+
+
 def _render(template: str, values: dict[str, str]) -> str:
     for key, value in values.items():
         template = template.replace(key, value)
@@ -501,8 +540,9 @@ def _environment(d: _Draft) -> None:
     if profile.backend_home:
         env_set.update(dict(d.backend.env_set))
     env_set.update(d.route_env)
-    if d.git_excludes:
-        env_set.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.excludesFile", GIT_CONFIG_VALUE_0=BOX_GIT_EXCLUDES)
+    git_config = ([("core.excludesFile", BOX_GIT_EXCLUDES)] if d.git_excludes else []) + d.git_config
+    for i, (key, value) in enumerate(git_config):  # git's env-provided config: box-only, no file
+        env_set.update({"GIT_CONFIG_COUNT": str(len(git_config)), f"GIT_CONFIG_KEY_{i}": key, f"GIT_CONFIG_VALUE_{i}": value})
     if profile.network:
         env_set.update(proxy_env(PROXY_LISTEN))
     d.env_set = env_set
@@ -510,6 +550,58 @@ def _environment(d: _Draft) -> None:
     d.limits = Limits(profile.memory, profile.pids, limit_method(d.facts.cgroup))
     if d.interactive and d.request.timeout:
         d.notes.append("--timeout applies to --prompt runs only; interactive sessions have no wall-clock kill")
+
+
+def _check_socket_requests(request: Request, tier: Tier, profile: Profile) -> None:
+    """--allow-socket/--allow-ssh where they cannot be kept narrow: refused before anything else."""
+    if not (request.allow_sockets or request.allow_ssh):
+        return
+    if tier == Tier.PROCESS:
+        raise RefusedError("--allow-socket and --allow-ssh need the supervised box or a container: the process tier "
+                           "has no mount namespace to show one socket alone, and no network; fix: install "
+                           "bubblewrap, or use --mode container")
+    if request.allow_ssh and not profile.network:
+        raise RefusedError(f"profile {profile.name!r} has no network, so --allow-ssh cannot be honoured; "
+                           "fix: use --profile agent, or drop --allow-ssh")
+
+
+def _agent_sockets(d: _Draft) -> None:
+    """--allow-socket and --allow-ssh (relay/sockets.py): each named host socket, alone, bound at a
+    box-private path (AF_UNIX socket() is then allowed in this box only, see _plan); ssh through the
+    proxy by GIT_SSH_COMMAND. Loud in the notes; refused where they cannot be kept that narrow."""
+    request = d.request
+    if d.profile.network and d.tier != Tier.PROCESS:
+        # Always: ssh in the box goes to the proxy, which allows the --allow-ssh hosts and answers any
+        # other with a refusal that names the fix (rather than the box's "cannot resolve").
+        d.env_set.update({"GIT_SSH_COMMAND": ssh_command(), CONNECT_ENV: connect_script(PROXY_LISTEN)})
+    if not (request.allow_sockets or request.allow_ssh):
+        return
+    assert d.fsplan is not None
+    d.sockets = resolve_sockets(request.allow_sockets, d.env, d.home, d.uid, d.fs)
+    mounts = list(d.fsplan.mounts)
+    for sock in d.sockets:
+        cover = next((m for m in reversed(mounts) if safe_beneath(sock.box, m.dst)), None)
+        if cover is not None and cover.kind in (MountKind.MASK_DIR, MountKind.MASK_FILE):
+            raise RefusedError(f"--allow-socket {sock.name}: {sock.box} lies in {cover.dst}, which the box hides; "
+                               "fix: move the socket elsewhere")
+        mounts.append(Mount(MountKind.RO_BIND, sock.box, sock.host))
+        d.notes.append(f"HOST SOCKET IN THE BOX: {sock.name} ({sock.host}) at {sock.box}; AF_UNIX sockets are allowed "
+                       "in this box; every other host socket stays hidden")
+    d.fsplan = replace(d.fsplan, mounts=tuple(mounts))
+    agent = next((s for s in d.sockets if s.name == "ssh-agent"), None)
+    if agent is not None:
+        if d.tier == Tier.CONTAINER:
+            # The image's entrypoint refuses to start when $SSH_AUTH_SOCK is a socket it can see (its
+            # deny-list check); the agent gets the variable after that check instead.
+            d.argv[:0] = ["env", f"SSH_AUTH_SOCK={agent.box}"]
+        else:
+            d.env_set["SSH_AUTH_SOCK"] = agent.box
+        d.env_pass = tuple(n for n in d.env_pass if n != "SSH_AUTH_SOCK")
+    if request.allow_ssh:
+        hosts = ", ".join(r.render() for r in parse_ssh_hosts(request.allow_ssh))
+        d.notes.append(f"ssh through the egress proxy to {hosts} (git uses GIT_SSH_COMMAND, plain ssh: "
+                       "$GIT_SSH_COMMAND HOST; a host key is accepted on first use in the box)" + ("" if agent else "; the box has no ssh key: add --allow-socket "
+                                                      "ssh-agent"))
 
 
 def _process_tier(d: _Draft) -> None:
@@ -571,7 +663,8 @@ def _plan(d: _Draft) -> Plan:
     fsplan, tier = d.fsplan, d.tier
     egress = as_entries(d.rules)
     proxy_listen = PROXY_LISTEN if d.profile.network else None
-    seccomp = policy_for(nested_userns=d.backend.nested_userns, deny_network=tier == Tier.PROCESS)
+    seccomp = policy_for(nested_userns=d.backend.nested_userns, deny_network=tier == Tier.PROCESS,
+                         unix_sockets=bool(d.sockets))
     policy = {
         "tier": tier, "grants": [asdict(g) for g in d.grants], "sync": d.sync, "guard": d.guarded,
         "state": d.state_dirs, "keep": d.backend.home_keep if d.state_dirs else (), "denied": fsplan.denied,
@@ -580,6 +673,8 @@ def _plan(d: _Draft) -> Plan:
     }
     if d.routes:
         policy["credentials"] = [route_json(r) for r in d.routes]
+    if d.sockets:
+        policy["sockets"] = [asdict(s) for s in d.sockets]
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(d.now))
     log_path = os.path.join(state_dir(d.env), "logs", f"{stamp}-{d.backend.name}-{d.request.run_id or 'dry'}.jsonl")
     return Plan(
@@ -595,8 +690,9 @@ def _plan(d: _Draft) -> Plan:
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
-        notes=tuple(d.notes), credentials=tuple(d.routes), presets=d.presets if proxy_listen else (),
-        ask=d.request.ask and proxy_listen is not None,
+        notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
+        ssh=tuple(r.render() for r in parse_ssh_hosts(d.request.allow_ssh)),
+        presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
     )
 
 

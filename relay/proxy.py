@@ -192,13 +192,14 @@ def parse_head(head: bytes) -> Request:
     return Request(method, host, port, out.encode("latin-1"), framing, length, bool(expects))
 
 
-def route_head(req: Request, path: str, host: str, port: int, credential: tuple[str, str]) -> bytes:
+def route_head(req: Request, path: str, host: str, port: int, credential: tuple[str, str] | None) -> bytes:
     """The head an origin-form request goes upstream with: its path on the route's host, every
-    credential header the client sent dropped, then the real one added."""
+    credential header the client sent dropped, then the real one added (None: the key is in `path`)."""
     authority = _fmt_hostport(host, None if port == 443 else port)
     kept = [line for line in req.kept if line.partition(":")[0].strip().lower() not in egress.CREDENTIAL_HEADERS]
+    added = [f"{credential[0]}: {credential[1]}"] if credential is not None else []
     out = "\r\n".join([f"{req.method} {path} {req.version}", f"Host: {authority}", *kept,
-                        f"{credential[0]}: {credential[1]}", "Connection: close", "", ""])
+                        *added, "Connection: close", "", ""])
     return out.encode("latin-1")
 
 
@@ -1063,17 +1064,19 @@ class EgressProxy:
         route = match.route
         host, port = route.upstream_host, route.upstream_port
         extra: dict[str, object] = {"route": route.name, "path": match.path.partition("?")[0][:200]}
+        if route.grant:
+            extra["grant"] = True
         key = self.keys.get(route.name)
         try:
             if key is None:
                 raise ValueError(f"no key for route {route.name} on the host")
-            credential = egress.credential_header(route, key)
+            path, credential = egress.apply_credential(route, key, match.path)
         except ValueError as err:
             decision = Decision(False, host, port, str(err))
             self.log.record(decision, req.method, extra)
             _answer(client, _response("502 Bad Gateway", host, port, str(err), "Check the key's variable on the host."))
             return None
-        decision = decide(self.rules, host, port, self.resolver)
+        decision = decide(egress.route_rules(self.rules, route), host, port, self.resolver)
         upstream = None
         if decision.allowed:
             upstream, cause, detail = self._connect(decision)
@@ -1089,7 +1092,7 @@ class EgressProxy:
             return None
         assert upstream is not None
         self.watch.ok(host, port)
-        routed = replace(req, host=host, port=port, head=route_head(req, match.path, host, port, credential))
+        routed = replace(req, host=host, port=port, head=route_head(req, path, host, port, credential))
         status = self._forward(client, upstream, routed, body, first, relay=_relay_response)
         extra["status"] = status
         self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)

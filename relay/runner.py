@@ -123,6 +123,10 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if not quiet:
         emit(banner_lines(plan, caller_env.get("HOME", "")))
     emit(note_lines(plan.notes))
+    if plan.credentials:  # a grant's secret that cannot be read ends the run here, before anything exists
+        from . import hostsecrets
+
+        hostsecrets.read_keys(plan.credentials, caller_env)
     state, go_fd = _prepare(plan, caller_env)
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
     own_cgroup = plan.container is None and plan.limits.method.startswith("cgroup")

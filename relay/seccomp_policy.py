@@ -69,6 +69,8 @@ class SeccompPolicy:
         else:
             if self.deny_af_unix_socket:
                 rules.append("socket(AF_UNIX): EPERM (socketpair allowed)")
+            else:
+                rules.append("socket(AF_UNIX): ALLOWED (--allow-socket; the box sees only the sockets bound in)")
             if self.deny_af_vsock:
                 rules.append("socket(AF_VSOCK): EPERM")
         if self.deny_tty_injection:
@@ -80,9 +82,12 @@ class SeccompPolicy:
         return rules
 
 
-def policy_for(nested_userns: bool, deny_network: bool = False) -> SeccompPolicy:
+def policy_for(nested_userns: bool, deny_network: bool = False, unix_sockets: bool = False) -> SeccompPolicy:
+    """`unix_sockets`: the box was given host sockets (--allow-socket), so it may create AF_UNIX
+    sockets to reach them; AF_VSOCK and the rest stay as they are."""
     denied = ALWAYS_DENIED if nested_userns else ALWAYS_DENIED + NAMESPACE_SYSCALLS
-    return SeccompPolicy(denied_syscalls=denied, deny_new_userns=not nested_userns, deny_network=deny_network)
+    return SeccompPolicy(denied_syscalls=denied, deny_new_userns=not nested_userns, deny_network=deny_network,
+                         deny_af_unix_socket=not unix_sockets)
 
 
 def _pyseccomp():  # noqa: ANN202 - the pyseccomp module

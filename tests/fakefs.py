@@ -32,11 +32,16 @@ class MemFs(FsView):
     dirs: set[str] = field(default_factory=lambda: {"/"})
     links: dict[str, str] = field(default_factory=dict)
     executables: set[str] = field(default_factory=set)
+    sockets: dict[str, int] = field(default_factory=dict)  # path -> owner uid (for --allow-socket)
 
     @classmethod
     def build(cls, *, dirs: Iterable[str] = (), files: Mapping[str, bytes | str] | Iterable[str] = (),
-              links: Mapping[str, str] | None = None, executables: Iterable[str] = ()) -> MemFs:
+              links: Mapping[str, str] | None = None, executables: Iterable[str] = (),
+              sockets: Mapping[str, int] | None = None) -> MemFs:
         fs = cls()
+        fs.sockets = dict(sockets or {})
+        for path in fs.sockets:
+            fs.files.setdefault(path, b"")  # kind() sees a socket as a file, as os.stat does
         items = files.items() if isinstance(files, Mapping) else ((f, b"") for f in files)
         for path, data in items:
             fs.files[path] = data.encode() if isinstance(data, str) else data
@@ -86,6 +91,13 @@ class MemFs(FsView):
 
     def is_symlink(self, path: str) -> bool:
         return self.lkind(path) == "link"
+
+    def lstat(self, path: str) -> tuple[str, int] | None:
+        real = self._resolve(path, follow_last=False)
+        if real in self.sockets:
+            return "socket", self.sockets[real]
+        kind = self._kind_at(real)
+        return None if kind == "missing" else (kind, 0)
 
     def readlink(self, path: str) -> str | None:
         return self.links.get(self._resolve(path, follow_last=False))
@@ -165,4 +177,5 @@ def fake_host() -> MemFs:
         links={f"{HOME}/.config/git": "../.gitconfig-dir", "/bin/sh": "dash"},
         executables=["/bin/bash", "/bin/dash", "/usr/bin/bwrap", "/usr/bin/podman", "/usr/bin/python3",
                      *(f"{TOOLS}/node_modules/.bin/{cli}" for cli in ("claude", "codex", "opencode"))],
+        sockets={"/run/user/1000/ssh-agent.sock": 1000},  # the caller's ssh-agent ($SSH_AUTH_SOCK)
     )

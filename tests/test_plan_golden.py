@@ -49,6 +49,10 @@ def cases() -> Iterator[tuple[str, HostFacts, Request, dict[str, str]]]:
     yield "local/supervised-host/agent-prompt", SUPERVISED, Request("", prompt="fix the bug", timeout=60), ENV
     yield "container/prompt", SUPERVISED, Request("", mode="container", prompt="fix the bug"), ENV
     yield "local/process-host/opted-in", PROCESS, Request(""), {**ENV, "HIVE_RELAY_UNSANDBOXED_ALL": "1"}
+    sockets = {"allow_sockets": ("ssh-agent",), "allow_ssh": ("git.test",)}
+    yield "local/supervised-host/sockets", SUPERVISED, Request("", **sockets), ENV
+    yield "container/sockets", SUPERVISED, Request("", mode="container", **sockets), ENV
+    yield "local/supervised-host/process-sockets", SUPERVISED, Request("", isolation="process", **sockets), ENV
 
 
 def _opt_in(env: dict[str, str], backend: str) -> dict[str, str]:

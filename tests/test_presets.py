@@ -55,12 +55,12 @@ def test_unknown_preset_is_one_line_with_the_known_ones(sandbox: Sandbox) -> Non
 
 
 def test_dry_run_shows_the_expansion_in_text_and_json(sandbox: Sandbox) -> None:
-    data = dry_json(sandbox, "--allow-preset", "npm", "-l", "crates")
+    data = dry_json(sandbox, "--allow-preset", "npm", "-e", "crates")
     assert data["presets"] == {"npm": ["registry.npmjs.org"],
                                "crates": ["crates.io", "index.crates.io", "static.crates.io"]}
     assert {"registry.npmjs.org", "crates.io", "static.crates.io"} <= set(data["egress"])
     assert dry_json(sandbox)["presets"] == {}  # none is on by default
-    text = sandbox.relay("shell", "local", "--dry-run", "-l", "go").stdout
+    text = sandbox.relay("shell", "local", "--dry-run", "-e", "go").stdout
     assert "preset   go: proxy.golang.org, sum.golang.org" in text
     assert "ask      " not in text
     asking = sandbox.relay("shell", "local", "--dry-run", "--ask")
@@ -76,7 +76,7 @@ def test_no_backend_has_a_preset_on_by_default(sandbox: Sandbox) -> None:
 
 
 def test_a_profile_without_network_refuses_presets(sandbox: Sandbox) -> None:
-    proc = sandbox.relay("shell", "local", "--dry-run", "--profile", "default", "-l", "npm")
+    proc = sandbox.relay("shell", "local", "--dry-run", "--profile", "default", "-e", "npm")
     assert proc.returncode == 3 and "no network" in proc.stderr and "npm" in proc.stderr, proc.stderr
 
 
@@ -86,7 +86,7 @@ def test_user_config_names_presets_and_turns_them_on_per_backend(sandbox: Sandbo
     data = dry_json(sandbox)
     assert data["presets"] == {"corp": ["pkgs.corp.example.com", "git.corp.example.com:8443"],
                                "pypi": ["pypi.org", "files.pythonhosted.org"]}
-    assert dry_json(sandbox, "-l", "corp", "-l", "npm")["presets"].keys() == {"corp", "pypi", "npm"}
+    assert dry_json(sandbox, "-e", "corp", "-e", "npm")["presets"].keys() == {"corp", "pypi", "npm"}
 
 
 @pytest.mark.parametrize(("extra", "problem"), [
