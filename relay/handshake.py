@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from . import egress, jobctl
 from .errors import RelayError
+from .paths import state_dir
 from .plan import Plan
 from .proxy import DecisionLog, EgressProxy
 
@@ -110,7 +111,7 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
             from .logins import LoginStore
 
             proxy.keys[route.name] = LoginStore(route.login.file, route.login, caller_env.get("HOME", "/"),
-                                                proxy.open_tls)
+                                                proxy.open_tls, lock_dir=state_dir(dict(caller_env)))
     proxy.start()
     return proxy
 

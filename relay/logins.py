@@ -13,12 +13,15 @@ nothing the box writes at that path ever comes back over it (agentstate keeps it
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import ssl
+import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import safefs
@@ -87,8 +90,9 @@ class LoginStore:
     token endpoint (the proxy's, so the egress rules and their pins apply)."""
 
     def __init__(self, path: str, login: LoginFile, home: str, opener: Opener,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, lock_dir: str | None = None) -> None:
         self.path, self.login, self.home, self.opener, self.clock = path, login, home, opener, clock
+        self.lock_dir = lock_dir  # our state dir: one refresh at a time across every launcher on the host
         self._lock = threading.Lock()
         self.refreshed = 0
 
@@ -110,11 +114,37 @@ class LoginStore:
         data, _ = self._read()
         if self._fresh(data):
             return _get(data, self.login.token)
-        with self._lock:  # one refresh at a time; another thread may have done it meanwhile
+        # One refresh at a time (threads here, other boxes' launchers): a refresh token is often good
+        # for one use, so whoever comes second reads the file the first one wrote.
+        with self._lock, self._host_lock():
             data, mode = self._read()
             if not self._fresh(data):
-                data = self._refresh(data, mode)
+                try:
+                    data = self._refresh(data, mode)
+                except LoginError:
+                    data, _ = self._read()  # the CLI on the host may have refreshed it meanwhile
+                    if not self._fresh(data):
+                        raise
             return _get(data, self.login.token)
+
+    @contextlib.contextmanager
+    def _host_lock(self) -> Iterator[None]:
+        if self.lock_dir is None:
+            yield
+            return
+        try:
+            os.makedirs(self.lock_dir, mode=0o700, exist_ok=True)
+            with safefs.base_dir(self.lock_dir) as dfd:
+                fd = safefs.open_beneath(dfd, "login.lock", os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
+        except OSError as err:
+            raise LoginError(f"cannot lock the login refresh: {err.strerror or err}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise LoginError("cannot lock the login refresh: login.lock is not a regular file")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _refresh(self, data: dict, mode: int) -> dict:
         refresh = _get(data, self.login.refresh_token)

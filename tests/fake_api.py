@@ -89,8 +89,8 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
             req = json.loads(body or b"{}")
         except ValueError:
             req = {}
-        if self.path.split("?")[0].endswith("/oauth/token"):  # an OAuth refresh: valid refresh token -> new pair
-            answer = self.server.oauth_tokens.get(str(req.get("refresh_token")))
+        if self.path.split("?")[0].endswith("/oauth/token"):  # an OAuth refresh: a known refresh token -> a new pair
+            answer = self.server.oauth_tokens.pop(str(req.get("refresh_token")), None)  # single use, as rotated
             return self._json(answer or {"error": "invalid_grant"}, 200 if answer else 400)
         if "/messages" in self.path:
             return self._anthropic(req)

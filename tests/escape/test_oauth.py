@@ -15,7 +15,8 @@ import socket
 import ssl
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,23 +88,37 @@ def tokens_seen(api: fake_api.Server) -> list[str]:
 # The proxy alone: a real EgressProxy, the login route, the host file.
 
 @pytest.fixture
-def login_proxy(ca, api, tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
-    """(port, the host's login file, the log) for a proxy serving the login route."""
+def proxies(ca, api, tmp_path: Path) -> Iterator[Callable[[], tuple[int, Path, Path]]]:
+    """proxies(): a proxy (as one launcher starts it) serving the login route of one host home,
+    with its own log and the host's lock dir: (port, the host's login file, the log)."""
     home = tmp_path / "home"
     home.mkdir()
     path = home / ".claude" / ".credentials.json"
     route = replace(ROUTE, login=replace(ROUTE.login, file=str(path)))
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    log = tmp_path / "log.jsonl"
-    rules = tuple(parse_rule(f"{n}:443=127.0.0.1:{api.server_address[1]}") for n in NAMES)
-    proxy = EgressProxy(listener, rules, DecisionLog(str(log), "claude"), routes=(route,),
-                        tls=ssl.create_default_context(cafile=str(ca[0])), notify=None)
-    proxy.keys[route.name] = logins.LoginStore(str(path), route.login, str(home), proxy.open_tls)
-    proxy.start()
-    yield listener.getsockname()[1], path, log
-    proxy.stop()
+    started: list[EgressProxy] = []
+
+    def make() -> tuple[int, Path, Path]:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        log = tmp_path / f"log-{len(started)}.jsonl"
+        rules = tuple(parse_rule(f"{n}:443=127.0.0.1:{api.server_address[1]}") for n in NAMES)
+        proxy = EgressProxy(listener, rules, DecisionLog(str(log), "claude"), routes=(route,),
+                            tls=ssl.create_default_context(cafile=str(ca[0])), notify=None)
+        proxy.keys[route.name] = logins.LoginStore(str(path), route.login, str(home), proxy.open_tls,
+                                                   lock_dir=str(home / ".local" / "state" / "hive-relay"))
+        proxy.start()
+        started.append(proxy)
+        return listener.getsockname()[1], path, log
+
+    yield make
+    for proxy in started:
+        proxy.stop()
+
+
+@pytest.fixture
+def login_proxy(proxies) -> tuple[int, Path, Path]:
+    return proxies()
 
 
 def ask(port: int, token: str = PLACEHOLDER) -> bytes:
@@ -169,6 +184,20 @@ def test_a_refused_refresh_sends_nothing_and_leaves_the_host_file(api, login_pro
     report.attack(blocked)
     assert blocked, answer
     assert path.read_bytes() == original and MARK.encode() not in answer
+
+
+def test_boxes_refreshing_at_once_use_the_refresh_token_once(api, proxies, report: Report) -> None:
+    """The refresh token is single use (rotated): four launchers' proxies, each asked twice at once
+    with the host's token expired, refresh once between them and all inject the new token."""
+    ports = [proxies() for _ in range(4)]
+    write_login(ports[0][1].parent.parent, expired())
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: ask(p[0]), ports + ports))
+    works = (all(a.startswith(b"HTTP/1.1 200") for a in answers) and len(tokens_seen(api)) == 8
+             and set(tokens_seen(api)) == {f"Bearer {NEW_ACCESS}"})
+    report.legit(works)
+    assert works, ([a[:40] for a in answers], tokens_seen(api))
+    assert len([r for r in api.requests if r["path"] == "/v1/oauth/token"]) == 1
 
 
 def test_a_login_file_behind_a_link_is_not_read(api, login_proxy, tmp_path: Path, report: Report) -> None:
