@@ -236,8 +236,10 @@ curl -s -H "Authorization: Bearer $CLAUDE_CODE_OAUTH_TOKEN" -H 'anthropic-beta: 
 """
 
 
-def run_box(box: Sandbox, ca, api: fake_api.Server, script: str, env: dict[str, str] | None = None):
-    return box.box(script, "claude", *pins(api), extra_env={"SSL_CERT_FILE": str(ca[0]), **(env or {})})
+def run_box(box: Sandbox, ca, api: fake_api.Server, script: str, env: dict[str, str] | None = None,
+            mode: str = "local"):
+    return box.relay("claude", mode, "--quiet", "--prompt", script, *pins(api),
+                     extra_env={"SSL_CERT_FILE": str(ca[0]), **(env or {})}, timeout=300)
 
 
 def assert_no_token_in_box(proc, lines: list[str]) -> None:
@@ -245,9 +247,18 @@ def assert_no_token_in_box(proc, lines: list[str]) -> None:
     assert MARK not in proc.stdout + proc.stderr
 
 
-def test_box_with_a_login_on_the_host_holds_placeholders_only(box: Sandbox, ca, api, report: Report) -> None:
+@pytest.fixture(params=["local", "container"])
+def any_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
+    """The box in each mode: local (bwrap) and container (podman, the user's image)."""
+    if request.param == "container":
+        return request.getfixturevalue("csandbox"), "container"
+    return request.getfixturevalue("box"), "local"
+
+
+def test_box_with_a_login_on_the_host_holds_placeholders_only(any_box, ca, api, report: Report) -> None:
+    box, mode = any_box
     path = write_login(box.home, later())
-    proc = run_box(box, ca, api, SCRIPT)
+    proc = run_box(box, ca, api, SCRIPT, mode=mode)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     copy = json.loads(lines[3])["claudeAiOauth"]
@@ -308,12 +319,13 @@ def test_the_proxy_refreshes_an_expired_login_the_box_cannot(box: Sandbox, ca, a
     assert_no_token_in_box(proc, lines)
 
 
-def test_a_login_file_the_box_writes_never_replaces_the_hosts(box: Sandbox, ca, api, report: Report) -> None:
+def test_a_login_file_the_box_writes_never_replaces_the_hosts(any_box, ca, api, report: Report) -> None:
+    box, mode = any_box
     path = write_login(box.home, later())
     original = path.read_bytes()
     fake = json.dumps({"claudeAiOauth": {"accessToken": "sk-ant-oat01-ATTACKER", "refreshToken": "x", "expiresAt": 1}})
     proc = run_box(box, ca, api, f"printf '%s' '{fake}' > $HOME/.claude/.credentials.json\n"
-                                 "echo '{\"display\": \"kept\"}' >> $HOME/.claude/history.jsonl\n")
+                                 "echo '{\"display\": \"kept\"}' >> $HOME/.claude/history.jsonl\n", mode=mode)
     assert proc.returncode == 0, proc.stderr[-2000:]
     blocked = path.read_bytes() == original
     report.attack(blocked)
@@ -366,3 +378,24 @@ def test_real_claude_turn_with_an_expired_login_on_the_host(box: Sandbox, ca, ap
                if h.get("host") == "api.anthropic.com" and h.get("authorization"))
     assert [json.loads(r["body"])["refresh_token"] for r in api.requests if r["path"] == "/v1/oauth/token"] == [REFRESH]
     assert MARK not in proc.stdout + proc.stderr
+
+
+# opencode: its providers take their base URL from ANTHROPIC_BASE_URL / OPENAI_BASE_URL, so its keys
+# are routes too (checked in its bundle: the AI SDK's `environmentVariableName: "ANTHROPIC_BASE_URL"`).
+
+def test_real_opencode_turn_with_the_key_injected(box: Sandbox, ca, api, report: Report) -> None:
+    from ..test_agents import TOOLS
+
+    (box.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    config = box.workdir / "opencode.json"
+    config.write_text(json.dumps({"model": "anthropic/claude-sonnet-4-5", "autoupdate": False, "share": "disabled"}))
+    config.chmod(0o644)
+    key = "sk-ant-api03-ONHOST-key"
+    proc = box.relay("opencode", "local", "--prompt", "say the answer", *pins(api), "--timeout", "240", timeout=300,
+                     extra_env={"ANTHROPIC_API_KEY": key, "OPENCODE_CONFIG": str(config),
+                                "SSL_CERT_FILE": str(ca[0]), "HIVE_RELAY_TOOLS": TOOLS})
+    keys = [h.get("x-api-key") for h in api.headers_seen if h.get("host") == "api.anthropic.com"]
+    works = proc.returncode == 0 and fake_api.ANSWER in proc.stdout and bool(keys) and set(keys) == {key}
+    report.legit(works)
+    assert works, (keys, proc.stdout[-1500:], proc.stderr[-3000:])
+    assert MARK not in proc.stdout + proc.stderr and "credentials: in box for opencode: ANTHROPIC_API_KEY" not in proc.stderr
