@@ -378,7 +378,7 @@ def _credentials(d: _Draft) -> None:
     gets the placeholder and the proxy's URL instead; the proxy adds the key. A login file's copy
     holds placeholders (agentstate masks it). The first route used sets a shared variable (the
     base URL). A key the caller pointed elsewhere (its base-URL variable set) stays in the box, and
-    says so; so does every login file or key no route can hold (`logins_in_box`, `_loose_keys`)."""
+    says so; so does every login file or key no route can hold (`logins_in_box`, `_SECRET_SUFFIXES`)."""
     if not (d.profile.network and d.profile.backend_home) or d.tier == Tier.PROCESS:
         return
     passable = set(_env_names(d.profile, d.backend, d.env))

@@ -399,3 +399,4 @@ def test_real_opencode_turn_with_the_key_injected(box: Sandbox, ca, api, report:
     report.legit(works)
     assert works, (keys, proc.stdout[-1500:], proc.stderr[-3000:])
     assert MARK not in proc.stdout + proc.stderr and "credentials: in box for opencode: ANTHROPIC_API_KEY" not in proc.stderr
+
