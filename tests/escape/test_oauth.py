@@ -378,6 +378,7 @@ def test_real_claude_turn_with_an_expired_login_on_the_host(box: Sandbox, ca, ap
                if h.get("host") == "api.anthropic.com" and h.get("authorization"))
     assert [json.loads(r["body"])["refresh_token"] for r in api.requests if r["path"] == "/v1/oauth/token"] == [REFRESH]
     assert MARK not in proc.stdout + proc.stderr
+    assert ".credentials.json" not in proc.stderr  # claude left its placeholder copy alone: nothing kept aside
 
 
 # opencode: its providers take their base URL from ANTHROPIC_BASE_URL / OPENAI_BASE_URL, so its keys
@@ -399,4 +400,3 @@ def test_real_opencode_turn_with_the_key_injected(box: Sandbox, ca, api, report:
     report.legit(works)
     assert works, (keys, proc.stdout[-1500:], proc.stderr[-3000:])
     assert MARK not in proc.stdout + proc.stderr and "credentials: in box for opencode: ANTHROPIC_API_KEY" not in proc.stderr
-
