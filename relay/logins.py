@@ -51,7 +51,9 @@ def _get(data: Any, path: str) -> Any:
 def _set(data: dict, path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     for part in parents:
-        data = data[part]
+        data = data.setdefault(part, {})
+        if not isinstance(data, dict):
+            raise LoginError(f"the login file's {path} is not inside a JSON object")
     data[leaf] = value
 
 
@@ -183,7 +185,11 @@ class LoginStore:
         try:
             sock.settimeout(REFRESH_TIMEOUT)
             sock.sendall(head + body)
+            deadline = time.monotonic() + REFRESH_TIMEOUT  # the whole answer, not each read
             while len(raw) <= MAX_TOKEN_RESPONSE:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no complete answer in time")
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
@@ -212,7 +218,10 @@ def _unchunk(data: bytes) -> bytes:
     out = b""
     while data:
         size, _, data = data.partition(b"\r\n")
-        n = int(size.split(b";")[0] or b"0", 16)
+        try:
+            n = int(size.split(b";")[0] or b"0", 16)
+        except ValueError:
+            raise LoginError("the token endpoint's chunked answer is malformed") from None
         if n == 0:
             break
         out, data = out + data[:n], data[n + 2:]

@@ -186,6 +186,18 @@ def test_a_refused_refresh_sends_nothing_and_leaves_the_host_file(api, login_pro
     assert path.read_bytes() == original and MARK.encode() not in answer
 
 
+def test_a_refresh_answer_without_a_token_changes_nothing(api, login_proxy, report: Report) -> None:
+    port, path, _ = login_proxy
+    write_login(path.parent.parent, expired())
+    api.oauth_tokens[REFRESH] = {"token_type": "Bearer", "refresh_token": NEW_REFRESH}  # 200, but no access token
+    original = path.read_bytes()
+    answer = ask(port)
+    blocked = answer.startswith(b"HTTP/1.1 502") and b"gave no access token" in answer and tokens_seen(api) == []
+    report.attack(blocked)
+    assert blocked, answer
+    assert path.read_bytes() == original
+
+
 def test_boxes_refreshing_at_once_use_the_refresh_token_once(api, proxies, report: Report) -> None:
     """The refresh token is single use (rotated): four launchers' proxies, each asked twice at once
     with the host's token expired, refresh once between them and all inject the new token."""
