@@ -121,6 +121,8 @@ def decide(rules: Sequence[HostRule], host: str, port: int, resolved: Sequence[s
 # Credential routes (config.CredentialRoute): the box's CLI talks plain HTTP to the proxy at
 # `/<route>/...`; the proxy sends the request to the route's one upstream with the real key.
 # Every header that can carry an API key is dropped from what the client sent, whatever the route.
+# What the box holds instead of a key (or login token) the proxy injects: fixed, public, one for all.
+CREDENTIAL_PLACEHOLDER = "hive-relay-placeholder"
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization"})
 _KEY_VALUE = re.compile(r"[\x21-\x7e]{1,4096}")
 

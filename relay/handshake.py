@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from . import hostsecrets, jobctl
 from .errors import RelayError
+from .paths import state_dir
 from .plan import Plan
 from .proxy import DecisionLog, EgressProxy
 
@@ -105,6 +106,12 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
         tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
     proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
                         routes=plan.credentials, keys=keys, tls=tls)
+    for route in plan.credentials:
+        if route.login is not None:  # the file's token, read (and refreshed) on the host per request
+            from .logins import LoginStore
+
+            proxy.keys[route.name] = LoginStore(route.login.file, route.login, caller_env.get("HOME", "/"),
+                                                proxy.open_tls, lock_dir=state_dir(dict(caller_env)))
     proxy.start()
     return proxy
 

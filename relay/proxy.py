@@ -652,7 +652,7 @@ class EgressProxy:
         notify: Callable[[str], None] | None = _stderr_line,
         watch: UpstreamWatch | None = None,
         routes: tuple[CredentialRoute, ...] = (),
-        keys: Mapping[str, str] | None = None,
+        keys: Mapping[str, str | Callable[[], str]] | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.listener = listener
@@ -909,6 +909,8 @@ class EgressProxy:
             extra["grant"] = True
         key = self.keys.get(route.name)
         try:
+            if callable(key):  # a login's token (logins.LoginStore): read, and refreshed, on the host
+                key = key()
             if key is None:
                 raise ValueError(f"no key for route {route.name} on the host")
             path, credential = egress.apply_credential(route, key, match.path)
@@ -937,6 +939,24 @@ class EgressProxy:
         status = self._forward(client, upstream, routed, body, first, relay=_relay_response)
         extra["status"] = status
         self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)
+        return upstream
+
+    def open_tls(self, host: str, port: int) -> ssl.SSLSocket:
+        """A verified TLS connection to an allowed host (the egress rules and their pins apply), for a
+        request the host side makes itself: a login's refresh (relay/logins.py). Logged like any other."""
+        decision = decide(self.rules, host, port, self.resolver)
+        upstream = None
+        if decision.allowed:
+            upstream, cause, detail = self._connect(decision)
+            if upstream is None:
+                decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
+            else:
+                upstream, detail = self._tls(upstream, host)
+                if upstream is None:
+                    decision = Decision(False, host, port, detail, unreachable=True, cause="failed")
+        self.log.record(decision, "POST", {"login_refresh": True})
+        if upstream is None:
+            raise OSError(decision.reason)
         return upstream
 
     def _tls(self, sock: socket.socket, host: str) -> tuple[ssl.SSLSocket | None, str]:
