@@ -122,6 +122,10 @@ def decide(rules: Sequence[HostRule], host: str, port: int, resolved: Sequence[s
 # `/<route>/...`; the proxy sends the request to the route's one upstream with the real key.
 # Every header that can carry an API key is dropped from what the client sent, whatever the route.
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization"})
+# The methods a credential route carries. Anything else is refused before the key is added: TRACE
+# and TRACK answer with the request itself (its credential header included, straight back into the
+# box), and an unknown method is an unknown answer.
+ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _KEY_VALUE = re.compile(r"[\x21-\x7e]{1,4096}")
 
 

@@ -907,6 +907,12 @@ class EgressProxy:
         extra: dict[str, object] = {"route": route.name, "path": match.path.partition("?")[0][:200]}
         if route.grant:
             extra["grant"] = True
+        if req.method not in egress.ROUTE_METHODS:
+            reason = f"method {req.method} is not carried on a credential route (it could echo the key back)"
+            self.log.record(Decision(False, host, port, reason), req.method, extra)
+            _answer(client, _response("405 Method Not Allowed", host, port, reason,
+                                      f"Use one of {', '.join(sorted(egress.ROUTE_METHODS))}."))
+            return None
         key = self.keys.get(route.name)
         try:
             if key is None:
