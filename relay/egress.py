@@ -184,6 +184,18 @@ def apply_credential(route: CredentialRoute, key: str, path: str) -> tuple[str, 
     return f"{base}?{'&'.join(kept)}", None
 
 
+def key_forms(route: CredentialRoute, key: str) -> tuple[str, ...]:
+    """Every spelling in which `apply_credential` sends `key` upstream (as is, URL-quoted, inside
+    Basic's base64), longest first: what the proxy scrubs from the answer if the upstream echoes it."""
+    import base64
+    from urllib.parse import quote
+
+    forms = {key, quote(key, safe="")}
+    if route.send == "authorization-basic":
+        forms.add(base64.b64encode(f"{route.basic_user}:{key}".encode()).decode("ascii"))
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
 def route_rules(rules: Sequence[HostRule], route: CredentialRoute) -> tuple[HostRule, ...]:
     """The rules a route's upstream is decided by. A backend's route goes through the egress policy as
     it is (its host is in the backend's egress). A grant names its host itself, in the user's own

@@ -192,12 +192,15 @@ def parse_head(head: bytes) -> Request:
 
 def route_head(req: Request, path: str, host: str, port: int, credential: tuple[str, str] | None) -> bytes:
     """The head an origin-form request goes upstream with: its path on the route's host, every
-    credential header the client sent dropped, then the real one added (None: the key is in `path`)."""
+    credential header the client sent dropped, then the real one added (None: the key is in `path`).
+    The answer is asked for uncompressed (`Accept-Encoding: identity`), so that the proxy can scrub
+    the key from it should the upstream echo it (`Redactor`); a compressed echo would pass unseen."""
     authority = _fmt_hostport(host, None if port == 443 else port)
-    kept = [line for line in req.kept if line.partition(":")[0].strip().lower() not in egress.CREDENTIAL_HEADERS]
+    kept = [line for line in req.kept
+            if line.partition(":")[0].strip().lower() not in egress.CREDENTIAL_HEADERS | {"accept-encoding"}]
     added = [f"{credential[0]}: {credential[1]}"] if credential is not None else []
     out = "\r\n".join([f"{req.method} {path} {req.version}", f"Host: {authority}", *kept,
-                        *added, "Connection: close", "", ""])
+                        *added, "Accept-Encoding: identity", "Connection: close", "", ""])
     return out.encode("latin-1")
 
 
@@ -468,15 +471,58 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
+class Redactor:
+    """Scrubs a route's key (each spelling it was sent in, `egress.key_forms`) from the answer, byte for
+    byte in place (same length, so Content-Length and chunk sizes stay true): an upstream that echoes
+    the request (a redirect or 404 page repeating the URL with `?key=`, a debug endpoint, an error
+    quoting the header) must not hand the key to the box. A stream is scrubbed as it flows: only a
+    tail that could be the start of a key split across two reads is held back, until the next read
+    (an SSE event ends in a blank line, which no key starts with, so events are never held)."""
+
+    def __init__(self, forms: tuple[str, ...]) -> None:
+        self.forms = [f.encode("latin-1") for f in forms if len(f) >= 6]
+        self.held = b""
+        self.count = 0
+
+    def scrub(self, data: bytes) -> bytes:
+        for form in self.forms:
+            if form in data:
+                self.count += data.count(form)
+                data = data.replace(form, b"*" * len(form))
+        return data
+
+    def feed(self, data: bytes) -> bytes:
+        data = self.scrub(self.held + data) if self.held else self.scrub(data)
+        hold = max((_partial(data, form) for form in self.forms), default=0)
+        self.held = data[len(data) - hold:] if hold else b""
+        return data[: len(data) - hold]
+
+    def flush(self) -> bytes:
+        held, self.held = self.held, b""
+        return held
+
+
+def _partial(data: bytes, form: bytes) -> int:
+    """The length of the longest tail of `data` that is a proper prefix of `form` (0: none)."""
+    i = data.find(form[:1], max(0, len(data) - len(form) + 1))
+    while i >= 0:
+        if form.startswith(data[i:]):
+            return len(data) - i
+        i = data.find(form[:1], i + 1)
+    return 0
+
+
 _RESPONSE_DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection"})
 
 
-def _relay_response(upstream: socket.socket, client: socket.socket) -> int:
+def _relay_response(upstream: socket.socket, client: socket.socket, redact: Redactor | None = None) -> int:
     """Relay one response from a TLS upstream (splice cannot see through TLS): its head read boundedly
     and sent with `Connection: close` (one request per connection), interim 1xx heads passed on, then
     the body as it arrives, in small reads, so an SSE stream flows. Redirects are the client's to
-    follow, through the proxy, without the key. Returns the status (0: no valid answer, 502 sent)."""
+    follow, through the proxy, without the key. Every byte passes `redact` (the key scrubbed) first.
+    Returns the status (0: no valid answer, 502 sent)."""
     buf, status = b"", 0
+    red = redact or Redactor(())
     try:
         upstream.settimeout(HEAD_TIMEOUT)
         for _ in range(8):
@@ -494,13 +540,13 @@ def _relay_response(upstream: socket.socket, client: socket.socket) -> int:
                 return 0
             status = int(parts[1])
             if 100 <= status < 200 and status != 101:
-                client.sendall(head + b"\r\n\r\n")
+                client.sendall(red.scrub(head + b"\r\n\r\n"))
                 continue
             listed = {t.strip().lower() for line in lines[1:] if line.partition(b":")[0].strip().lower() == b"connection"
                       for t in line.partition(b":")[2].split(b",")}
             kept = [line for line in lines[1:]
                     if line.partition(b":")[0].strip().lower() not in _RESPONSE_DROPPED | listed]
-            client.sendall(b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""]) + buf)
+            client.sendall(red.scrub(b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""])) + red.feed(buf))
             break
         else:
             _answer(client, _response("502 Bad Gateway", "-", 0, "too many interim responses", ""))
@@ -510,7 +556,10 @@ def _relay_response(upstream: socket.socket, client: socket.socket) -> int:
             data = upstream.recv(65536)
             if not data:
                 break
-            client.sendall(data)
+            data = red.feed(data)
+            if data:
+                client.sendall(data)
+        client.sendall(red.flush())
     except OSError:
         pass
     try:
@@ -940,8 +989,12 @@ class EgressProxy:
         assert upstream is not None
         self.watch.ok(host, port)
         routed = replace(req, host=host, port=port, head=route_head(req, path, host, port, credential))
-        status = self._forward(client, upstream, routed, body, first, relay=_relay_response)
+        redact = Redactor(egress.key_forms(route, key))
+        status = self._forward(client, upstream, routed, body, first,
+                               relay=lambda up, down: _relay_response(up, down, redact))
         extra["status"] = status
+        if redact.count:
+            extra["redacted"] = redact.count  # the upstream echoed the key: scrubbed, and said so
         self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)
         return upstream
 

@@ -9,13 +9,19 @@ throwaway CA, pinned by an `--allow-host`-style rule (fixtures from test_credent
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relay.egress import key_forms
+from relay.proxy import Redactor
 
 from .conftest import Report
-from .test_credential_smuggling import ANTHROPIC, GITHUB, ca2, proxy  # noqa: F401 - pytest fixtures
+from .test_credential_smuggling import ANTHROPIC, BASIC, GITHUB, MAPS, ca2, proxy  # noqa: F401 - pytest fixtures
 from .test_credential_smuggling import status as status_of
 from .test_credentials import REAL, TLSUpstream, entries, exchange
 
 H = b"Host: 127.0.0.1:3128\r\n"
+BASIC_B64 = BASIC.removeprefix(b"Authorization: Basic ")
 
 
 def reflect(head: bytes) -> bytes:
@@ -43,3 +49,101 @@ def test_an_echoing_method_is_refused_before_the_key_is_added(ca2, proxy, method
         assert status_of(exchange(port, verb + b" /" + route.name.encode() + b"/x HTTP/1.1\r\n" + H + body + b"\r\n")) == b"200"
     report.legit(len(twin.conns) == 4)
     assert len(twin.conns) == 4
+
+
+# An upstream that echoes what it received: the key is scrubbed from the answer, in every spelling
+# it was sent in, with the answer's length (and framing) unchanged.
+
+def redirect_keeping_query(head: bytes) -> bytes:
+    """A trailing-slash redirect that keeps the query (and with it `?key=`), as many servers do."""
+    target = head.split(b" ")[1]
+    return (b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://maps.example" + target.replace(b"?", b"/?", 1)
+            + b"\r\nContent-Length: 0\r\n\r\n")
+
+
+def not_found_quoting_url(head: bytes) -> bytes:
+    body = b"<p>The requested URL <code>" + head.split(b" ")[1] + b"</code> was not found on this server.</p>"
+    return b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+def test_a_redirect_that_keeps_the_query_does_not_hand_the_key_back(ca2, proxy, report: Report) -> None:  # noqa: F811
+    upstream = TLSUpstream(ca2[1], redirect_keeping_query)
+    port, log = proxy(upstream, MAPS)
+    answer = exchange(port, b"GET /maps/geo?q=1 HTTP/1.1\r\n" + H + b"\r\n")
+    blocked = REAL.encode() not in answer and b"Location: https://maps.example/geo/?q=1&key=" + b"*" * len(REAL) in answer
+    report.attack(blocked)
+    assert blocked, answer
+    # twin: the key did go to the pinned upstream, and the redirect itself reaches the box.
+    works = status_of(answer) == b"301" and b"key=" + REAL.encode() in upstream.received()
+    report.legit(works)
+    assert works
+    line = entries(log)[0]
+    assert line["redacted"] == 1 and line["status"] == 301 and REAL not in log.read_text()
+
+
+def test_an_error_page_quoting_the_url_is_scrubbed_even_when_gzip_is_asked(ca2, proxy, report: Report) -> None:  # noqa: F811
+    upstream = TLSUpstream(ca2[1], not_found_quoting_url)
+    port, _ = proxy(upstream, MAPS)
+    answer = exchange(port, b"GET /maps/nope?q=1 HTTP/1.1\r\n" + H + b"Accept-Encoding: gzip, br\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    sent = upstream.received().split(b"\r\n\r\n")[0]
+    # the box asked for gzip (a compressed echo would hide the key from the scrub): upstream is asked for identity
+    blocked = (REAL.encode() not in answer and b"gzip" not in sent and sent.count(b"Accept-Encoding") == 1
+               and b"Accept-Encoding: identity" in sent)
+    report.attack(blocked)
+    assert blocked, (answer, sent)
+    works = status_of(answer) == b"404" and b"Content-Length: %d" % len(body) in head and b"/nope?q=1&key=***" in body
+    report.legit(works)
+    assert works, answer
+
+
+def test_an_echo_of_the_basic_header_is_scrubbed(ca2, proxy, report: Report) -> None:  # noqa: F811
+    upstream = TLSUpstream(ca2[1], reflect)
+    port, log = proxy(upstream, GITHUB)
+    answer = exchange(port, b"GET /github/debug/headers HTTP/1.1\r\n" + H + b"\r\n")
+    blocked = BASIC_B64 not in answer and REAL.encode() not in answer and b"Authorization: Basic ****" in answer
+    report.attack(blocked)
+    assert blocked, answer
+    works = status_of(answer) == b"200" and BASIC_B64 in upstream.received()
+    report.legit(works)
+    assert works and entries(log)[0]["redacted"] == 1
+
+
+def test_a_key_split_across_two_reads_is_still_scrubbed(ca2, proxy, report: Report) -> None:  # noqa: F811
+    """The upstream writes the echo in two pieces, 0.3 s apart, cut inside the key: the tail that could
+    start a key is held until the next read, then scrubbed with it."""
+    key = REAL.encode()
+
+    def split(head: bytes) -> list[bytes]:
+        body = b"you sent " + key + b" thanks\n"
+        return [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\nyou sent " % len(body) + key[:10], key[10:] + b" thanks\n"]
+
+    upstream = TLSUpstream(ca2[1], split)
+    port, _ = proxy(upstream)
+    answer = exchange(port, b"GET /anthropic/echo HTTP/1.1\r\n" + H + b"\r\n")
+    blocked = key not in answer and key[:10] not in answer and answer.endswith(b"you sent " + b"*" * len(key) + b" thanks\n")
+    report.attack(blocked)
+    assert blocked, answer
+    # twin: a body that merely ends in the key's first bytes is delivered whole, unaltered, at its end.
+    tail = TLSUpstream(ca2[1], lambda head: b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsome" + key[:4])
+    port, _ = proxy(tail)
+    answer = exchange(port, b"GET /anthropic/x HTTP/1.1\r\n" + H + b"\r\n")
+    report.legit(answer.endswith(b"\r\n\r\nsome" + key[:4]))
+    assert answer.endswith(b"\r\n\r\nsome" + key[:4]), answer
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.binary(max_size=200), st.lists(st.integers(0, 500), max_size=6))
+def test_the_scrub_is_the_same_however_the_stream_is_cut(before: bytes, after: bytes, cuts: list[int]) -> None:
+    """Redactor on a stream cut anywhere gives exactly what scrubbing it whole gives: no key survives a
+    cut, and nothing else is changed, lost or reordered."""
+    forms = key_forms(GITHUB, REAL)
+    stream = before + REAL.encode() + after + forms[0].encode() + before
+    whole = Redactor(forms).scrub(stream)
+    red, out, last = Redactor(forms), b"", 0
+    for cut in sorted(c for c in cuts if c <= len(stream)) + [len(stream)]:
+        out += red.feed(stream[last:cut])
+        last = cut
+    out += red.flush()
+    assert out == whole and len(out) == len(stream)
+    assert REAL.encode() not in out and forms[0].encode() not in out
