@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from relay.egress import key_forms
 from relay.proxy import Redactor
 
+from ..conftest import Sandbox
 from .conftest import Report
 from .test_credential_smuggling import ANTHROPIC, BASIC, GITHUB, MAPS, ca2, proxy  # noqa: F401 - pytest fixtures
 from .test_credential_smuggling import status as status_of
@@ -147,3 +148,34 @@ def test_the_scrub_is_the_same_however_the_stream_is_cut(before: bytes, after: b
     out += red.flush()
     assert out == whole and len(out) == len(stream)
     assert REAL.encode() not in out and forms[0].encode() not in out
+
+
+# The same attacks from inside a real box (bwrap, the real proxy started by the launcher), plus what
+# the box can see of the host-side proxy that holds the key.
+
+BOX_ATTACKS = r"""
+curl -s -X TRACE "$ANTHROPIC_BASE_URL/" -o /tmp/trace -w 'trace=%{http_code}\n'
+curl -s "$ANTHROPIC_BASE_URL/debug/echo" -o /tmp/echo -w 'echo=%{http_code}\n'
+curl -s -H 'Accept-Encoding: gzip' --compressed "$ANTHROPIC_BASE_URL/debug/echo" -o /tmp/echo-gz -w 'gz=%{http_code}\n'
+cat /tmp/trace /tmp/echo /tmp/echo-gz | grep -c 'REAL-KEY-ON-THE-HOS[T]' || true
+grep -c 'x-api-key: \*\*\*\*' /tmp/echo || true
+ps -eo args= 2>/dev/null | grep -c '[-]m relay' || true
+for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\0' '\n' < "$f"; done 2>/dev/null | grep -c 'REAL-KEY-ON-THE-HOS[T]' || true
+"""
+
+
+def test_in_a_real_box_an_echoing_upstream_never_returns_the_key(box: Sandbox, ca2, report: Report) -> None:  # noqa: F811
+    upstream = TLSUpstream(ca2[1], reflect)
+    proc = box.box(BOX_ATTACKS, "claude", "--allow-host", f"api.anthropic.com:443=127.0.0.1:{upstream.port}",
+                   extra_env={"ANTHROPIC_API_KEY": REAL, "SSL_CERT_FILE": str(ca2[0])})
+    lines = proc.stdout.splitlines()
+    # attack: TRACE refused; the echo's key scrubbed (compressed or not); no host process (the launcher,
+    # whose environment has the key) is visible, and no process in the box holds the key.
+    blocked = (proc.returncode == 0 and lines[0] == "trace=405" and lines[3] == "0" and lines[5] == "0"
+               and lines[6] == "0" and REAL not in proc.stdout + proc.stderr)
+    report.attack(blocked)
+    assert blocked, (proc.stdout, proc.stderr[-2000:])
+    # twin: the echo endpoint answered through the route (the key reached the pinned upstream).
+    works = lines[1] == "echo=200" and lines[2] == "gz=200" and lines[4] == "1" and REAL.encode() in upstream.received()
+    report.legit(works)
+    assert works, proc.stdout
