@@ -196,8 +196,9 @@ def route_head(req: Request, path: str, host: str, port: int, credential: tuple[
     The answer is asked for uncompressed (`Accept-Encoding: identity`), so that the proxy can scrub
     the key from it should the upstream echo it (`Redactor`); a compressed echo would pass unseen."""
     authority = _fmt_hostport(host, None if port == 443 else port)
-    kept = [line for line in req.kept
-            if line.partition(":")[0].strip().lower() not in egress.CREDENTIAL_HEADERS | {"accept-encoding"}]
+    # `X_Api_Key` counts as x-api-key: CGI-style servers fold `_` and `-` into one name.
+    kept = [line for line in req.kept if line.partition(":")[0].strip().lower().replace("_", "-")
+            not in egress.CREDENTIAL_HEADERS | {"accept-encoding"}]
     added = [f"{credential[0]}: {credential[1]}"] if credential is not None else []
     out = "\r\n".join([f"{req.method} {path} {req.version}", f"Host: {authority}", *kept,
                         *added, "Accept-Encoding: identity", "Connection: close", "", ""])

@@ -179,3 +179,19 @@ def test_in_a_real_box_an_echoing_upstream_never_returns_the_key(box: Sandbox, c
     works = lines[1] == "echo=200" and lines[2] == "gz=200" and lines[4] == "1" and REAL.encode() in upstream.received()
     report.legit(works)
     assert works, proc.stdout
+
+
+def test_a_credential_header_spelt_with_underscores_is_dropped_too(ca2, proxy, report: Report) -> None:  # noqa: F811
+    """CGI-style upstreams read `X_Api_Key` as x-api-key: the box's own value under that spelling
+    would sit beside the real key, and the upstream might take either."""
+    upstream = TLSUpstream(ca2[1])
+    port, _ = proxy(upstream)
+    answer = exchange(port, b"GET /anthropic/v1/models HTTP/1.1\r\n" + H + b"X_Api_Key: box\r\nX-API-KEY: box2\r\n"
+                      b"AUTHORIZATION: Bearer box3\r\nX_Goog_Api_Key: box4\r\nX-Request-Id: kept_too\r\n\r\n")
+    sent = upstream.received().split(b"\r\n\r\n")[0]
+    blocked = b"box" not in sent and sent.lower().count(b"x-api-key") == 1
+    report.attack(blocked)
+    assert blocked, sent
+    works = status_of(answer) == b"200" and b"x-api-key: " + REAL.encode() in sent and b"X-Request-Id: kept_too" in sent
+    report.legit(works)
+    assert works, sent
