@@ -476,25 +476,52 @@ class Redactor:
     """Scrubs a route's key (each spelling it was sent in, `egress.key_forms`) from the answer, byte for
     byte in place (same length, so Content-Length and chunk sizes stay true): an upstream that echoes
     the request (a redirect or 404 page repeating the URL with `?key=`, a debug endpoint, an error
-    quoting the header) must not hand the key to the box. A stream is scrubbed as it flows: only a
-    tail that could be the start of a key split across two reads is held back, until the next read
-    (an SSE event ends in a blank line, which no key starts with, so events are never held)."""
+    quoting the header) must not hand the key to the box. A partial echo is scrubbed too: any run of
+    MIN_RUN or more bytes of a key spelling (an error page that cuts a long URL short would otherwise
+    give the box all of the key but its last characters). Found by the spelling's aligned BLOCK-byte
+    pieces (any run of 2*BLOCK-1 bytes holds one whole), each grown to the whole matching run.
+
+    A stream is scrubbed as it flows: only a tail that could continue into a key run in the next read
+    is held back until then (an SSE event ends in a blank line, which no key holds, so events are
+    never held); at the end it is let go, as it is at most MIN_RUN - 1 bytes of key."""
+
+    BLOCK = 8
+    MIN_RUN = 2 * BLOCK - 1
 
     def __init__(self, forms: tuple[str, ...]) -> None:
         self.forms = [f.encode("latin-1") for f in forms if len(f) >= 6]
+        # (spelling, where its block starts, the block, the shortest run scrubbed)
+        self.blocks = [(form, at, form[at:at + min(self.BLOCK, len(form))], min(self.MIN_RUN, len(form)))
+                       for form in self.forms for at in range(0, len(form) - min(self.BLOCK, len(form)) + 1, self.BLOCK)]
         self.held = b""
         self.count = 0
 
     def scrub(self, data: bytes) -> bytes:
-        for form in self.forms:
-            if form in data:
-                self.count += data.count(form)
-                data = data.replace(form, b"*" * len(form))
-        return data
+        runs = []
+        for form, at, block, least in self.blocks:
+            p = data.find(block)
+            while p >= 0:
+                lo, hi, a, b = p, p + len(block), at, at + len(block)
+                while lo > 0 and a > 0 and data[lo - 1] == form[a - 1]:
+                    lo, a = lo - 1, a - 1
+                while hi < len(data) and b < len(form) and data[hi] == form[b]:
+                    hi, b = hi + 1, b + 1
+                if hi - lo >= least:
+                    runs.append((lo, hi))
+                p = data.find(block, max(hi, p + 1))
+        if not runs:
+            return data
+        out = bytearray(data)
+        last = -1
+        for lo, hi in sorted(runs):
+            self.count += lo > last  # runs that overlap or touch are one echo
+            out[lo:hi] = b"*" * (hi - lo)
+            last = max(last, hi)
+        return bytes(out)
 
     def feed(self, data: bytes) -> bytes:
         data = self.scrub(self.held + data) if self.held else self.scrub(data)
-        hold = max((_partial(data, form) for form in self.forms), default=0)
+        hold = self._tail(data)
         self.held = data[len(data) - hold:] if hold else b""
         return data[: len(data) - hold]
 
@@ -502,15 +529,16 @@ class Redactor:
         held, self.held = self.held, b""
         return held
 
-
-def _partial(data: bytes, form: bytes) -> int:
-    """The length of the longest tail of `data` that is a proper prefix of `form` (0: none)."""
-    i = data.find(form[:1], max(0, len(data) - len(form) + 1))
-    while i >= 0:
-        if form.startswith(data[i:]):
-            return len(data) - i
-        i = data.find(form[:1], i + 1)
-    return 0
+    def _tail(self, data: bytes) -> int:
+        """The longest tail of `data` (under MIN_RUN bytes) that is a run of some spelling which the next
+        read could continue (a complete spelling at the very end was scrubbed already)."""
+        if not self.forms or not data or not any(data[-1:] in form for form in self.forms):
+            return 0
+        for n in range(min(self.MIN_RUN - 1, len(data)), 0, -1):
+            tail = data[-n:]
+            if any(tail in form[:-1] for form in self.forms):
+                return n
+        return 0
 
 
 _RESPONSE_DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection"})
