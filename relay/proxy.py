@@ -481,6 +481,11 @@ class Redactor:
     give the box all of the key but its last characters). Found by the spelling's aligned BLOCK-byte
     pieces (any run of 2*BLOCK-1 bytes holds one whole), each grown to the whole matching run.
 
+    Every piece is looked for in the head and in a non-2xx answer (redirects and error pages, where
+    URLs are echoed); a 2xx body (a large download, a stream) is searched for the first and last piece
+    of each spelling only (`full` False): a whole key, and any echo cut at one end, are still found
+    (a run of MIN_RUN bytes at the key's start or end holds one of them), for a fraction of the cost.
+
     A stream is scrubbed as it flows: only a tail that could continue into a key run in the next read
     is held back until then (an SSE event ends in a blank line, which no key holds, so events are
     never held); at the end it is let go, as it is at most MIN_RUN - 1 bytes of key."""
@@ -493,12 +498,16 @@ class Redactor:
         # (spelling, where its block starts, the block, the shortest run scrubbed)
         self.blocks = [(form, at, form[at:at + min(self.BLOCK, len(form))], min(self.MIN_RUN, len(form)))
                        for form in self.forms for at in range(0, len(form) - min(self.BLOCK, len(form)) + 1, self.BLOCK)]
+        self.ends = [b for b in self.blocks if b[1] == 0 or b[1] + len(b[2]) == len(b[0])]
+        self.ends += [(form, len(form) - self.BLOCK, form[-self.BLOCK:], self.MIN_RUN) for form in self.forms
+                      if len(form) > self.BLOCK and len(form) % self.BLOCK]  # the last piece, aligned to the end
+        self.full = True
         self.held = b""
         self.count = 0
 
-    def scrub(self, data: bytes) -> bytes:
+    def scrub(self, data: bytes, full: bool | None = None) -> bytes:
         runs = []
-        for form, at, block, least in self.blocks:
+        for form, at, block, least in self.blocks if (self.full if full is None else full) else self.ends:
             p = data.find(block)
             while p >= 0:
                 lo, hi, a, b = p, p + len(block), at, at + len(block)
@@ -569,13 +578,15 @@ def _relay_response(upstream: socket.socket, client: socket.socket, redact: Reda
                 return 0
             status = int(parts[1])
             if 100 <= status < 200 and status != 101:
-                client.sendall(red.scrub(head + b"\r\n\r\n"))
+                client.sendall(red.scrub(head + b"\r\n\r\n", full=True))
                 continue
             listed = {t.strip().lower() for line in lines[1:] if line.partition(b":")[0].strip().lower() == b"connection"
                       for t in line.partition(b":")[2].split(b",")}
             kept = [line for line in lines[1:]
                     if line.partition(b":")[0].strip().lower() not in _RESPONSE_DROPPED | listed]
-            client.sendall(red.scrub(b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""])) + red.feed(buf))
+            red.full = not 200 <= status < 300  # a 2xx body: the ends of each spelling only (see Redactor)
+            client.sendall(red.scrub(b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""]), full=True)
+                           + red.feed(buf))
             break
         else:
             _answer(client, _response("502 Bad Gateway", "-", 0, "too many interim responses", ""))

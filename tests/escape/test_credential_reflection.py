@@ -234,3 +234,22 @@ def test_a_credential_header_spelt_with_underscores_is_dropped_too(ca2, proxy, r
     works = status_of(answer) == b"200" and b"x-api-key: " + REAL.encode() in sent and b"X-Request-Id: kept_too" in sent
     report.legit(works)
     assert works, sent
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=120), st.integers(0, len(REAL)), st.booleans(), st.lists(st.integers(0, 400), max_size=6))
+def test_a_2xx_body_loses_the_whole_key_and_any_echo_cut_at_one_end(before: bytes, n: int, prefix: bool,
+                                                                    cuts: list[int]) -> None:
+    """A 2xx body is searched for the ends of each spelling only (Redactor.full False): the whole key
+    and any run of MIN_RUN+ bytes that starts or ends where the key does are still gone."""
+    forms = key_forms(ANTHROPIC, REAL)
+    piece = REAL.encode()[:n] if prefix else REAL.encode()[len(REAL) - n:]
+    stream = before + REAL.encode() + before + piece + b"\n"
+    red, out, last = Redactor(forms), b"", 0
+    red.full = False
+    for cut in sorted(c for c in cuts if c <= len(stream)) + [len(stream)]:
+        out += red.feed(stream[last:cut])
+        last = cut
+    out += red.flush()
+    assert len(out) == len(stream) and REAL.encode() not in out
+    assert _longest_key_run(out, forms) < Redactor.MIN_RUN
