@@ -23,6 +23,7 @@ import errno
 import fcntl
 import glob
 import os
+import re
 import shutil
 import stat
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ PVM_MODULE = "/sys/module/kvm_pvm"
 QEMU = "qemu-system-x86_64"
 DEFAULT_CACHE = "/var/cache/hive-relay/vm"
 KERNEL_FLAVOUR = "amd64"  # Debian's generic flavour: 9p, virtio-mmio and ext4 as modules
+_KERNEL_NAME = re.compile(r"vmlinuz-(\d+)\.(\d+)\.(\d+)-(\d+)-" + KERNEL_FLAVOUR)
 KERNEL_FIX = ("apt-get download linux-image-$(uname -m | sed s/x86_64/amd64/) (the metapackage's "
               "linux-image-6.1.0-N-amd64) and dpkg-deb -x it into {cache} (as .ci/run does); never install it")
 
@@ -102,8 +104,12 @@ def guest_kernel(env: Mapping[str, str]) -> str | None:
     own = env.get("HIVE_RELAY_VM_KERNEL")
     if own:
         return own if os.path.isfile(own) else None
-    found = sorted(glob.glob(os.path.join(vm_cache(env), "boot", f"vmlinuz-*-{KERNEL_FLAVOUR}")))
-    return found[-1] if found else None
+    found = []
+    for path in glob.glob(os.path.join(vm_cache(env), "boot", "vmlinuz-*")):
+        m = _KERNEL_NAME.fullmatch(os.path.basename(path))
+        if m:  # the generic flavour only (vmlinuz-6.1.0-9-cloud-amd64 has no 9p), newest ABI by number
+            found.append((tuple(int(n) for n in m.groups()), path))
+    return max(found)[1] if found else None
 
 
 def vm_error(env: Mapping[str, str]) -> str | None:
