@@ -34,7 +34,7 @@ B=/bin/busybox
 fail() { $B echo "hive-relay guest: $*" >&2; report 70; }
 report() { $B printf "\\$($B printf %o "$1")" | $B dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null; $B poweroff -f; }
 $B mkdir -p /proc /sys /dev /lower /upper /root
-$B mount -t devtmpfs dev /dev && $B mount -t proc proc /proc || fail "no /dev or /proc"
+$B mount -t devtmpfs dev /dev && $B mount -t proc proc /proc && $B mount -t sysfs sys /sys || fail "no /dev, /proc or /sys"
 while read -r m; do $B insmod "/modules/$m.ko" || fail "cannot load $m"; done < /modules/order
 $B mount -t ext4 -o ro,noload /dev/vda /lower || fail "no root image"
 $B mount -t tmpfs -o size=25%,mode=755 upper /upper && $B mkdir -p /upper/u /upper/w || fail "no tmpfs"

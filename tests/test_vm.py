@@ -172,3 +172,102 @@ def test_doctor_reports_kvm_qemu_the_kernel_and_the_image(sandbox: Sandbox) -> N
     assert "hive-relay-contributor:" in rows["vm: root image"]["detail"]
     assert data["enforceable"]["vm"].startswith("NOT enforceable")
     assert data["enforceable"]["auto pick"] != "vm"
+
+
+# --- the guest half, booted for real ---------------------------------------------------------------
+# KVM where this host can run our guest; on PVM hosts (this machine type) qemu's TCG runs the very
+# same guest, kernel, initramfs, disks and devices: slower, and the same behaviour to test.
+
+def _accel() -> str:
+    return "kvm" if vmhost.kvm_error() is None else "tcg"
+
+
+@pytest.fixture(scope="session")
+def guest_parts(image: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from relay import vmboot
+    from relay.paths import cache_dir
+
+    env = dict(os.environ)
+    kernel = vmhost.guest_kernel(env)
+    qemu = vmhost.qemu_path(env)
+    assert kernel and qemu, "run .ci/run's VM step: qemu-system-x86 and the guest kernel"
+    cache = str(cache_dir(env) / "vm")
+    from .conftest import podman_env
+
+    saved = dict(os.environ)
+    os.environ.update(podman_env())
+    try:
+        root = vmboot.ensure_root_image(["podman"], image, cache, rootless=os.getuid() != 0)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"qemu": qemu, "kernel": kernel, "initrd": vmboot.ensure_initrd(cache, kernel), "root": root}
+
+
+def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_nothing_else(
+        guest_parts: dict[str, str], sandbox: Sandbox) -> None:
+    """One boot (TCG takes ~20 s): exit code out, workdir rw, a grant ro, ~/.ssh absent, the guest
+    reaches only its one forward (attack: the host's loopback service directly; twin: via the forward)."""
+    import http.server
+    import threading
+
+    from relay import vmboot
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"SERVED-BY-HOST\n")
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    work, home = str(sandbox.workdir), str(sandbox.home)
+    os.chmod(sandbox.workdir, 0o777)  # the guest user writes through qemu's 9p (created as qemu's uid)
+    shares = (vmboot.Share("work", work, True), vmboot.Share("grant0", f"{home}/.claude", False))
+    script = "; ".join([
+        "echo hi", "id -u",
+        f"cat {home}/.claude/settings.json",
+        f"test -e {home}/.ssh && echo SSH-VISIBLE",
+        f"cat {home}/.ssh/id_rsa 2>/dev/null",
+        f"echo bad > {home}/.claude/planted 2>/dev/null && echo GRANT-WRITABLE",
+        "echo from-the-guest > written-in-guest",
+        f"curl -s -m 5 http://10.0.2.2:{port}/ || echo DIRECT-REFUSED",
+        "curl -s -m 10 http://10.0.2.100:3128/",
+        "exit 7"])
+    ctl = str(sandbox.root / "ctl")
+    vmboot.write_ctl(ctl, shares, 1000, work, {"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin"}, script)
+    guest = vmboot.Guest(qemu=guest_parts["qemu"], kernel=guest_parts["kernel"], initrd=guest_parts["initrd"],
+                         root_image=guest_parts["root"], ctl_dir=ctl, shares=shares, memory_mb=512, accel=_accel(),
+                         guestfwd=f"tcp:10.0.2.100:3128-cmd:socat STDIO TCP:127.0.0.1:{port}")
+    try:
+        code, qemu_rc, out = vmboot.boot(guest, timeout=240, stdout=subprocess.PIPE)
+    finally:
+        server.shutdown()
+    text = out.decode(errors="replace")
+    assert code == 7, (qemu_rc, text[-2000:])
+    assert "hi" in text and "1000" in text and '{"theme": "dark"}' in text
+    assert "SSH-VISIBLE" not in text and "PRIVATE-KEY" not in text
+    assert "GRANT-WRITABLE" not in text and not (sandbox.home / ".claude" / "planted").exists()
+    assert (sandbox.workdir / "written-in-guest").read_text() == "from-the-guest\n"
+    assert "DIRECT-REFUSED" in text and text.count("SERVED-BY-HOST") == 1
+
+
+def test_guest_argv_shares_only_what_it_is_given_and_has_no_way_out() -> None:
+    from relay import vmboot
+
+    guest = vmboot.Guest(qemu="/usr/bin/qemu-system-x86_64", kernel="/k", initrd="/i", root_image="/r.ext4",
+                         ctl_dir="/run/ctl", shares=(vmboot.Share("work", "/src/p", True),))
+    argv = guest.argv()
+    text = " ".join(argv)
+    assert "-nodefaults" in argv and "-no-reboot" in argv and "accel=kvm" in text
+    assert "file=/r.ext4,format=raw,if=none,readonly=on" in text
+    assert "path=/run/ctl,security_model=none,readonly=on" in text
+    assert "path=/src/p,security_model=none " in text + " " and text.count("virtio-9p-device") == 2
+    assert argv[argv.index("-netdev") + 1] == "user,id=net,restrict=on,ipv6=off"
+    assert "signal=off" in text and "isa-debug-exit" in text
+    assert vmboot.exit_code(15) == 7 and vmboot.exit_code(1) == 0 and vmboot.exit_code(0) is None
+    assert vmboot.exit_code(-9) is None
