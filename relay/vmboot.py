@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -133,11 +134,15 @@ def ensure_root_image(engine: Sequence[str], tag: str, cache: str, rootless: boo
     # `podman image mount` needs the engine's user namespace when rootless; the script is fixed
     # text, the tag and paths are positional arguments (no interpolation into a shell string).
     script = ('set -e; d=$("$@" image mount "$HIVE_TAG"); kb=$(du -sk "$d" | cut -f1); '
-              'mkfs.ext4 -q -F -O ^has_journal -L hive-root -d "$d" "$HIVE_OUT" "$(( kb * 5 / 4 + 65536 ))k"; '
+              '"$HIVE_MKFS" -q -F -O ^has_journal -L hive-root -d "$d" "$HIVE_OUT" "$(( kb * 5 / 4 + 65536 ))k"; '
               '"$@" image unmount "$HIVE_TAG" >/dev/null')
+    # mkfs lives in /usr/sbin, which is not on an unprivileged user's PATH.
+    mkfs = shutil.which("mkfs.ext4", path=os.environ.get("PATH", os.defpath) + ":/usr/sbin:/sbin")
+    if mkfs is None:
+        raise RelayError("mkfs.ext4 is missing (it makes the guest's root image); fix: apt-get install e2fsprogs")
     argv = ([*engine, "unshare"] if rootless else []) + ["sh", "-c", script, "sh", *engine]
-    proc = subprocess.run(argv, env={**os.environ, "HIVE_TAG": tag, "HIVE_OUT": tmp}, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(argv, env={**os.environ, "HIVE_TAG": tag, "HIVE_OUT": tmp, "HIVE_MKFS": mkfs},
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         _unlink(tmp)
         raise RelayError(f"cannot make the guest's root image from {tag}: {proc.stderr.strip()[-300:]}")
