@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import load_shipped
 from .container_argv import uses_rlimits
@@ -151,7 +151,9 @@ def _container_state(facts: HostFacts, survey: EngineSurvey) -> str:
 
 def doctor(as_json: bool = False) -> int:
     env = dict(os.environ)
-    facts = probe(env)
+    from . import vmhost
+
+    facts = replace(probe(env), vm_error=vmhost.vm_error(env))
     from .leftovers import untouched
 
     with untouched(env):  # no pause process, no ~/.config/cni or storage dirs left by asking podman

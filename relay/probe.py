@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import __version__, safefs, vmhost
+from . import __version__, safefs
 from .paths import cache_dir
 
 CACHE_VERSION = 3
@@ -47,7 +47,8 @@ class HostFacts:
     nofile: int = 1 << 20
     # Container mode's image tag (a digest of files): read before resolve() by plan.with_image, never in it.
     image: str | None = None
-    # Why the VM tier cannot run here (relay/vmhost.py), or None. Facts built by hand never have it.
+    # Why the VM tier cannot run here (relay/vmhost.py), or None: filled in before resolve() only
+    # when --isolation vm is asked for (cli, doctor); facts probed or built otherwise never enable it.
     vm_error: str | None = "not probed"
 
     @property
@@ -232,7 +233,6 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
         docker=shutil.which("docker", path=env.get("PATH", os.defpath)),
         box_python=_box_python(home),
         nofile=_nofile(),
-        vm_error=vmhost.vm_error(env),
     )
 
 
