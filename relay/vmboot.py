@@ -157,11 +157,22 @@ def _unlink(path: str) -> None:
         pass
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL qemu when the thread that started it dies (kill -9 of the
+    launcher included). A launcher must still have the janitor reap it (a pdeathsig is lost when
+    the parent thread exits first in a threaded launcher); for this helper it is the whole story."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def boot(guest: Guest, timeout: float, stdin: int | None = subprocess.DEVNULL,
          stdout: int | None = None) -> tuple[int | None, int, bytes]:
     """Run the guest to its end: (the command's exit code or None, qemu's own exit code, its
     console output when `stdout` is subprocess.PIPE). A timeout kills qemu, and with it the guest."""
-    proc = subprocess.Popen(guest.argv(), stdin=stdin, stdout=stdout, close_fds=True)
+    proc = subprocess.Popen(guest.argv(), stdin=stdin, stdout=stdout, close_fds=True, preexec_fn=_die_with_parent)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -271,3 +271,33 @@ def test_guest_argv_shares_only_what_it_is_given_and_has_no_way_out() -> None:
     assert "signal=off" in text and "isa-debug-exit" in text
     assert vmboot.exit_code(15) == 7 and vmboot.exit_code(1) == 0 and vmboot.exit_code(0) is None
     assert vmboot.exit_code(-9) is None
+
+
+def test_qemu_dies_with_a_launcher_killed_by_sigkill(guest_parts: dict[str, str], sandbox: Sandbox) -> None:
+    """kill -9 of the process that booted a real guest (running `sleep 600`) leaves no qemu."""
+    import signal
+    import time
+
+    from relay import procs, vmboot
+
+    ctl = str(sandbox.root / "ctl")
+    vmboot.write_ctl(ctl, (), 1000, "/", {"PATH": "/usr/bin:/bin"}, "sleep 600")
+    spec = {"qemu": guest_parts["qemu"], "kernel": guest_parts["kernel"], "initrd": guest_parts["initrd"],
+            "root_image": guest_parts["root"], "ctl_dir": ctl, "shares": [], "memory_mb": 256, "accel": _accel()}
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from relay import vmboot\n"
+            "spec = json.loads(sys.argv[2]); spec['shares'] = ()\n"
+            "vmboot.boot(vmboot.Guest(**spec), timeout=600)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(REPO), json.dumps(spec)])
+    qemu = None
+    deadline = time.monotonic() + 30
+    while qemu is None and time.monotonic() < deadline:
+        qemu = next(iter(procs.children(launcher.pid)), None)
+        time.sleep(0.05)
+    assert qemu is not None, "the launcher never started qemu"
+    time.sleep(1)  # the guest is booting
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{qemu}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{qemu}"), "qemu outlived its launcher"
