@@ -10,8 +10,11 @@ Why these choices (each checked on this machine type):
   cache is far faster than a 9p round trip per stat. `mkfs.ext4 -d DIR` fills it without root
   (Debian 12's e2fsprogs 1.47.0 takes a directory, not yet a tarball), from `podman image mount`
   (inside `podman unshare` when rootless, so the image's owners are kept).
-- the workdir over 9p (`security_model=none`: files are created as qemu's own uid, and no
-  guest-chosen mode bit or xattr reaches the host beyond what the caller could set).
+- the workdir over 9p (`security_model=none`: files are created as qemu's own uid). A guest that
+  owns its kernel can send any 9p request qemu's uid may perform on the shared paths (a mode bit
+  like setuid included), so the launcher must run qemu as an unprivileged host uid, in its own
+  box, and mount nothing it shares with the host as suid (not built yet; these tests run qemu
+  as the test's own user).
 - `-nodefaults`, one serial port on the caller's stdio with `signal=off` (Ctrl-C is the guest's),
   no NIC but qemu's user network with `restrict=on` (the guest reaches no host and no network,
   only explicit forwards), `-no-reboot` and `panic=-1` (a guest panic ends qemu), isa-debug-exit
