@@ -34,8 +34,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import guard, safefs
+from . import guard, logins, safefs
+from .config import LoginFile
 from .digest import sha256
+from .egress import CREDENTIAL_PLACEHOLDER
 from .sweep import RUN_ID_RE
 
 # The copy-in bound (bytes): a realistic ~/.claude with months of transcripts fits; beyond it the
@@ -88,6 +90,9 @@ class AgentState:
     overflow: int = 0  # changed entries past MAX_CHANGES: neither synced nor kept
     notes: list[str] = field(default_factory=list)
     extra_kept: list[tuple[str, str]] = field(default_factory=list)  # synced files kept aside: (rel, why)
+    # Login files the proxy holds (relay/logins.py): (path relative to home, its spec). The box's copy
+    # holds placeholders; whatever the box leaves there is kept aside, never synced over the host's.
+    logins: tuple[tuple[str, LoginFile], ...] = ()
 
 
 def new(home: str, dirs: tuple[str, ...], keep: tuple[str, ...], guarded: tuple[str, ...], state_dir: str,
@@ -294,11 +299,32 @@ def copy_in(state: AgentState, box_home: str) -> None:
         finally:
             for fd in opened:
                 os.close(fd)
+        _mask_logins(state, bfd)
     if state.left_out:
         state.notes.append(f"{state.left_out} files of the agent's state were not copied into the box (over the "
                            f"{COPY_BUDGET >> 20} MiB copy bound, oldest first, or unreadable); the box does not see "
                            "them, and what it writes at their paths is kept aside")
     state.copy_seconds = time.monotonic() - t0
+
+
+def _mask_logins(state: AgentState, bfd: int) -> None:
+    """The box's copy of each login file the proxy holds gets placeholders for its tokens (logins.mask).
+    A copy that cannot be masked is removed: the box never holds the real token, even by mistake."""
+    for rel, login in state.logins:
+        entry = state.files.get(rel)
+        if entry is None or entry.copy is None:
+            continue
+        try:
+            raw = safefs.read_beneath(bfd, rel, logins.MAX_LOGIN_BYTES)
+            masked = logins.mask(raw, login, CREDENTIAL_PLACEHOLDER)
+            with safefs.parent_of(bfd, rel) as (dfd, leaf):
+                safefs.replace_in(dfd, leaf, masked, 0o600, durable=False)
+            st = safefs.lstat_beneath(bfd, rel)
+            entry.copy = _ident(st) if st is not None else None
+        except (OSError, ValueError) as err:
+            safefs.unlink_beneath(bfd, rel)
+            entry.copy = None
+            state.notes.append(f"~/{rel} is not copied into the box ({err}); log in on the host again")
 
 
 # --- sync-back ------------------------------------------------------------------------------------------
@@ -365,6 +391,9 @@ def _decide(state: AgentState, hfd: int, bfd: int, change: _Change, keep: re.Pat
         return
     if _excluded(state, rel):
         change.action, change.why = "keep", "a denied path"
+        return
+    if any(rel == path for path, _ in state.logins):
+        change.action, change.why = "keep", "a login file the host holds (the host's file stays the truth)"
         return
     if rel in state.guard:
         old = before.before if before else None

@@ -311,6 +311,9 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
 
         results["throughput_MBps"] = {"direct": mbps(direct), "proxy plain HTTP": mbps(plain), "proxy CONNECT": mbps(tunnel)}
 
+        # 2b. A credential route (plain HTTP -> proxy adds the key -> TLS upstream) against direct TLS.
+        results["credential_route"] = measure_credential_route(work, env, blob_mb, quick)
+
         # Small-request latency, p50 and p99.
         n = 100 if quick else 300
         lat_direct = _box_json([*client, "latency", "bench.test", str(port), str(n)], env, work)
@@ -364,6 +367,97 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
             server.wait()
         shutil.rmtree(work, ignore_errors=True)
     return report(results)
+
+
+def _first_event_and_rest(sock, request: bytes, start: float) -> tuple[float, int]:  # noqa: ANN001 - a socket
+    """Send `request`, then (seconds from `start` until the first SSE `data:` arrived, bytes read to EOF)."""
+    sock.sendall(request)
+    buf, got, first, total = bytearray(1 << 16), b"", 0.0, 0
+    view = memoryview(buf)
+    while True:
+        n = sock.recv_into(buf)
+        if not n:
+            break
+        total += n
+        if not first and len(got) < (1 << 16):  # an SSE answer's first event is in its first bytes
+            got += bytes(view[:n])
+            if b"\r\n\r\n" in got and b"data:" in got.partition(b"\r\n\r\n")[2]:
+                first = time.perf_counter() - start
+    return first, total
+
+
+def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick: bool) -> dict:
+    """A credential route as a box's CLI uses it (plain HTTP to the proxy, which adds the key and
+    re-originates TLS to the pinned upstream) against the same request made directly over TLS from
+    the host to the same local TLS server: time to the first SSE event, and throughput of a large
+    response. Rounds alternate direct and route, and ratios are taken round by round. The server and
+    the proxy each run in a process of their own (bench/tlsserver.py, bench/credproxy.py)."""
+    import socket
+    import ssl
+
+    ca_key, ca, key, csr, cert, ext = (os.path.join(work, n) for n in
+                                       ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem", "srv.ext"))
+    Path(ext).write_text("subjectAltName=DNS:bench.test\nextendedKeyUsage=serverAuth\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for args in (["req", "-x509", *ec, "-days", "1", "-subj", "/CN=hive relay bench CA", "-keyout", ca_key, "-out", ca],
+                 ["req", *ec, "-subj", "/CN=bench.test", "-keyout", key, "-out", csr],
+                 ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
+                  "-extfile", ext, "-out", cert]):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+    procs: list[subprocess.Popen] = []
+
+    def start(*argv: str) -> int:
+        proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=env)
+        procs.append(proc)
+        assert proc.stdout is not None
+        return int(proc.stdout.readline())
+
+    try:
+        tls_port = start(str(BENCH / "tlsserver.py"), cert, key, str(blob_mb))
+        proxy_port = start(str(BENCH / "credproxy.py"), ca, str(tls_port))
+        ctx = ssl.create_default_context(cafile=ca)
+
+        def direct(path: str) -> tuple[float, int, float]:
+            start_t = time.perf_counter()
+            with ctx.wrap_socket(socket.create_connection(("127.0.0.1", tls_port)), server_hostname="bench.test") as s:
+                first, n = _first_event_and_rest(s, f"GET {path} HTTP/1.1\r\nHost: bench.test\r\n"
+                                                    f"x-api-key: sk-bench\r\nConnection: close\r\n\r\n".encode(), start_t)
+            return first, n, time.perf_counter() - start_t
+
+        def route(path: str) -> tuple[float, int, float]:
+            start_t = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", proxy_port)) as s:
+                first, n = _first_event_and_rest(s, f"GET /bench{path} HTTP/1.1\r\nHost: 127.0.0.1:3128\r\n"
+                                                    f"x-api-key: hive-relay-placeholder\r\n\r\n".encode(), start_t)
+            return first, n, time.perf_counter() - start_t
+
+        # Time to first event counts from before connect, as the CLI sees it (its TLS handshake, or the proxy's).
+        sse: dict[str, list[float]] = {"direct": [], "route": []}
+        for i in range(20 if quick else 60):
+            for name, fetch in ((("direct", direct), ("route", route)) if i % 2 else (("route", route), ("direct", direct))):
+                sse[name].append(fetch("/sse")[0])
+        tp: dict[str, list[float]] = {"direct": [], "route": []}
+        for i in range(3 if quick else 5):
+            for name, fetch in ((("direct", direct), ("route", route)) if i % 2 else (("route", route), ("direct", direct))):
+                _, n, took = fetch("/big")
+                tp[name].append(n / took / MB)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+    return {
+        "sse_first_event_ms": {"direct TLS p50": pct(sse["direct"], 0.5), "route p50": pct(sse["route"], 0.5),
+                               "direct TLS p99": pct(sse["direct"], 0.99), "route p99": pct(sse["route"], 0.99)},
+        "sse_ratio": statistics.median(r / d for r, d in zip(sse["route"], sse["direct"], strict=True)),
+        "throughput_MBps": {"direct TLS": statistics.median(tp["direct"]), "route": statistics.median(tp["route"])},
+        "throughput_ratio": statistics.median(r / d for r, d in zip(tp["route"], tp["direct"], strict=True)),
+        "blob_mb": blob_mb,
+    }
 
 
 def _container_image(env: dict[str, str]) -> tuple[str, str] | str:
@@ -473,6 +567,13 @@ def report(r: dict) -> int:
         "added p50 latency < 2 ms": (f"{lat['proxy p50'] - lat['direct p50']:.2f} ms", lat["proxy p50"] - lat["direct p50"] < 2),
         "launcher+proxy PSS ≤ 40 MiB": (f"{mem[busy_key]:.1f} MiB", mem[busy_key] <= 40),
     })
+    cr = r.get("credential_route")
+    if cr:
+        sse, ctp = cr["sse_first_event_ms"], cr["throughput_MBps"]
+        added = sse["route p50"] - sse["direct TLS p50"]
+        targets["credential route: added SSE first-event p50 < 2 ms"] = (f"{added:.2f} ms", added < 2)
+        targets["credential route throughput ≥ 0.8× direct TLS"] = (f"{cr['throughput_ratio']:.2f}×",
+                                                                   cr["throughput_ratio"] >= 0.8)
     lines = ["| measure | value | ratio / note |", "|---|---|---|", *lines]
     for name, t in r["phases_s"].items():
         lines.append(f"| phase: {name} | {t * 1000:.1f} ms | |")
@@ -480,6 +581,14 @@ def report(r: dict) -> int:
         lines.append(f"| throughput ({r['blob_mb']} MB): {name} | {v:.0f} MB/s | {v / tp['direct']:.2f}× direct |")
     for name, v in lat.items():
         lines.append(f"| latency {name} | {v:.2f} ms | |")
+    if cr:
+        for name, v in cr["sse_first_event_ms"].items():
+            lines.append(f"| credential route: SSE first event, {name} | {v:.2f} ms | |")
+        lines.append(f"| credential route: SSE first event, route / direct TLS | {cr['sse_ratio']:.2f}× | "
+                     "median of paired rounds, from before connect |")
+        for name, v in cr["throughput_MBps"].items():
+            note = "baseline" if name == "direct TLS" else f"{cr['throughput_ratio']:.2f}× direct TLS (paired rounds)"
+            lines.append(f"| credential route throughput ({cr['blob_mb']} MB): {name} | {v:.0f} MB/s | {note} |")
     one = r["tunnels"]["1"]["aggregate_MBps"]
     for n, v in r["tunnels"].items():
         lines.append(f"| {n} concurrent tunnels | {v['aggregate_MBps']:.0f} MB/s aggregate | {v['aggregate_MBps'] / one:.2f}× one tunnel, {v['errors']} errors |")

@@ -70,6 +70,10 @@ def contribute(
         # still stand; swept after planning, they would vanish under the plan's mounts.
         _sweep_stale_state(env)
     facts = with_image(facts, matrix, request, env)
+    if request.isolation == "vm":  # only then: opening /dev/kvm and creating a VM costs ~3 ms
+        from . import vmhost
+
+        facts = replace(facts, vm_error=vmhost.vm_error(env))
     plan = resolve(backend, matrix, request, facts, env)
     mark("resolved")
     if not dry_run and request.argv_override is None and request.mode == "local":

@@ -14,7 +14,8 @@ import errno
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
+from dataclasses import field as _field  # `field` is a loop variable name below
 from pathlib import Path
 
 from . import safefs
@@ -73,6 +74,22 @@ class CredentialRoute:
     secret_file: str = ""
     secret_json: str = ""
     basic_user: str = "x-access-token"  # authorization-basic sends base64(basic_user:key)
+    login: LoginFile | None = None  # the key is a login file's access token instead (relay/logins.py)
+
+
+@dataclass(frozen=True)
+class LoginFile:
+    """A CLI's OAuth login file on the host (`file`, ~/…, inside one of the backend's home.rw dirs):
+    the proxy reads the access token at `token` (a dotted JSON path), refreshes it on the host at
+    `refresh_url` with the refresh token at `refresh_token` once `expires` (ms since the epoch) is
+    near, and the box's copy holds placeholders at `token` and `refresh_token`."""
+
+    file: str
+    token: str
+    refresh_token: str
+    expires: str
+    refresh_url: str
+    client_id: str
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,8 @@ class Backend:
     home_guard: tuple[str, ...] = ()
     home_keep: tuple[str, ...] = ()
     credentials: tuple[CredentialRoute, ...] = ()
+    # Login files that stay in the box as they are, each with the reason (the plan says so when one exists).
+    logins_in_box: tuple[tuple[str, str], ...] = ()
     presets: tuple[str, ...] = ()  # egress presets on for this backend (relay/presets.py); none shipped
 
 
@@ -126,7 +145,7 @@ class Matrix:
     profiles: Mapping[str, ProfileSpec]
     allow_unsandboxed: frozenset[str]
     sources: tuple[str, ...]
-    presets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the user config's named presets
+    presets: Mapping[str, tuple[str, ...]] = _field(default_factory=dict)  # the user config's named presets
     grants: tuple[CredentialRoute, ...] = ()  # the user config's `auth:` (never a repo's)
 
 
@@ -309,9 +328,11 @@ def _section(value: Any, where: _Where, key: str, allowed: set[str]) -> dict[str
 
 BACKEND_KEYS = {
     "description", "command", "prompt_command", "install", "home", "egress",
-    "env", "native", "deny", "opt_in", "nested_userns", "credentials", "presets",
+    "env", "native", "deny", "opt_in", "nested_userns", "credentials", "logins_in_box", "presets",
 }
-ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args"}
+ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login"}
+LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id"}
+_JSON_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 
 
@@ -330,11 +351,15 @@ def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[
         if not _ROUTE_NAME.fullmatch(name):
             raise where.fail(key, f"{name!r} is not a route name", "use lowercase letters, digits, '-'")
         data = _section(raw, where, key, ROUTE_KEYS)
-        for required in ("secret_env", "upstream", "send"):
+        for required in ("upstream", "send") if "login" in data else ("secret_env", "upstream", "send"):
             if required not in data:
                 raise where.fail(f"{key}.{required}", "missing", f"add {required}")
-        secret_env = _env_names(data["secret_env"], where, f"{key}.secret_env")
-        if not secret_env:
+        login = _login(data["login"], where, f"{key}.login") if "login" in data else None
+        secret_env = _env_names(data.get("secret_env", []), where, f"{key}.secret_env")
+        if login is not None and secret_env:
+            raise where.fail(f"{key}.secret_env", "a login route takes its token from the login file",
+                             "drop secret_env here, or make it a route of its own")
+        if not secret_env and login is None:
             raise where.fail(f"{key}.secret_env", "no variable named", "list the host variables holding the key")
         missing = [n for n in secret_env if n not in env_pass]
         if missing:
@@ -357,7 +382,7 @@ def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[
                              "set it to '{placeholder}' or leave it out")
         box_args = tuple(_route_template(a, where, f"{key}.box_args")
                          for a in _str_list(data.get("box_args", []), where, f"{key}.box_args"))
-        routes.append(CredentialRoute(str(name), secret_env, rule.name, rule.port, send, box_env, box_args))
+        routes.append(CredentialRoute(str(name), secret_env, rule.name, rule.port, send, box_env, box_args, login=login))
     return tuple(routes)
 
 
@@ -416,6 +441,36 @@ def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
                                       secret_command=command, secret_file=file, secret_json=json_path,
                                       basic_user=user))
     return tuple(grants)
+
+
+def _login(value: Any, where: _Where, key: str) -> LoginFile:
+    """`login: {file, token, refresh_token, expires, refresh_url, client_id}`, strictly."""
+    data = _section(value, where, key, LOGIN_KEYS)
+    missing = sorted(LOGIN_KEYS - set(data))
+    if missing:
+        raise where.fail(f"{key}.{missing[0]}", "missing", f"add {missing[0]}")
+    file = _paths([data["file"]], where, f"{key}.file")[0]
+    if not file.startswith("~/"):
+        raise where.fail(f"{key}.file", f"{file!r} is not under ~/", "write ~/dir/file (inside a home.rw dir)")
+    paths = {}
+    for field in ("token", "refresh_token", "expires"):
+        paths[field] = _str(data[field], where, f"{key}.{field}")
+        if not _JSON_PATH.fullmatch(paths[field]):
+            raise where.fail(f"{key}.{field}", f"{paths[field]!r} is not a dotted JSON path", "write e.g. a.b.c")
+    url = _str(data["refresh_url"], where, f"{key}.refresh_url")
+    if not re.fullmatch(r"https://[a-z0-9.-]+(:[0-9]{1,5})?/[\x21-\x7e]*", url):
+        raise where.fail(f"{key}.refresh_url", f"{url!r} is not an https:// URL", "write https://HOST/path")
+    client_id = _str(data["client_id"], where, f"{key}.client_id")
+    return LoginFile(file, paths["token"], paths["refresh_token"], paths["expires"], url, client_id)
+
+
+def _logins_in_box(value: Any, where: _Where) -> tuple[tuple[str, str], ...]:
+    """`logins_in_box: {~/file: reason}`: login files the proxy cannot hold for this CLI (yet)."""
+    out = []
+    for path, why in _mapping(value, where, "logins_in_box").items():
+        _paths([path], where, "logins_in_box")
+        out.append((path, _str(why, where, f"logins_in_box.{path}")))
+    return tuple(out)
 
 
 def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> Backend:
@@ -479,6 +534,8 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
     if "credentials" in data:
         env_pass = values.get("env_pass", base.env_pass if base is not None else ())
         values["credentials"] = _credentials(data["credentials"], where, env_pass)
+    if "logins_in_box" in data:
+        values["logins_in_box"] = _logins_in_box(data["logins_in_box"], where)
     if base is not None:
         return replace(base, **values)
     defaults: dict[str, Any] = {
@@ -679,7 +736,10 @@ def user_grants(backends: Mapping[str, Backend], path: Path, data: Any) -> tuple
     one upstream)."""
     where = _Where(str(path))
     grants = _grants((data or {}).get("auth") or {}, where) if isinstance(data, dict) else ()
-    taken = {r.name: b.name for b in backends.values() for r in b.credentials}
+    taken: dict[str, str] = {}
+    for b in backends.values():
+        for r in b.credentials:
+            taken.setdefault(r.name, b.name)  # the first backend (in matrix order) names it
     for grant in grants:
         if grant.name in taken:
             raise where.fail(f"auth.{grant.name}", f"the name is backend {taken[grant.name]}'s credential route",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import load_shipped
 from .container_argv import uses_rlimits
@@ -51,6 +51,10 @@ def components(facts: HostFacts, env: dict[str, str], survey: EngineSurvey) -> l
     rows.append(("selftest python", facts.box_python is not None,
                  facts.box_python or "no python3 outside $HOME (only `invoke selftest` needs one); fix: apt-get install python3"))
     rows += engine_rows(facts, survey)
+    from . import vmhost
+
+    rows += vmhost.rows(env)
+    rows.append(vm_image_row(facts, env))
     path = f"{tool_dir(env)}/node_modules/.bin:{env.get('PATH', '')}"
     for name, backend in sorted(load_shipped().items()):
         if backend.install_bin:
@@ -58,6 +62,17 @@ def components(facts: HostFacts, env: dict[str, str], survey: EngineSurvey) -> l
             rows.append((f"cli {name}", found is not None,
                          found or f"not installed; fix: npm install --prefix {tool_dir(env)} {backend.install_npm}"))
     return rows
+
+
+def vm_image_row(facts: HostFacts, env: dict[str, str]) -> tuple[str, bool, str]:
+    """The guest's root comes from container mode's content-addressed image (the same tag)."""
+    from .image import spec_from_env
+
+    try:
+        tag = spec_from_env(load_shipped(), facts.uid, facts.gid, env).tag
+    except (OSError, RelayError) as err:
+        return ("vm: root image", False, f"cannot name the image: {err}")
+    return ("vm: root image", True, f"{tag} (container mode's image; `invoke build-image` builds it)")
 
 
 @dataclass(frozen=True)
@@ -118,6 +133,7 @@ def enforceable(facts: HostFacts, survey: EngineSurvey) -> dict[str, str]:
         "process/default": process,
         "process/agent": "never: the process tier cannot enforce egress",
         "container": _container_state(facts, survey),
+        "vm": "NOT enforceable: " + (facts.vm_error or "the VM launcher is not built yet (README: The VM tier)"),
         "auto pick": auto_pick(facts),
     }
 
@@ -135,7 +151,9 @@ def _container_state(facts: HostFacts, survey: EngineSurvey) -> str:
 
 def doctor(as_json: bool = False) -> int:
     env = dict(os.environ)
-    facts = probe(env)
+    from . import vmhost
+
+    facts = replace(probe(env), vm_error=vmhost.vm_error(env))
     from .leftovers import untouched
 
     with untouched(env):  # no pause process, no ~/.config/cni or storage dirs left by asking podman

@@ -121,7 +121,13 @@ def decide(rules: Sequence[HostRule], host: str, port: int, resolved: Sequence[s
 # Credential routes (config.CredentialRoute): the box's CLI talks plain HTTP to the proxy at
 # `/<route>/...`; the proxy sends the request to the route's one upstream with the real key.
 # Every header that can carry an API key is dropped from what the client sent, whatever the route.
+# What the box holds instead of a key (or login token) the proxy injects: fixed, public, one for all.
+CREDENTIAL_PLACEHOLDER = "hive-relay-placeholder"
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "api-key", "proxy-authorization"})
+# The methods a credential route carries. Anything else is refused before the key is added: TRACE
+# and TRACK answer with the request itself (its credential header included, straight back into the
+# box), and an unknown method is an unknown answer.
+ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _KEY_VALUE = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
@@ -178,6 +184,18 @@ def apply_credential(route: CredentialRoute, key: str, path: str) -> tuple[str, 
     kept = [p for p in query.split("&") if p and unquote(p.partition("=")[0].replace("+", " ")) != name]
     kept.append(f"{name}={quote(key, safe='')}")
     return f"{base}?{'&'.join(kept)}", None
+
+
+def key_forms(route: CredentialRoute, key: str) -> tuple[str, ...]:
+    """Every spelling in which `apply_credential` sends `key` upstream (as is, URL-quoted, inside
+    Basic's base64), longest first: what the proxy scrubs from the answer if the upstream echoes it."""
+    import base64
+    from urllib.parse import quote
+
+    forms = {key, quote(key, safe="")}
+    if route.send == "authorization-basic":
+        forms.add(base64.b64encode(f"{route.basic_user}:{key}".encode()).decode("ascii"))
+    return tuple(sorted(forms, key=len, reverse=True))
 
 
 def route_rules(rules: Sequence[HostRule], route: CredentialRoute) -> tuple[HostRule, ...]:

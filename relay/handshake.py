@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from . import hostsecrets, jobctl
 from .errors import RelayError
+from .paths import state_dir
 from .plan import Plan
 from .presets import origins
 from .proxy import DecisionLog, EgressProxy
@@ -110,6 +111,12 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
     proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
                         routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets),
                         run_id=run_id(plan), control=_control(plan), ask=plan.ask)
+    for route in plan.credentials:
+        if route.login is not None:  # the file's token, read (and refreshed) on the host per request
+            from .logins import LoginStore
+
+            proxy.keys[route.name] = LoginStore(route.login.file, route.login, caller_env.get("HOME", "/"),
+                                                proxy.open_tls, lock_dir=state_dir(dict(caller_env)))
     proxy.start()
     return proxy
 

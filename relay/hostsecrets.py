@@ -13,6 +13,7 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -22,6 +23,7 @@ from .config import CredentialRoute
 from .errors import RefusedError
 
 COMMAND_TIMEOUT = 15.0
+EXITED_GRACE = 1.0  # how long the output of a command that exited may stay open (a child it left behind)
 MAX_OUTPUT = 64 * 1024
 _CACHE: dict[tuple[str, ...], str] = {}  # one launcher, one box: a command runs once per launch
 
@@ -74,7 +76,8 @@ def _one_token(route: CredentialRoute, value: str, source: str) -> str:
 
 def _run(route: CredentialRoute, env: Mapping[str, str]) -> str:
     """The command's stdout: argv list, no shell, no stdin, COMMAND_TIMEOUT, at most MAX_OUTPUT bytes
-    of stdout and of stderr (more is a failure, and the command is killed)."""
+    of stdout and of stderr (more is a failure, and the command is killed). It runs in a session of
+    its own, killed as a whole at the end: nothing it started outlives the read."""
     argv = list(route.secret_command)
     shown = " ".join(argv)
     program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH") or os.defpath)
@@ -92,11 +95,16 @@ def _run(route: CredentialRoute, env: Mapping[str, str]) -> str:
     deadline, problem = time.monotonic() + COMMAND_TIMEOUT, ""
     try:
         while sel.get_map() and not problem:
+            if proc.poll() is not None and deadline > time.monotonic() + EXITED_GRACE:
+                # It exited, but something it started in the background still holds its output
+                # open: what it printed is read for a moment more, then that something is killed.
+                deadline = time.monotonic() + EXITED_GRACE
             left = deadline - time.monotonic()
             if left <= 0:
-                problem = f"did not finish within {COMMAND_TIMEOUT:g} s"
+                if proc.poll() is None:
+                    problem = f"did not finish within {COMMAND_TIMEOUT:g} s"
                 break
-            for key, _ in sel.select(left):
+            for key, _ in sel.select(min(left, 0.1)):
                 data = os.read(key.fd, 65536)
                 if not data:
                     sel.unregister(key.fileobj)
@@ -115,6 +123,10 @@ def _run(route: CredentialRoute, env: Mapping[str, str]) -> str:
         sel.close()
         for pipe in out:
             pipe.close()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: whatever it left running goes too
+        except OSError:
+            pass
     if problem:
         raise _fail(route, f"`{shown}` {problem}", "check the command on the host")
     if rc != 0:

@@ -15,7 +15,7 @@ HELP = {
     "backend": "agent CLI: claude, codex, gemini, opencode or shell (also the first positional)",
     "mode": "local (bubblewrap box, default) or container (podman/docker) (also the second positional)",
     "profile": "policy profile: agent or default; unset picks agent when this host can enforce it",
-    "isolation": "auto, process, supervised or container; an explicit choice is never downgraded",
+    "isolation": "auto, process, supervised, container or vm; an explicit choice is never downgraded",
     "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
     "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
     "allow_host": ALLOW_HOST_HELP,

@@ -18,7 +18,7 @@ from .config import Backend, CredentialRoute, Matrix
 from .container_argv import ContainerRun
 from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
-from .egress import allowed_rules, as_entries, parse_entries
+from .egress import CREDENTIAL_PLACEHOLDER, allowed_rules, as_entries, parse_entries
 from .errors import RefusedError, UsageError
 from .fsplan import FsPlan, FsView, Grant, Mount, plan_filesystem
 from .gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
@@ -45,8 +45,6 @@ DEFAULT_TIMEOUT = 1800
 MODES = ("local", "container")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 BOX_GIT_EXCLUDES = "/run/hive-relay/git-excludes"
-# What the box holds instead of a key the proxy injects: fixed, public, the same for every route.
-CREDENTIAL_PLACEHOLDER = "hive-relay-placeholder"
 
 
 
@@ -132,10 +130,12 @@ class Plan:
 
 
 def route_json(route: CredentialRoute) -> dict:
-    """A route as the plan shows it: where the key goes and how, and which variables it comes from.
-    A grant also says where its secret is read (a command's argv, a file and JSON path), never its value."""
+    """A route as the plan shows it: where the key goes and how, and which variables (or login file) it
+    comes from. A grant also says where its secret is read (a command's argv, a file and JSON path),
+    never its value."""
     shown = {"route": route.name, "upstream": f"{route.upstream_host}:{route.upstream_port}", "send": route.send,
-             "from": list(route.secret_env), "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
+             "from": [route.login.file] if route.login else list(route.secret_env),
+             "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
     if route.grant:
         shown["grant"] = True
         shown["secret"] = ({"env": list(route.secret_env)} if route.secret_env else
@@ -426,28 +426,66 @@ def _agent(d: _Draft) -> None:
 
 def _credentials(d: _Draft) -> None:
     """The backend's credential routes this run uses: those whose key is set in the caller's
-    environment (under a name the box would get). A used route's key variables are withheld from
-    the box, which gets the placeholder and the proxy's URL instead; the proxy adds the key.
-    A key the caller pointed elsewhere (its base-URL variable set) stays in the box, and says so."""
+    environment (under a name the box would get), or whose login file the host has (in a state dir
+    the box gets a private copy of). A used route's key variables are withheld from the box, which
+    gets the placeholder and the proxy's URL instead; the proxy adds the key. A login file's copy
+    holds placeholders (agentstate masks it). The first route used sets a shared variable (the
+    base URL). A key the caller pointed elsewhere (its base-URL variable set) stays in the box, and
+    says so; so does every login file or key no route can hold (`logins_in_box`, `_SECRET_SUFFIXES`)."""
     if not (d.profile.network and d.profile.backend_home) or d.tier == Tier.PROCESS:
         return
     passable = set(_env_names(d.profile, d.backend, d.env))
     for route in d.backend.credentials:
-        if not any(d.env.get(n) for n in route.secret_env if n in passable):
+        login = _login_file(d, route)
+        if login is None and not any(d.env.get(n) for n in route.secret_env if n in passable):
             continue
         url = f"http://{PROXY_LISTEN}/{route.name}"
         own = [n for n, _ in route.box_env if n not in route.secret_env and d.env.get(n) and n in passable]
         if own:
-            d.notes.append(f"credentials: in box for route {route.name}: {own[0]} is set, so the key goes where it "
-                           f"points, not through the proxy; fix: unset {own[0]} to keep the key on the host")
+            what = f"~/{os.path.relpath(login, d.home)} (the login) stays in the box, and" if login else "the key"
+            d.notes.append(f"credentials: in box for route {route.name}: {own[0]} is set, so {what} goes where it "
+                           f"points, not through the proxy; fix: unset {own[0]} to keep it on the host")
             continue
+        if login is not None:
+            route = replace(route, login=replace(route.login, file=login))
         d.routes.append(replace(route, secret_env=tuple(n for n in route.secret_env if n in passable)))
         d.withheld.update(route.secret_env)
         render = {"{url}": url, "{placeholder}": CREDENTIAL_PLACEHOLDER}
         for name, template in route.box_env:
-            d.route_env[name] = _render(template, render)
+            d.route_env.setdefault(name, _render(template, render))
         if d.request.argv_override is None and route.box_args:
             d.argv[1:1] = [_render(a, render) for a in route.box_args]
+    for path, why in d.backend.logins_in_box:
+        host_path = expand(path, d.home, d.uid)
+        if d.fs.lkind(host_path) == "file" and _in_state_dirs(d, host_path):
+            d.notes.append(f"credentials: in box for {d.backend.name}: {path} is copied into the box as it is ({why})")
+    loose = [n for n in sorted(passable) if d.env.get(n) and n not in d.withheld and n.endswith(_SECRET_SUFFIXES)]
+    if loose:
+        d.notes.append(f"credentials: in box for {d.backend.name}: {', '.join(loose)} passed into the box as set "
+                       "(no credential route holds it on the host)")
+    if d.backend.name == "claude" and not d.routes and d.state_dirs:
+        d.notes.append("credentials: in box for claude: no login or key on the host, so a /login in this box keeps its "
+                       "token in the box for this session (its token exchange is end-to-end TLS to platform.claude.com, "
+                       "which the proxy does not open); it comes back to the host at exit, and later runs keep it there")
+
+
+def _in_state_dirs(d: _Draft, path: str) -> bool:
+    return any(path.startswith(s.rstrip("/") + "/") for s in d.state_dirs)
+
+
+# Names of variables that hold a secret, for the `credentials: in box` note of a key no route holds.
+_SECRET_SUFFIXES = ("_API_KEY", "_AUTH_TOKEN", "_OAUTH_TOKEN", "_ACCESS_TOKEN")
+
+
+def _login_file(d: _Draft, route: CredentialRoute) -> str | None:
+    """The host path of a login route's file when the host has it (a regular file, seen without
+    following a link) inside a state dir the box gets a private copy of; else None."""
+    if route.login is None:
+        return None
+    path = expand(route.login.file, d.home, d.uid)
+    if d.fs.lkind(path) != "file":
+        return None
+    return path if _in_state_dirs(d, path) else None
 
 
 def _grants(d: _Draft) -> None:

@@ -47,6 +47,9 @@ class HostFacts:
     nofile: int = 1 << 20
     # Container mode's image tag (a digest of files): read before resolve() by plan.with_image, never in it.
     image: str | None = None
+    # Why the VM tier cannot run here (relay/vmhost.py), or None: filled in before resolve() only
+    # when --isolation vm is asked for (cli, doctor); facts probed or built otherwise never enable it.
+    vm_error: str | None = "not probed"
 
     @property
     def bwrap_ok(self) -> bool:

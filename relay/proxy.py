@@ -194,12 +194,16 @@ def parse_head(head: bytes) -> Request:
 
 def route_head(req: Request, path: str, host: str, port: int, credential: tuple[str, str] | None) -> bytes:
     """The head an origin-form request goes upstream with: its path on the route's host, every
-    credential header the client sent dropped, then the real one added (None: the key is in `path`)."""
+    credential header the client sent dropped, then the real one added (None: the key is in `path`).
+    The answer is asked for uncompressed (`Accept-Encoding: identity`), so that the proxy can scrub
+    the key from it should the upstream echo it (`Redactor`); a compressed echo would pass unseen."""
     authority = _fmt_hostport(host, None if port == 443 else port)
-    kept = [line for line in req.kept if line.partition(":")[0].strip().lower() not in egress.CREDENTIAL_HEADERS]
+    # `X_Api_Key` counts as x-api-key: CGI-style servers fold `_` and `-` into one name.
+    kept = [line for line in req.kept if line.partition(":")[0].strip().lower().replace("_", "-")
+            not in egress.CREDENTIAL_HEADERS | {"accept-encoding"}]
     added = [f"{credential[0]}: {credential[1]}"] if credential is not None else []
     out = "\r\n".join([f"{req.method} {path} {req.version}", f"Host: {authority}", *kept,
-                        *added, "Connection: close", "", ""])
+                        *added, "Accept-Encoding: identity", "Connection: close", "", ""])
     return out.encode("latin-1")
 
 
@@ -479,15 +483,95 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
+class Redactor:
+    """Scrubs a route's key (each spelling it was sent in, `egress.key_forms`) from the answer, byte for
+    byte in place (same length, so Content-Length and chunk sizes stay true): an upstream that echoes
+    the request (a redirect or 404 page repeating the URL with `?key=`, a debug endpoint, an error
+    quoting the header) must not hand the key to the box. A partial echo is scrubbed too: any run of
+    MIN_RUN or more bytes of a key spelling (an error page that cuts a long URL short would otherwise
+    give the box all of the key but its last characters). Found by the spelling's aligned BLOCK-byte
+    pieces (any run of 2*BLOCK-1 bytes holds one whole), each grown to the whole matching run.
+
+    Every piece is looked for in the head and in a non-2xx answer (redirects and error pages, where
+    URLs are echoed); a 2xx body (a large download, a stream) is searched for the first and last piece
+    of each spelling only (`full` False): a whole key, and any echo cut at one end, are still found
+    (a run of MIN_RUN bytes at the key's start or end holds one of them), for a fraction of the cost.
+
+    A stream is scrubbed as it flows: only a tail that could continue into a key run in the next read
+    is held back until then (an SSE event ends in a blank line, which no key holds, so events are
+    never held); at the end it is let go, as it is at most MIN_RUN - 1 bytes of key."""
+
+    BLOCK = 8
+    MIN_RUN = 2 * BLOCK - 1
+
+    def __init__(self, forms: tuple[str, ...]) -> None:
+        self.forms = [f.encode("latin-1") for f in forms if len(f) >= 6]
+        # (spelling, where its block starts, the block, the shortest run scrubbed)
+        self.blocks = [(form, at, form[at:at + min(self.BLOCK, len(form))], min(self.MIN_RUN, len(form)))
+                       for form in self.forms for at in range(0, len(form) - min(self.BLOCK, len(form)) + 1, self.BLOCK)]
+        self.ends = [b for b in self.blocks if b[1] == 0 or b[1] + len(b[2]) == len(b[0])]
+        self.ends += [(form, len(form) - self.BLOCK, form[-self.BLOCK:], self.MIN_RUN) for form in self.forms
+                      if len(form) > self.BLOCK and len(form) % self.BLOCK]  # the last piece, aligned to the end
+        self.full = True
+        self.held = b""
+        self.count = 0
+
+    def scrub(self, data: bytes, full: bool | None = None) -> bytes:
+        runs = []
+        for form, at, block, least in self.blocks if (self.full if full is None else full) else self.ends:
+            p = data.find(block)
+            while p >= 0:
+                lo, hi, a, b = p, p + len(block), at, at + len(block)
+                while lo > 0 and a > 0 and data[lo - 1] == form[a - 1]:
+                    lo, a = lo - 1, a - 1
+                while hi < len(data) and b < len(form) and data[hi] == form[b]:
+                    hi, b = hi + 1, b + 1
+                if hi - lo >= least:
+                    runs.append((lo, hi))
+                p = data.find(block, max(hi, p + 1))
+        if not runs:
+            return data
+        out = bytearray(data)
+        last = -1
+        for lo, hi in sorted(runs):
+            self.count += lo > last  # runs that overlap or touch are one echo
+            out[lo:hi] = b"*" * (hi - lo)
+            last = max(last, hi)
+        return bytes(out)
+
+    def feed(self, data: bytes) -> bytes:
+        data = self.scrub(self.held + data) if self.held else self.scrub(data)
+        hold = self._tail(data)
+        self.held = data[len(data) - hold:] if hold else b""
+        return data[: len(data) - hold]
+
+    def flush(self) -> bytes:
+        held, self.held = self.held, b""
+        return held
+
+    def _tail(self, data: bytes) -> int:
+        """The longest tail of `data` (under MIN_RUN bytes) that is a run of some spelling which the next
+        read could continue (a complete spelling at the very end was scrubbed already)."""
+        if not self.forms or not data or not any(data[-1:] in form for form in self.forms):
+            return 0
+        for n in range(min(self.MIN_RUN - 1, len(data)), 0, -1):
+            tail = data[-n:]
+            if any(tail in form[:-1] for form in self.forms):
+                return n
+        return 0
+
+
 _RESPONSE_DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection"})
 
 
-def _relay_response(upstream: socket.socket, client: socket.socket) -> int:
+def _relay_response(upstream: socket.socket, client: socket.socket, redact: Redactor | None = None) -> int:
     """Relay one response from a TLS upstream (splice cannot see through TLS): its head read boundedly
     and sent with `Connection: close` (one request per connection), interim 1xx heads passed on, then
     the body as it arrives, in small reads, so an SSE stream flows. Redirects are the client's to
-    follow, through the proxy, without the key. Returns the status (0: no valid answer, 502 sent)."""
+    follow, through the proxy, without the key. Every byte passes `redact` (the key scrubbed) first.
+    Returns the status (0: no valid answer, 502 sent)."""
     buf, status = b"", 0
+    red = redact or Redactor(())
     try:
         upstream.settimeout(HEAD_TIMEOUT)
         for _ in range(8):
@@ -505,13 +589,15 @@ def _relay_response(upstream: socket.socket, client: socket.socket) -> int:
                 return 0
             status = int(parts[1])
             if 100 <= status < 200 and status != 101:
-                client.sendall(head + b"\r\n\r\n")
+                client.sendall(red.scrub(head + b"\r\n\r\n", full=True))
                 continue
             listed = {t.strip().lower() for line in lines[1:] if line.partition(b":")[0].strip().lower() == b"connection"
                       for t in line.partition(b":")[2].split(b",")}
             kept = [line for line in lines[1:]
                     if line.partition(b":")[0].strip().lower() not in _RESPONSE_DROPPED | listed]
-            client.sendall(b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""]) + buf)
+            red.full = not 200 <= status < 300  # a 2xx body: the ends of each spelling only (see Redactor)
+            client.sendall(red.scrub(b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""]), full=True)
+                           + red.feed(buf))
             break
         else:
             _answer(client, _response("502 Bad Gateway", "-", 0, "too many interim responses", ""))
@@ -521,7 +607,10 @@ def _relay_response(upstream: socket.socket, client: socket.socket) -> int:
             data = upstream.recv(65536)
             if not data:
                 break
-            client.sendall(data)
+            data = red.feed(data)
+            if data:
+                client.sendall(data)
+        client.sendall(red.flush())
     except OSError:
         pass
     try:
@@ -663,7 +752,7 @@ class EgressProxy:
         notify: Callable[[str], None] | None = _stderr_line,
         watch: UpstreamWatch | None = None,
         routes: tuple[CredentialRoute, ...] = (),
-        keys: Mapping[str, str] | None = None,
+        keys: Mapping[str, str | Callable[[], str]] | None = None,
         tls: ssl.SSLContext | None = None,
         origins: Mapping[HostRule, str] | None = None,
         run_id: str = "",
@@ -1066,8 +1155,16 @@ class EgressProxy:
         extra: dict[str, object] = {"route": route.name, "path": match.path.partition("?")[0][:200]}
         if route.grant:
             extra["grant"] = True
+        if req.method not in egress.ROUTE_METHODS:
+            reason = f"method {req.method} is not carried on a credential route (it could echo the key back)"
+            self.log.record(Decision(False, host, port, reason), req.method, extra)
+            _answer(client, _response("405 Method Not Allowed", host, port, reason,
+                                      f"Use one of {', '.join(sorted(egress.ROUTE_METHODS))}."))
+            return None
         key = self.keys.get(route.name)
         try:
+            if callable(key):  # a login's token (logins.LoginStore): read, and refreshed, on the host
+                key = key()
             if key is None:
                 raise ValueError(f"no key for route {route.name} on the host")
             path, credential = egress.apply_credential(route, key, match.path)
@@ -1093,9 +1190,31 @@ class EgressProxy:
         assert upstream is not None
         self.watch.ok(host, port)
         routed = replace(req, host=host, port=port, head=route_head(req, path, host, port, credential))
-        status = self._forward(client, upstream, routed, body, first, relay=_relay_response)
+        redact = Redactor(egress.key_forms(route, key))
+        status = self._forward(client, upstream, routed, body, first,
+                               relay=lambda up, down: _relay_response(up, down, redact))
         extra["status"] = status
+        if redact.count:
+            extra["redacted"] = redact.count  # the upstream echoed the key: scrubbed, and said so
         self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)
+        return upstream
+
+    def open_tls(self, host: str, port: int) -> ssl.SSLSocket:
+        """A verified TLS connection to an allowed host (the egress rules and their pins apply), for a
+        request the host side makes itself: a login's refresh (relay/logins.py). Logged like any other."""
+        decision = decide(self.rules, host, port, self.resolver)
+        upstream = None
+        if decision.allowed:
+            upstream, cause, detail = self._connect(decision)
+            if upstream is None:
+                decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
+            else:
+                upstream, detail = self._tls(upstream, host)
+                if upstream is None:
+                    decision = Decision(False, host, port, detail, unreachable=True, cause="failed")
+        self.log.record(decision, "POST", {"login_refresh": True})
+        if upstream is None:
+            raise OSError(decision.reason)
         return upstream
 
     def _tls(self, sock: socket.socket, host: str) -> tuple[ssl.SSLSocket | None, str]:

@@ -172,6 +172,8 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> tuple[janitor.RunStat
     if state.run_dir and (plan.state_dirs or plan.sync_files):
         state.agent = agentstate.new(state.home, plan.state_dirs, plan.home_keep, plan.guarded_files, state.lock_dir,
                                      os.path.basename(state.run_dir).removeprefix("hive-relay-"), plan.state_exclude)
+        state.agent.logins = tuple((os.path.relpath(r.login.file, state.home), r.login)
+                                   for r in plan.credentials if r.login is not None)
     try:
         janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
                         git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)

@@ -29,13 +29,14 @@ if TYPE_CHECKING:  # what this module reads of probe.HostFacts and plan.Request 
         landlock_abi: int
         podman: str | None
         docker: str | None
+        vm_error: str | None
 
     class Request(Protocol):
         mode: str
         profile: str | None
         isolation: str | None
 
-ISOLATIONS = ("auto", "process", "supervised", "container")
+ISOLATIONS = ("auto", "process", "supervised", "container", "vm")
 DEFAULT_PROFILE = "default"  # fail-closed: no network, no backend state; what every fallback lands on
 
 
@@ -104,6 +105,8 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
         raise UsageError(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
     if request.mode == "container" or isolation == "container":
         return _container(request, isolation)
+    if isolation == "vm":
+        return _vm(request, facts)
     if isolation == "supervised" or (isolation == "auto" and supervised_ok(facts)):
         if not supervised_ok(facts):
             raise RefusedError(f"--isolation supervised cannot be enforced: {missing_supervised(facts)}")
@@ -114,9 +117,21 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
 def _container(request: Request, isolation: str) -> TierChoice:
     if request.mode == "local" and isolation == "container":
         raise UsageError("--isolation container needs --mode container")
-    if isolation in ("process", "supervised"):
+    if isolation in ("process", "supervised", "vm"):
         raise UsageError(f"--isolation {isolation} is a local-mode tier; fix: drop it, or use --mode local")
     return TierChoice(Tier.CONTAINER, request.profile or "agent")
+
+
+def _vm(request: Request, facts: HostFacts) -> TierChoice:
+    """Only ever on explicit request (auto never lands here: a VM is slower to start). Fail-closed:
+    a host where KVM cannot run the guest refuses with the fix, like every other tier."""
+    if facts.vm_error is not None:
+        raise RefusedError(f"--isolation vm cannot be enforced: {facts.vm_error}")
+    # The host can boot a guest, but the launcher that runs a plan in it is not built yet (issue 20:
+    # see README "The VM tier"): refusing beats pretending, and it never falls back to a weaker tier.
+    raise RefusedError("--isolation vm cannot be enforced: this version cannot launch a box in the VM yet "
+                       "(the host side is ready: KVM, qemu and the guest kernel); fix: use --isolation supervised "
+                       "or --mode container")
 
 
 def _without_box(request: Request, isolation: str, facts: HostFacts, backend: Backend, matrix: Matrix,

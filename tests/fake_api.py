@@ -89,6 +89,9 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
             req = json.loads(body or b"{}")
         except ValueError:
             req = {}
+        if self.path.split("?")[0].endswith("/oauth/token"):  # an OAuth refresh: a known refresh token -> a new pair
+            answer = self.server.oauth_tokens.pop(str(req.get("refresh_token")), None)  # single use, as rotated
+            return self._json(answer or {"error": "invalid_grant"}, 200 if answer else 400)
         if "/messages" in self.path:
             return self._anthropic(req)
         if "/responses" in self.path:
@@ -173,6 +176,7 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.requests: list[dict] = []
         self.headers_seen: list[dict[str, str]] = []
         self.tool_command: str | None = None
+        self.oauth_tokens: dict[str, dict] = {}  # refresh token -> the token endpoint's answer to it
 
     def get_request(self):  # noqa: ANN201 - (socket, address)
         conn, addr = self.socket.accept()

@@ -196,9 +196,18 @@ def test_repo_config_may_drop_keep_patterns_but_not_add_one(tmp_path: Path) -> N
 
 def test_shipped_credential_routes() -> None:
     backends = load_shipped()
-    claude, = backends["claude"].credentials
+    routes = {r.name: r for r in backends["claude"].credentials}
+    assert list(routes) == ["anthropic-token", "anthropic", "anthropic-oauth", "anthropic-login"]  # claude's precedence
+    claude = routes["anthropic"]
     assert (claude.name, claude.upstream_host, claude.upstream_port, claude.send) == (
         "anthropic", "api.anthropic.com", 443, "x-api-key")
+    assert routes["anthropic-oauth"].secret_env == ("CLAUDE_CODE_OAUTH_TOKEN",)
+    assert routes["anthropic-token"].send == routes["anthropic-oauth"].send == "authorization-bearer"
+    login = routes["anthropic-login"].login
+    assert login is not None and login.file == "~/.claude/.credentials.json" and routes["anthropic-login"].secret_env == ()
+    assert login.refresh_url == "https://platform.claude.com/v1/oauth/token"
+    assert dict(backends["codex"].logins_in_box)["~/.codex/auth.json"]
+    assert dict(backends["gemini"].logins_in_box)["~/.gemini/oauth_creds.json"]
     codex, = backends["codex"].credentials
     assert codex.secret_env == ("CODEX_API_KEY", "OPENAI_API_KEY") and codex.send == "authorization-bearer"
     assert codex.box_args == ("-c", "openai_base_url={url}/v1")
@@ -224,6 +233,12 @@ ROUTE = ("backends:\n  claude:\n    command: [claude]\n    prompt_command: [clau
         ("{secret_env: [KEY], upstream: a.example:443, send: x-api-key, box_env: {U: '{key}'}}", "unknown placeholder {key}"),
         ("{secret_env: [KEY], upstream: a.example:443, send: x-api-key, box_env: {KEY: 'x'}}", "set to something else"),
         ("{secret_env: [KEY], upstream: a.example:443, send: x-api-key, colour: red}", "credentials.r.colour': unknown key"),
+        ("{login: {file: ~/.c/l.json, token: a.t, refresh_token: a.r, expires: a.e, refresh_url: 'https://o.example/t', client_id: c}, secret_env: [KEY], upstream: a.example:443, send: x-api-key}", "takes its token from the login"),
+        ("{login: {file: ~/.c/l.json, token: a.t, refresh_token: a.r, expires: a.e, refresh_url: 'https://o.example/t', client_id: c, colour: red}, upstream: a.example:443, send: x-api-key}", "login.colour': unknown key"),
+        ("{login: {file: ~/.c/l.json, token: 'a..t', refresh_token: a.r, expires: a.e, refresh_url: 'https://o.example/t', client_id: c}, upstream: a.example:443, send: x-api-key}", "not a dotted JSON path"),
+        ("{login: {file: ~/.c/l.json, token: a.t, refresh_token: a.r, expires: a.e, refresh_url: 'http://o.example/t', client_id: c}, upstream: a.example:443, send: x-api-key}", "not an https:// URL"),
+        ("{login: {file: /etc/l.json, token: a.t, refresh_token: a.r, expires: a.e, refresh_url: 'https://o.example/t', client_id: c}, upstream: a.example:443, send: x-api-key}", "is not under ~/"),
+        ("{login: {file: ~/.c/l.json}, upstream: a.example:443, send: x-api-key}", "login.client_id': missing"),
     ],
 )
 def test_bad_credential_route_is_one_line_with_the_fix(tmp_path: Path, body: str, expected: str) -> None:

@@ -162,3 +162,37 @@ def test_file_failures_are_one_line(tmp_path: Path) -> None:
         hostsecrets.read_key(grant(secret_file="~/fifo"), env)
     with pytest.raises(RefusedError, match="none of GH_TOKEN is set"):
         hostsecrets.read_key(grant(env=("GH_TOKEN",)), {})
+
+
+def _alive(pid: int) -> bool:
+    """Running (a killed child not yet reaped by its new parent is a zombie: gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("body, works", [
+    # A command that prints the token and leaves a child holding its output (a helper daemon that
+    # forgot to close stdout): the token is used within a moment, and the child does not outlive the read.
+    (f"sleep 30 & echo $! > {{pid}}; echo {SECRET}", True),
+    # A command that hangs in a child (no exec): refused at the timeout, and the child killed too.
+    ("sleep 30 & echo $! > {pid}; wait", False),
+])
+def test_a_command_leaves_nothing_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str,
+                                          works: bool) -> None:
+    monkeypatch.setattr(hostsecrets, "COMMAND_TIMEOUT", 3.0)
+    pidfile = tmp_path / "child.pid"
+    command = (script(tmp_path, body.format(pid=pidfile)),)
+    start = time.monotonic()
+    if works:
+        assert hostsecrets.read_key(grant(secret_command=command), {}) == SECRET
+        assert time.monotonic() - start < 2.5  # not the whole timeout
+    else:
+        with pytest.raises(RefusedError, match="did not finish within 3 s"):
+            hostsecrets.read_key(grant(secret_command=command), {})
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 2
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(child)

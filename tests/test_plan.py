@@ -166,7 +166,7 @@ def test_root_caller_box_runs_as_non_root_uid(sandbox: Sandbox) -> None:
 
 def test_unknown_isolation_and_mode_are_usage_errors(sandbox: Sandbox) -> None:
     with pytest.raises(UsageError):
-        plan_for(sandbox, "shell", isolation="vm")
+        plan_for(sandbox, "shell", isolation="jail")
 
 
 def test_protected_paths_inside_workdir(sandbox: Sandbox) -> None:

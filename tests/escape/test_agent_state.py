@@ -183,19 +183,21 @@ def test_two_concurrent_boxes_of_one_backend_both_keep_their_sessions(box: Sandb
 
 
 def test_a_file_changed_on_the_host_meanwhile_is_never_overwritten(box: Sandbox, report) -> None:
-    creds = box.home / ".claude" / ".credentials.json"
+    # (a kept file; a login file the proxy holds is never synced at all: tests/escape/test_oauth.py)
+    creds = box.home / ".claude" / "todos" / "list.json"
+    creds.parent.mkdir()
     creds.write_text('{"host": 1}')
-    proc = _popen(box, "claude", _gate(box, "c") + "echo '{\"box\": 1}' > ~/.claude/.credentials.json")
+    proc = _popen(box, "claude", _gate(box, "c") + "echo '{\"box\": 1}' > ~/.claude/todos/list.json")
     _await(box.workdir / "c.in", proc)
-    creds.write_text('{"host": 2}')  # the user logged in again on the host meanwhile
+    creds.write_text('{"host": 2}')  # changed on the host meanwhile
     (box.workdir / "c.go").touch()
     _, err = proc.communicate(timeout=120)
     run = kept_run(err)
-    ok = creds.read_text() == '{"host": 2}' and json.loads((kept_dir(box, run) / ".claude/.credentials.json").read_text()) == {"box": 1}
+    ok = creds.read_text() == '{"host": 2}' and json.loads((kept_dir(box, run) / ".claude/todos/list.json").read_text()) == {"box": 1}
     report.attack(ok)
     assert ok and "in conflict" in err, err
-    # ...and accept-state refuses it (one line, exit 2) rather than overwrite the host's login.
-    acc = box.relay("accept-state", run, "~/.claude/.credentials.json")
+    # ...and accept-state refuses it (one line, exit 2) rather than overwrite the host's file.
+    acc = box.relay("accept-state", run, "~/.claude/todos/list.json")
     assert acc.returncode == 2 and acc.stderr.count("\n") == 1 and "fix:" in acc.stderr, acc.stderr
     assert creds.read_text() == '{"host": 2}'
 
