@@ -110,6 +110,23 @@ def _checked(value: str, path: str, uid: int, fs: FsView) -> str:
     return real
 
 
+# Where daemons keep sockets outside /run and /tmp (both private to the box already): other users'
+# homes, /srv, /mnt, /media and /var (podman's conmon attach sockets under /var/lib/containers,
+# postfix's under /var/spool, lxd's under /var/snap). Once AF_UNIX is allowed they are hidden behind an
+# empty tmpfs, so a socket made there after the plan is out of sight too. /var/cache stays (the agent
+# CLIs live there); the workdir, grants and tool dirs are bound back on top as usual.
+SOCKET_HOMES = ("/home", "/root", "/srv", "/mnt", "/media")
+VAR_KEPT = frozenset({"cache", "tmp"})
+
+
+def socket_homes(fs: FsView) -> tuple[str, ...]:
+    """The host dirs the box stops seeing when it may create AF_UNIX sockets (real dirs only: a link
+    such as /var/run points into a dir the box already has privately)."""
+    found = [d for d in SOCKET_HOMES if fs.lkind(d) == "dir"]
+    found += [f"/var/{n}" for n in sorted(fs.listdir("/var")) if n not in VAR_KEPT and fs.lkind(f"/var/{n}") == "dir"]
+    return tuple(found)
+
+
 def parse_ssh_hosts(values: Sequence[str]) -> tuple[HostRule, ...]:
     """`--allow-ssh HOST[:PORT]` as egress rules for that port (22 unless given)."""
     rules = []

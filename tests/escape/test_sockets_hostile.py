@@ -1,0 +1,120 @@
+"""Red-team of `--allow-socket` (issue 18): once a box may create AF_UNIX sockets, every host socket
+it can *see* is one it can connect to. /tmp, /run, /dev/shm and $HOME are private, but the host's
+root is bound read-only, and a read-only mount does not stop connect(). Each attack beside its twin:
+
+- a listening socket in /var/lib, /srv or /home (where host daemons keep theirs: podman's attach
+  sockets under /var/lib/containers, postfix under /var/spool, lxd under /var/snap) stays out of
+  reach with the opt-in on, and the granted agent still answers;
+- an abstract socket of a host process is out of reach (the box has its own network namespace).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ..conftest import Sandbox, require_tool
+from .conftest import Report
+from .test_sockets import CONNECT_PROBE, Agent, _listening, run
+
+# As CONNECT_PROBE, but from the socket's own dir: podman's attach paths are longer than sun_path.
+NEAR_PROBE = """
+import os, socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        os.chdir(os.path.dirname(path)); s.connect(os.path.basename(path)); print(path, "CONNECTED")
+    except OSError as err:
+        print(path, "connect", err.errno)
+"""
+
+
+def test_host_daemon_sockets_outside_run_and_tmp_stay_unreachable(box: Sandbox, report: Report) -> None:
+    require_tool("ssh-agent")
+    agent = Agent(box.root)
+    tag = uuid.uuid4().hex[:8]
+    places: list[Path] = []
+    if os.getuid() == 0:  # only root can make these here; the plan check below holds for every caller
+        places = [Path(f"/var/lib/hive-relay-test-{tag}/d.sock"), Path(f"/srv/hive-relay-test-{tag}/d.sock"),
+                  Path(f"/home/hive-relay-test-{tag}/d.sock"), Path(f"/var/spool/hive-relay-test-{tag}/d.sock")]
+    servers = [_listening(p) for p in places]
+    # Real ones when this host has them: podman's per-container attach sockets (a console into it).
+    real = sorted(glob.glob("/var/lib/containers/storage/overlay-containers/*/userdata/attach"))[:3]
+    try:
+        targets = " ".join(map(str, [*places, *real]))
+        proc = run(box, f"python3 -c '{NEAR_PROBE}' {targets} /run/hive-relay/sockets/ssh-agent",
+                   "--allow-socket", "ssh-agent", sock=agent.sock)
+    finally:
+        agent.stop()
+        for srv, p in zip(servers, places, strict=True):
+            srv.close()
+            shutil.rmtree(p.parent, ignore_errors=True)
+    reached = [t for t in [*map(str, places), *real] if f"{t} CONNECTED" in proc.stdout]
+    report.attack(not reached)
+    assert not reached, proc.stdout
+    assert all(f"{p} connect 2" in proc.stdout for p in places), proc.stdout + proc.stderr  # not there at all
+    report.legit("/run/hive-relay/sockets/ssh-agent CONNECTED" in proc.stdout)
+    assert "/run/hive-relay/sockets/ssh-agent CONNECTED" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_plan_hides_the_socket_homes_only_with_the_opt_in(box: Sandbox) -> None:
+    require_tool("ssh-agent")
+    agent = Agent(box.root)
+    try:
+        on = json.loads(box.relay("shell", "--dry-run", "--json", "--allow-socket", "ssh-agent",
+                                  extra_env={"SSH_AUTH_SOCK": str(agent.sock)}).stdout)
+    finally:
+        agent.stop()
+    off = json.loads(box.relay("shell", "--dry-run", "--json").stdout)
+    hidden = {m["dst"] for m in on["mounts"] if m["kind"] == "tmpfs"}
+    expected = {d for d in ("/home", "/srv", "/mnt", "/media", "/var/lib", "/var/spool") if os.path.isdir(d)
+                and not os.path.islink(d)}
+    assert expected <= hidden, hidden
+    assert "/var/cache" not in hidden  # the agent CLIs live there
+    assert not expected & {m["dst"] for m in off["mounts"] if m["kind"] == "tmpfs"}
+    # The workdir is still bound (after the tmpfs), so a workdir under /home or /srv keeps working.
+    order = [m["dst"] for m in on["mounts"]]
+    assert all(order.index(h) < order.index(str(box.workdir)) for h in expected)
+
+
+ABSTRACT_PROBE = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(b"\\0" + sys.argv[1].encode()); print("abstract CONNECTED")
+except OSError as err:
+    print("abstract connect", err.errno)
+"""
+
+
+def test_a_host_abstract_socket_stays_unreachable(box: Sandbox, report: Report) -> None:
+    require_tool("ssh-agent")
+    agent = Agent(box.root)
+    name = f"hive-relay-test-{uuid.uuid4().hex[:8]}"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(b"\0" + name.encode())
+    srv.listen(4)
+    try:
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(b"\0" + name.encode())  # live on the host
+        probe.close()
+        proc = run(box, f"python3 -c '{ABSTRACT_PROBE}' {name}; python3 -c '{CONNECT_PROBE}' "
+                        "/run/hive-relay/sockets/ssh-agent", "--allow-socket", "ssh-agent", sock=agent.sock)
+    finally:
+        agent.stop()
+        srv.close()
+    report.attack("abstract connect 111" in proc.stdout)
+    assert "abstract connect 111" in proc.stdout, proc.stdout + proc.stderr  # ECONNREFUSED: not in this netns
+    report.legit("/run/hive-relay/sockets/ssh-agent CONNECTED" in proc.stdout)
+    assert "/run/hive-relay/sockets/ssh-agent CONNECTED" in proc.stdout
+
+
+if __name__ == "__main__":  # pragma: no cover
+    pytest.main([__file__])
