@@ -39,6 +39,9 @@ BOX_UID_FOR_ROOT = 1000
 SECCOMP_FD = 3
 INFO_FD = 4
 BLOCK_FD = 5
+# --allow-socket in the supervised tier: the i-th socket reaches bwrap as an O_PATH fd at SOCKET_FD + i
+# (`--ro-bind-fd`), opened and checked by the runner, so nothing can swap the path between check and bind.
+SOCKET_FD = 6
 DEFAULT_TIMEOUT = 1800
 MODES = ("local", "container")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -665,6 +668,7 @@ def _supervised_tier(d: _Draft) -> None:
         seccomp_fd=SECCOMP_FD,
         info_fd=INFO_FD,
         block_fd=BLOCK_FD,
+        fd_binds={(sock.box, sock.host): SOCKET_FD + i for i, sock in enumerate(d.sockets)},
     ) + d.argv
 
 

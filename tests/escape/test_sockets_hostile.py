@@ -5,7 +5,10 @@ root is bound read-only, and a read-only mount does not stop connect(). Each att
 - a listening socket in /var/lib, /srv or /home (where host daemons keep theirs: podman's attach
   sockets under /var/lib/containers, postfix under /var/spool, lxd under /var/snap) stays out of
   reach with the opt-in on, and the granted agent still answers;
-- an abstract socket of a host process is out of reach (the box has its own network namespace).
+- an abstract socket of a host process is out of reach (the box has its own network namespace);
+- a PATH socket swapped for a link (or its directory for a link) after the planner checked it and
+  before bwrap binds it is refused: bwrap gets an O_PATH fd opened without following links
+  (`--ro-bind-fd`), checked again, never the path.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from relay.bwrap_runner import open_sockets
+from relay.errors import RefusedError
+from relay.fsplan import FsView
+from relay.sockets import resolve_sockets
 
 from ..conftest import Sandbox, require_tool
 from .conftest import Report
@@ -114,6 +122,60 @@ def test_a_host_abstract_socket_stays_unreachable(box: Sandbox, report: Report) 
     assert "abstract connect 111" in proc.stdout, proc.stdout + proc.stderr  # ECONNREFUSED: not in this netns
     report.legit("/run/hive-relay/sockets/ssh-agent CONNECTED" in proc.stdout)
     assert "/run/hive-relay/sockets/ssh-agent CONNECTED" in proc.stdout
+
+
+class _Planned:
+    """What open_sockets reads of a plan: its sockets."""
+
+    def __init__(self, sockets: tuple) -> None:
+        self.sockets = sockets
+
+
+def test_a_socket_swapped_after_the_check_is_not_bound(tmp_path: Path, report: Report) -> None:
+    mine = _listening(tmp_path / "proj" / "dev.sock")  # in a dir another box could write (its workdir)
+    dock = _listening(tmp_path / "daemon" / "docker.sock")
+    elsewhere = _listening(tmp_path / "other" / "dev.sock")
+    path = tmp_path / "proj" / "dev.sock"
+    try:
+        socks = resolve_sockets([str(path)], {}, str(tmp_path), os.getuid(), FsView())  # the planner's check
+        plan = _Planned(socks)
+        # Twin: unchanged, the fd is that very socket, at bwrap's fd number.
+        fds = open_sockets(plan)  # type: ignore[arg-type]
+        try:
+            assert [t for t, _ in fds] == [6] and os.fstat(fds[0][1]).st_ino == path.lstat().st_ino
+        finally:
+            for _, fd in fds:
+                os.close(fd)
+        report.legit(True)
+        # Attack 1: the socket swapped for a link to the daemon's socket.
+        path.rename(tmp_path / "proj" / "moved.sock")
+        path.symlink_to(tmp_path / "daemon" / "docker.sock")
+        with pytest.raises(RefusedError, match="socket went away|changed since"):
+            open_sockets(plan)  # type: ignore[arg-type]
+        # Attack 2: the directory swapped for a link to one holding another socket of the same name.
+        (tmp_path / "proj").rename(tmp_path / "proj-old")
+        (tmp_path / "proj").symlink_to(tmp_path / "other")
+        with pytest.raises(RefusedError, match="changed since it was checked"):
+            open_sockets(plan)  # type: ignore[arg-type]
+        report.attack(True)
+    finally:
+        for srv in (mine, dock, elsewhere):
+            srv.close()
+
+
+def test_the_box_binds_the_socket_by_fd(box: Sandbox) -> None:
+    """The supervised argv carries `--ro-bind-fd 6 /run/hive-relay/sockets/ssh-agent`, never the path."""
+    require_tool("ssh-agent")
+    agent = Agent(box.root)
+    try:
+        plan = json.loads(box.relay("shell", "--dry-run", "--json", "--allow-socket", "ssh-agent",
+                                    extra_env={"SSH_AUTH_SOCK": str(agent.sock)}).stdout)
+    finally:
+        agent.stop()
+    argv = plan["command"]
+    i = argv.index("--ro-bind-fd")
+    assert argv[i:i + 3] == ["--ro-bind-fd", "6", "/run/hive-relay/sockets/ssh-agent"]
+    assert str(agent.sock) not in argv
 
 
 if __name__ == "__main__":  # pragma: no cover
