@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import RefusedError, UsageError
-from .hosts import HostRule, normalize_host
+from .hosts import HostRule, _is_loopback, normalize_host
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -138,6 +138,12 @@ def parse_ssh_hosts(values: Sequence[str]) -> tuple[HostRule, ...]:
             raise UsageError(f"--allow-ssh {value!r}: not a host name; fix: e.g. --allow-ssh github.com") from None
         if port and not (port.isdigit() and 0 < int(port) < 65536):
             raise UsageError(f"--allow-ssh {value!r}: port {port!r} must be a number from 1 to 65535")
+        if _is_loopback(name):
+            # As --allow-host: the host's own loopback only through a named pin, never by its bare address
+            # (ssh goes through the proxy, so 127.0.0.1 here would reach any service listening on the host).
+            shown = port or SSH_PORT
+            raise UsageError(f"--allow-ssh {value!r}: {name} is this host's loopback; fix: give it a name and pin it, "
+                             f"e.g. --allow-ssh hostsvc.test:{shown} --allow-host hostsvc.test:{shown}=127.0.0.1:{shown}")
         rules.append(HostRule(name, int(port) if port else SSH_PORT))
     return tuple(dict.fromkeys(rules))
 

@@ -178,5 +178,36 @@ def test_the_box_binds_the_socket_by_fd(box: Sandbox) -> None:
     assert str(agent.sock) not in argv
 
 
+def test_allow_ssh_refuses_the_hosts_loopback_like_allow_host(box: Sandbox, report: Report) -> None:
+    """`--allow-ssh 127.0.0.1:PORT` carried the box to any service on the host's loopback (ssh goes
+    through the proxy, which honoured the IP rule), where `--allow-host 127.0.0.1` is refused. Now
+    the same refusal; the twin, a named pin to the same listener, still reaches it."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        port = srv.getsockname()[1]
+        for spec in (f"127.0.0.1:{port}", "localhost", "::1", "127.1.2.3", "x.localhost"):
+            bad = box.relay("shell", "local", "--quiet", "--allow-ssh", spec, "--prompt", "true")
+            lines = bad.stderr.strip().splitlines()
+            report.attack(bad.returncode == 2)
+            assert bad.returncode == 2 and len(lines) == 1 and "loopback" in lines[0] and "fix:" in lines[0], (
+                spec, bad.stderr)
+        probe = f'sleep 2 | timeout 10 bash -c "$HIVE_RELAY_SSH_CONNECT" x hostsvc.test {port} && echo tunnel-ok'
+        import threading
+
+        def greet() -> None:
+            conn, _ = srv.accept()
+            conn.sendall(b"SSH-2.0-test\r\n")
+            conn.close()
+
+        t = threading.Thread(target=greet, daemon=True)
+        t.start()
+        ok = box.relay("shell", "local", "--quiet", "--allow-ssh", f"hostsvc.test:{port}", "--allow-host",
+                       f"hostsvc.test:{port}=127.0.0.1:{port}", "--prompt", probe)
+        t.join(5)
+    report.legit("SSH-2.0-test" in ok.stdout)
+    assert "SSH-2.0-test" in ok.stdout, ok.stdout + ok.stderr
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
