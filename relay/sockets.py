@@ -66,9 +66,16 @@ def _one(value: str, env: Mapping[str, str], home: str, uid: int, fs: FsView) ->
                              "agent to share; fix: start one (eval \"$(ssh-agent)\" && ssh-add) or pass its PATH")
         return BoxSocket(value, _checked(value, path, uid, fs), SSH_AGENT_BOX)
     if value == "gpg-agent":
-        path = _gpg_socket(env, home, uid, fs)
-        # gpg finds its agent by path only: in the box (no /run/user/UID, no GNUPGHOME) that is
-        # ~/.gnupg/S.gpg-agent, in the box's own home: the socket alone, none of the keyrings.
+        path = _gpg_socket(env, home, uid, fs) + ".extra"
+        if fs.lstat(path) is None:
+            raise UsageError(f"--allow-socket gpg-agent: the agent has no restricted socket {path} (its "
+                             "`extra-socket` is off); fix: remove `extra-socket` from gpg-agent.conf and restart it "
+                             "(gpgconf --kill gpg-agent), or pass the full socket's PATH to accept key export")
+        # The agent's restricted socket, made for forwarding to a host you do not trust: it signs and
+        # decrypts but refuses key export, key listing and passphrase presets (its standard socket would
+        # hand the box every private key: KEYWRAP_KEY --export, then EXPORT_KEY). gpg finds its agent by
+        # path only: in the box (no /run/user/UID, no GNUPGHOME) that is ~/.gnupg/S.gpg-agent, in the
+        # box's own home: the socket alone, none of the keyrings.
         return BoxSocket(value, _checked(value, path, uid, fs), os.path.join(home, ".gnupg", "S.gpg-agent"))
     if not value.startswith("/"):
         raise UsageError(f"--allow-socket {value!r}: expected ssh-agent, gpg-agent or an absolute PATH to a socket; "
