@@ -124,6 +124,30 @@ def test_a_host_abstract_socket_stays_unreachable(box: Sandbox, report: Report) 
     assert "/run/hive-relay/sockets/ssh-agent CONNECTED" in proc.stdout
 
 
+def test_the_box_cannot_swap_its_bound_socket_and_its_tools_still_run(box: Sandbox, report: Report) -> None:
+    """The bound socket is a mount point in box-private /run: rm and mv fail (EBUSY), so the box
+    cannot put its own listener where its tools look for the agent. The twin: with the socket homes
+    hidden, the usual tools still run (node, git, python's ssl, curl) and the agent still answers."""
+    require_tool("ssh-agent")
+    agent = Agent(box.root)
+    sock = "/run/hive-relay/sockets/ssh-agent"
+    script = (f"rm -f {sock}; echo rm=$?; mv {sock} /run/x; echo mv=$?; ln -sf /tmp/y {sock}; echo ln=$?; "
+              "ssh-add -l; node --version >/dev/null && echo node-ok; git --version >/dev/null && echo git-ok; "
+              "python3 -c 'import ssl; ssl.create_default_context()' && echo ssl-ok; curl --version >/dev/null && "
+              "echo curl-ok")
+    try:
+        proc = run(box, script, "--allow-socket", "ssh-agent", sock=agent.sock)
+    finally:
+        agent.stop()
+    out = proc.stdout.split()
+    report.attack(all(f"{op}=1" in out for op in ("rm", "mv", "ln")))
+    assert all(f"{op}=1" in out for op in ("rm", "mv", "ln")), proc.stdout + proc.stderr
+    report.legit(agent.fingerprint in proc.stdout)
+    assert agent.fingerprint in proc.stdout, proc.stdout + proc.stderr
+    for tool in ("git", "ssl", "curl") + (("node",) if shutil.which("node") else ()):
+        assert f"{tool}-ok" in out, (tool, proc.stdout + proc.stderr)
+
+
 class _Planned:
     """What open_sockets reads of a plan: its sockets."""
 
