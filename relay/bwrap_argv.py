@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .fsplan import Mount
 from .vocab import MountKind
@@ -11,10 +11,15 @@ from .vocab import MountKind
 MASK_SIZE = 4096
 
 
-def mount_args(mounts: Iterable[Mount]) -> list[str]:
+def mount_args(mounts: Iterable[Mount], fd_binds: Mapping[tuple[str, str], int] | None = None) -> list[str]:
+    """`fd_binds` maps (dst, src) of a read-only bind to the fd bwrap gets it on instead of its path
+    (`--ro-bind-fd`: an --allow-socket socket, opened and checked by the runner without following links)."""
     args: list[str] = []
+    fd_binds = fd_binds or {}
     for m in mounts:
-        if m.kind == MountKind.RO_BIND:
+        if m.kind == MountKind.RO_BIND and (m.dst, m.src) in fd_binds:
+            args += ["--ro-bind-fd", str(fd_binds[(m.dst, m.src)]), m.dst]
+        elif m.kind == MountKind.RO_BIND:
             args += ["--ro-bind", m.src or m.dst, m.dst]
         elif m.kind in (MountKind.BIND, MountKind.PRIVATE_BIND):
             args += ["--bind", m.src or m.dst, m.dst]
@@ -42,7 +47,7 @@ def mount_args(mounts: Iterable[Mount]) -> list[str]:
 
 def build(
     *, bwrap: str, mounts: Iterable[Mount], workdir: str, box_uid: int | None, seccomp_fd: int, info_fd: int,
-    block_fd: int,
+    block_fd: int, fd_binds: Mapping[tuple[str, str], int] | None = None,
 ) -> list[str]:
     """The bwrap part of the command line, up to and including `--`.
 
@@ -56,7 +61,7 @@ def build(
             "--hostname", "hive-relay"]
     if box_uid is not None:
         args += ["--uid", str(box_uid), "--gid", str(box_uid)]
-    args += mount_args(mounts)
+    args += mount_args(mounts, fd_binds)
     args += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--block-fd", str(block_fd),
              "--chdir", workdir, "--"]
     return args

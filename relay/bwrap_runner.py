@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from collections.abc import Mapping
 
 from . import janitor, jobctl, limits, procs
-from .errors import RelayError
+from .errors import RefusedError, RelayError
 from .handshake import BoxProcess, box_env, read_child_pid, release, start_proxy
 from .netns import listen_in
-from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, Plan
+from .plan import BLOCK_FD, INFO_FD, SECCOMP_FD, SOCKET_FD, Plan
 from .proxy import EgressProxy
 from .seccomp_policy import compile_to_memfd
 from .trace import mark
@@ -26,12 +27,13 @@ def start(
     namespace, start the proxy, then unblock it: the agent's first request finds the proxy serving."""
     # Never a silent default: a plan for this tier always carries its filter.
     assert plan.seccomp_policy is not None, "a supervised plan without its seccomp policy"
+    socket_fds = open_sockets(plan)
     seccomp_fd = compile_to_memfd(plan.seccomp_policy)
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     mark("seccomp_compiled")
     high = [(target, fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10))
-            for target, fd in ((SECCOMP_FD, seccomp_fd), (INFO_FD, info_w), (BLOCK_FD, block_r))]
+            for target, fd in ((SECCOMP_FD, seccomp_fd), (INFO_FD, info_w), (BLOCK_FD, block_r), *socket_fds)]
     targets = {target for target, _ in high}
     # Only 0, 1, 2 and bwrap's own fds reach the box: a directory fd the caller's shell left open
     # would be a key to the host's filesystem.
@@ -43,7 +45,7 @@ def start(
     except OSError as err:
         raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
     finally:
-        for fd in [seccomp_fd, info_w, block_r] + [fd for _, fd in high]:
+        for fd in [seccomp_fd, info_w, block_r] + [fd for _, fd in socket_fds] + [fd for _, fd in high]:
             os.close(fd)
     janitor.tell(lifeline, pid)  # first: should we die from here on, the janitor knows the box's group
     proc = BoxProcess(pid, job)
@@ -84,3 +86,34 @@ def start(
         os.close(block_w)
         os.close(info_r)
     return proc, proxy
+
+
+def open_sockets(plan: Plan) -> list[tuple[int, int]]:
+    """Each `--allow-socket` socket as (bwrap's fd number, an O_PATH fd on it), checked again here.
+
+    bwrap follows links when it binds a path, and the planner's lstat was earlier: a process that
+    can write the socket's directory (another box whose workdir holds it) could swap the socket for
+    a link to docker.sock in between. The fd is opened without following the last component, must
+    still be a socket of the caller's, and must sit at the planned path (so no directory on the way
+    was swapped either); bwrap then binds that very inode (`--ro-bind-fd`)."""
+    out: list[tuple[int, int]] = []
+    try:
+        for i, sock in enumerate(plan.sockets):
+            fd = os.open(sock.host, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            out.append((SOCKET_FD + i, fd))
+            st = os.fstat(fd)
+            where = os.readlink(f"/proc/self/fd/{fd}")
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid() or where != sock.host:
+                raise RefusedError(f"--allow-socket {sock.name}: {sock.host} changed since it was checked (it is no "
+                                   "longer your socket at that path); nothing was bound; fix: check who writes "
+                                   f"{os.path.dirname(sock.host)}")
+    except OSError as err:
+        for _, fd in out:
+            os.close(fd)
+        raise RefusedError(f"--allow-socket: {err.filename}: {err.strerror}; the socket went away since it was "
+                           "checked; fix: check the agent is still running") from None
+    except RefusedError:
+        for _, fd in out:
+            os.close(fd)
+        raise
+    return out

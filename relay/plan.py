@@ -31,7 +31,7 @@ from .presets import expand as expand_presets
 from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
-from .sockets import CONNECT_ENV, BoxSocket, connect_script, parse_ssh_hosts, resolve_sockets, ssh_command
+from .sockets import CONNECT_ENV, BoxSocket, connect_script, parse_ssh_hosts, resolve_sockets, socket_homes, ssh_command
 from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
 from .vocab import MountKind, Tier
 from .workdir import refusal as workdir_refusal
@@ -41,6 +41,9 @@ BOX_UID_FOR_ROOT = 1000
 SECCOMP_FD = 3
 INFO_FD = 4
 BLOCK_FD = 5
+# --allow-socket in the supervised tier: the i-th socket reaches bwrap as an O_PATH fd at SOCKET_FD + i
+# (`--ro-bind-fd`), opened and checked by the runner, so nothing can swap the path between check and bind.
+SOCKET_FD = 6
 DEFAULT_TIMEOUT = 1800
 MODES = ("local", "container")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -625,6 +628,14 @@ def _agent_sockets(d: _Draft) -> None:
         mounts.append(Mount(MountKind.RO_BIND, sock.box, sock.host))
         d.notes.append(f"HOST SOCKET IN THE BOX: {sock.name} ({sock.host}) at {sock.box}; AF_UNIX sockets are allowed "
                        "in this box; every other host socket stays hidden")
+    if d.sockets and d.tier == Tier.SUPERVISED:
+        # The host's root is read-only, but connect() to a socket in it still works: hide the dirs
+        # that hold host daemons' sockets (right after the root, so the workdir and grants are bound
+        # back on top).
+        hidden = socket_homes(d.fs)
+        mounts[1:1] = [Mount(MountKind.TMPFS, h, size=bwrap_argv.MASK_SIZE) for h in hidden]
+        d.notes.append(f"with AF_UNIX allowed the box does not see {', '.join(hidden)} (where host daemons keep "
+                       "their sockets)")
     d.fsplan = replace(d.fsplan, mounts=tuple(mounts))
     agent = next((s for s in d.sockets if s.name == "ssh-agent"), None)
     if agent is not None:
@@ -685,6 +696,7 @@ def _supervised_tier(d: _Draft) -> None:
         seccomp_fd=SECCOMP_FD,
         info_fd=INFO_FD,
         block_fd=BLOCK_FD,
+        fd_binds={(sock.box, sock.host): SOCKET_FD + i for i, sock in enumerate(d.sockets)},
     ) + d.argv
 
 

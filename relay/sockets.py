@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import RefusedError, UsageError
-from .hosts import HostRule, normalize_host
+from .hosts import HostRule, _is_loopback, normalize_host
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,9 +66,16 @@ def _one(value: str, env: Mapping[str, str], home: str, uid: int, fs: FsView) ->
                              "agent to share; fix: start one (eval \"$(ssh-agent)\" && ssh-add) or pass its PATH")
         return BoxSocket(value, _checked(value, path, uid, fs), SSH_AGENT_BOX)
     if value == "gpg-agent":
-        path = _gpg_socket(env, home, uid, fs)
-        # gpg finds its agent by path only: in the box (no /run/user/UID, no GNUPGHOME) that is
-        # ~/.gnupg/S.gpg-agent, in the box's own home: the socket alone, none of the keyrings.
+        path = _gpg_socket(env, home, uid, fs) + ".extra"
+        if fs.lstat(path) is None:
+            raise UsageError(f"--allow-socket gpg-agent: the agent has no restricted socket {path} (its "
+                             "`extra-socket` is off); fix: remove `extra-socket` from gpg-agent.conf and restart it "
+                             "(gpgconf --kill gpg-agent), or pass the full socket's PATH to accept key export")
+        # The agent's restricted socket, made for forwarding to a host you do not trust: it signs and
+        # decrypts but refuses key export, key listing and passphrase presets (its standard socket would
+        # hand the box every private key: KEYWRAP_KEY --export, then EXPORT_KEY). gpg finds its agent by
+        # path only: in the box (no /run/user/UID, no GNUPGHOME) that is ~/.gnupg/S.gpg-agent, in the
+        # box's own home: the socket alone, none of the keyrings.
         return BoxSocket(value, _checked(value, path, uid, fs), os.path.join(home, ".gnupg", "S.gpg-agent"))
     if not value.startswith("/"):
         raise UsageError(f"--allow-socket {value!r}: expected ssh-agent, gpg-agent or an absolute PATH to a socket; "
@@ -110,6 +117,23 @@ def _checked(value: str, path: str, uid: int, fs: FsView) -> str:
     return real
 
 
+# Where daemons keep sockets outside /run and /tmp (both private to the box already): other users'
+# homes, /srv, /mnt, /media and /var (podman's conmon attach sockets under /var/lib/containers,
+# postfix's under /var/spool, lxd's under /var/snap). Once AF_UNIX is allowed they are hidden behind an
+# empty tmpfs, so a socket made there after the plan is out of sight too. /var/cache stays (the agent
+# CLIs live there); the workdir, grants and tool dirs are bound back on top as usual.
+SOCKET_HOMES = ("/home", "/root", "/srv", "/mnt", "/media")
+VAR_KEPT = frozenset({"cache", "tmp"})
+
+
+def socket_homes(fs: FsView) -> tuple[str, ...]:
+    """The host dirs the box stops seeing when it may create AF_UNIX sockets (real dirs only: a link
+    such as /var/run points into a dir the box already has privately)."""
+    found = [d for d in SOCKET_HOMES if fs.lkind(d) == "dir"]
+    found += [f"/var/{n}" for n in sorted(fs.listdir("/var")) if n not in VAR_KEPT and fs.lkind(f"/var/{n}") == "dir"]
+    return tuple(found)
+
+
 def parse_ssh_hosts(values: Sequence[str]) -> tuple[HostRule, ...]:
     """`--allow-ssh HOST[:PORT]` as egress rules for that port (22 unless given)."""
     rules = []
@@ -121,6 +145,12 @@ def parse_ssh_hosts(values: Sequence[str]) -> tuple[HostRule, ...]:
             raise UsageError(f"--allow-ssh {value!r}: not a host name; fix: e.g. --allow-ssh github.com") from None
         if port and not (port.isdigit() and 0 < int(port) < 65536):
             raise UsageError(f"--allow-ssh {value!r}: port {port!r} must be a number from 1 to 65535")
+        if _is_loopback(name):
+            # As --allow-host: the host's own loopback only through a named pin, never by its bare address
+            # (ssh goes through the proxy, so 127.0.0.1 here would reach any service listening on the host).
+            shown = port or SSH_PORT
+            raise UsageError(f"--allow-ssh {value!r}: {name} is this host's loopback; fix: give it a name and pin it, "
+                             f"e.g. --allow-ssh hostsvc.test:{shown} --allow-host hostsvc.test:{shown}=127.0.0.1:{shown}")
         rules.append(HostRule(name, int(port) if port else SSH_PORT))
     return tuple(dict.fromkeys(rules))
 

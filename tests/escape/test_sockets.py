@@ -397,25 +397,34 @@ def test_container_reaches_the_agent_only_with_the_opt_in(csandbox: Sandbox, rep
 
 
 def test_gpg_agent_socket_enters_alone(box: Sandbox, report: Report) -> None:
-    """--allow-socket gpg-agent: the box's gpg finds the host's agent (its pid, asked through the
-    socket, is the host agent's), and sees none of the keyrings beside the socket."""
+    """--allow-socket gpg-agent: the box's gpg finds the host's agent through its restricted socket
+    (S.gpg-agent.extra): it holds the test's key (HAVEKEY) but refuses to export it or list keys, and
+    the box sees none of the keyrings beside the socket. Without the opt-in there is no agent."""
     require_tool("gpg-agent")
+    require_tool("gpg")
     gnupg = box.root / "gnupg"
     gnupg.mkdir(mode=0o700)
     env = {**os.environ, "GNUPGHOME": str(gnupg)}
     subprocess.run(["gpg-agent", "--daemon"], env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     try:
-        host_pid = subprocess.run(["gpg-connect-agent", "--no-autostart", "GETINFO pid", "/bye"], env=env,
-                                  capture_output=True, text=True, check=True).stdout.split()[1]
-        probe = "ls -A ~/.gnupg; gpg-connect-agent --no-autostart 'GETINFO pid' /bye"
+        subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "hive-relay-test@example.com",
+                        "ed25519", "sign", "never"], env=env, check=True, capture_output=True)
+        grip = next(line.split()[-1] for line in subprocess.run(
+            ["gpg", "--with-keygrip", "-K"], env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+            if "Keygrip" in line)
+        probe = (f"ls -A ~/.gnupg; gpg-connect-agent --no-autostart 'HAVEKEY {grip}' /bye; echo have=$?; "
+                 "gpg-connect-agent --no-autostart 'KEYWRAP_KEY --export' 'KEYINFO --list' /bye")
         on = box.relay("shell", "local", "--quiet", "--prompt", probe, "--allow-socket", "gpg-agent",
                        extra_env={"GNUPGHOME": str(gnupg)})
         off = box.relay("shell", "local", "--quiet", "--prompt", probe, extra_env={"GNUPGHOME": str(gnupg)})
     finally:
         subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, capture_output=True)
-    report.legit(f"D {host_pid}" in on.stdout)
-    assert f"D {host_pid}" in on.stdout, on.stdout + on.stderr
-    assert on.stdout.split()[0] == "S.gpg-agent" and "private-keys" not in on.stdout
-    report.attack(f"D {host_pid}" not in off.stdout)
-    assert f"D {host_pid}" not in off.stdout, off.stdout
+    lines = on.stdout.split()
+    report.legit(lines[:2] == ["S.gpg-agent", "OK"])
+    assert lines[:2] == ["S.gpg-agent", "OK"], on.stdout + on.stderr  # the agent holds the key
+    assert "private-keys" not in on.stdout
+    report.attack(on.stdout.count("Forbidden") == 2 and "\nD " not in on.stdout)
+    assert on.stdout.count("Forbidden") == 2 and "\nD " not in on.stdout, on.stdout  # no wrap key, no key list
+    report.attack("OK" not in off.stdout)
+    assert "OK" not in off.stdout, off.stdout
