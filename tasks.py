@@ -34,6 +34,9 @@ from relay.cli import (
     unknown_option,
     version_line,
 )
+from relay.cli import (
+    count as count_arg,
+)
 from relay.errors import UsageError
 
 
@@ -226,6 +229,8 @@ def _contribute_hive(
     json: bool = False,
     quiet: bool = False,
     version: bool = False,
+    count: str | None = None,
+    parallel: str | None = None,
 ) -> None:
     if version:
         print(version_line())
@@ -239,7 +244,8 @@ def _contribute_hive(
             None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
             workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
         )
-        return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet)
+        return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet, count=count_arg(count, "--count"),
+                          parallel=count_arg(parallel, "--parallel"))
 
     _exit(guarded(go))
 

@@ -102,7 +102,7 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
     isolation = request.isolation or "auto"
     if isolation not in ISOLATIONS:
         raise UsageError(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
-    if request.mode == "container" or isolation == "container":
+    if request.mode in ("container", "kube") or isolation == "container":
         return _container(request, isolation)
     if isolation == "supervised" or (isolation == "auto" and supervised_ok(facts)):
         if not supervised_ok(facts):

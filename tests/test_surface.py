@@ -200,13 +200,13 @@ def test_bash_completion_offers_backends_modes_and_options(sandbox: Sandbox, tmp
     assert complete(path, "contribute-hive", "") == backends + ["build-image", "completion", "logs", "clean"]
     assert complete(path, "contribute-hive", "c") == ["claude", "codex", "completion", "clean"]
     assert complete(path, "hive-relay", "logs", "") == []
-    assert complete(path, "hive-relay", "shell", "") == ["local", "container"]
+    assert complete(path, "hive-relay", "shell", "") == ["local", "container", "kube"]
     assert complete(path, "contribute-hive", "--backend", "") == backends
     assert complete(path, "contribute-hive", "shell", "--mode", "c") == ["container"]
     assert complete(path, "contribute-hive", "shell", "--isolation", "s") == ["supervised"]
     assert complete(path, "contribute-hive", "--profile", "") == ["agent", "default", "tight"]  # the sandbox's
     assert complete(path, "contribute-hive", "shell", "--dr") == ["--dry-run"]
-    assert complete(path, "contribute-hive", "--prompt", "x", "claude", "") == ["local", "container"]
+    assert complete(path, "contribute-hive", "--prompt", "x", "claude", "") == ["local", "container", "kube"]
     assert complete(path, "contribute-hive", "completion", "") == ["bash", "zsh"]
     assert "ls" in complete(path, "contribute-hive", "shell", "--", "l")
     zsh = run(sandbox, ENTRIES["python-m"], "completion", "zsh").stdout
@@ -225,7 +225,7 @@ def test_invoke_completion_offers_backends_and_modes(sandbox: Sandbox) -> None:
 
     assert {"claude", "shell", "local", "contribute-hive", "doctor"} <= set(cands("contribute-hive"))
     assert cands("contribute-hive", "--backend") == ["claude", "codex", "gemini", "opencode", "shell"]
-    assert cands("contribute-hive", "shell", "--mode") == ["local", "container"]
+    assert cands("contribute-hive", "shell", "--mode") == ["local", "container", "kube"]
     assert "--dry-run" in cands("contribute-hive", "--dr")
     script_text = run(sandbox, [*INVOKE, "--print-completion-script", "bash"]).stdout
     assert "complete -F" in script_text

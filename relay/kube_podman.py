@@ -1,0 +1,284 @@
+"""kube mode on one machine: the same pod specs, run by `podman kube play` (no cluster needed).
+
+podman does not enforce NetworkPolicy, so the box pods are played with `--network none` (only
+`lo`), exactly like container mode's `--network none`: the launcher opens the box's 127.0.0.1:3128
+inside each pod's network namespace (relay/netns.py) and splices what arrives there to the proxy
+pod's port. The pod's hostAliases entry names the proxy 127.0.0.1, so the same Job template
+(HTTPS_PROXY=http://hive-relay-proxy:3128) works unchanged. A box has no route but that one.
+
+The proxy pod runs on the host's network (rootless podman here cannot create a bridge: no
+/dev/net/tun), on a free port in place of 3128; its JSON decision log is its stdout.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from .digest import sha256
+from .kube_render import (
+    PROXY_PYTHONPATH,
+    KubeRun,
+    render_objects,
+    seccomp_name,
+    seccomp_profile,
+    to_yaml,
+)
+from .kube_run import BoxResult, extract_result
+from .paths import PACKAGE_ROOT
+from .plan import Plan
+
+PROXY_REPO = "localhost/hive-relay-proxy"
+CONTAINERS_CONF = '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n[engine]\nruntime = "runc"\n'
+
+
+def _relay_sources() -> list[str]:
+    root = PACKAGE_ROOT / "relay"
+    return sorted(p.name for p in root.iterdir() if p.suffix == ".py")
+
+
+def proxy_image_tag(image: str) -> str:
+    """The proxy image by content: the box image it starts from, plus relay/*.py."""
+    h = sha256(image.encode())
+    for name in _relay_sources():
+        h.update(name.encode() + b"\0" + (PACKAGE_ROOT / "relay" / name).read_bytes() + b"\0")
+    return f"{PROXY_REPO}:{h.hexdigest()[:12]}"
+
+
+def build_proxy_image(podman: list[str], image: str, env: Mapping[str, str]) -> str:
+    """FROM the box image, COPY the relay package (stdlib only at the proxy's end): seconds, offline."""
+    tag = proxy_image_tag(image)
+    if subprocess.run([*podman, "image", "exists", tag], env=dict(env)).returncode == 0:
+        return tag
+    with tempfile.TemporaryDirectory(prefix="hive-relay-proxy-image-") as ctx:
+        os.makedirs(os.path.join(ctx, "relay"))
+        for name in _relay_sources():
+            with open(os.path.join(ctx, "relay", name), "wb") as fh:
+                fh.write((PACKAGE_ROOT / "relay" / name).read_bytes())
+        with open(os.path.join(ctx, "Containerfile"), "w") as fh:
+            fh.write(f"FROM {image}\nCOPY relay {PROXY_PYTHONPATH}/relay\n")
+        proc = subprocess.run([*podman, "build", "--network", "none", "-q", "-t", tag, ctx], capture_output=True,
+                              text=True, env=dict(env))
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {tag} failed: {proc.stderr[-500:]}")
+    return tag
+
+
+@dataclass
+class Played:
+    """One `podman kube play` run: where its files are and what it started."""
+
+    work: str
+    env: dict[str, str]
+    podman: list[str]
+    pods: list[str] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def down(self) -> None:
+        self.stop.set()
+        if self.pods:
+            subprocess.run([*self.podman, "pod", "rm", "-f", "-t", "0", *self.pods], capture_output=True, env=self.env)
+
+
+def podman_env(env: Mapping[str, str], work: str) -> dict[str, str]:
+    """runc and explicit ulimits (this cgroup-v1 hybrid host: see DESIGN, Podman)."""
+    conf = os.path.join(work, "containers.conf")
+    with open(conf, "w") as fh:
+        fh.write(CONTAINERS_CONF)
+    return {**env, "CONTAINERS_CONF": conf}
+
+
+def box_pods(objects: list[dict], prefix: str, count: int) -> list[dict]:
+    """The Job's template as one Pod per index, as the Job controller would make them."""
+    job = next(o for o in objects if o["kind"] == "Job")
+    pods = []
+    for i in range(count):
+        spec = copy.deepcopy(job["spec"]["template"]["spec"])
+        for c in spec["containers"]:
+            c["env"] = [*c.get("env", []), {"name": "JOB_COMPLETION_INDEX", "value": str(i)}]
+        pods.append({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": f"{prefix}-{i}", "labels": job["spec"]["template"]["metadata"]["labels"],
+                                  "annotations": {"batch.kubernetes.io/job-completion-index": str(i)}},
+                     "spec": spec})
+    return pods
+
+
+def proxy_pod(objects: list[dict], prefix: str, port: int) -> list[dict]:
+    """The proxy Deployment's template as a Pod, and its ConfigMap listening on `port` of the host."""
+    dep = next(o for o in objects if o["kind"] == "Deployment")
+    conf = copy.deepcopy(next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "proxy-config"))
+    data = json.loads(conf["data"]["proxy.json"])
+    data["listen"] = f"127.0.0.1:{port}"
+    conf["data"]["proxy.json"] = json.dumps(data)
+    conf["metadata"] = {"name": f"{prefix}-proxy-config"}
+    spec = copy.deepcopy(dep["spec"]["template"]["spec"])
+    for v in spec["volumes"]:
+        if "configMap" in v:
+            v["configMap"]["name"] = conf["metadata"]["name"]
+    spec["containers"][0].pop("readinessProbe", None)
+    return [conf, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-proxy"}, "spec": spec}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _infra_pid(p: Played, pod: str, deadline: float) -> int:
+    while time.monotonic() < deadline:
+        proc = subprocess.run([*p.podman, "pod", "inspect", pod, "--format", "{{.InfraContainerID}}"],
+                              capture_output=True, text=True, env=p.env)
+        infra = proc.stdout.strip()
+        if infra:
+            pid = subprocess.run([*p.podman, "inspect", infra, "--format", "{{.State.Pid}}"], capture_output=True,
+                                 text=True, env=p.env).stdout.strip()
+            if pid.isdigit() and int(pid) > 0:
+                return int(pid)
+        time.sleep(0.05)
+    raise RuntimeError(f"pod {pod} did not start")
+
+
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=pump, args=(b, a), daemon=True)
+    t.start()
+    pump(a, b)
+    t.join()
+    a.close()
+    b.close()
+
+
+def _forward(p: Played, listener: socket.socket, port: int) -> None:
+    """Accept in the box's namespace, connect to the proxy pod: the box's one way out."""
+    listener.settimeout(0.2)
+    while not p.stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        conn.settimeout(None)
+        try:
+            up = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            conn.close()
+            continue
+        threading.Thread(target=_splice, args=(conn, up), daemon=True).start()
+    listener.close()
+
+
+def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: str,
+         timeout: float = 600.0) -> tuple[list[BoxResult], str]:
+    """Play the run's pods, wait for every box, return their results and the proxy's log."""
+    from .netns import listen_in
+
+    podman = ["podman", "--log-level=error"]
+    p = Played(work=work, env=podman_env(env, work), podman=podman)
+    prefix = "hr-" + sha256(run.run_id.encode()).hexdigest()[:8]
+    run = replace(run, proxy_ip="127.0.0.1")
+    objects = render_objects(plan, run, bundle)
+    profile = seccomp_profile(plan)
+    root = os.path.join(work, "seccomp")
+    path = os.path.join(root, seccomp_name(profile))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(profile, fh)
+    proxy_log = ""
+    try:
+        port = 0
+        if plan.proxy_listen:
+            port = _free_port()
+            docs = proxy_pod(objects, prefix, port)
+            p.pods.append(docs[1]["metadata"]["name"])
+            _play(p, docs, "proxy.yaml", ["--network", "host"])
+            _wait_port(port, time.monotonic() + 60)
+        workspace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "workspace")
+        pods = box_pods(objects, prefix, run.count)
+        p.pods += [q["metadata"]["name"] for q in pods]
+        rootless = os.getuid() != 0
+        # One play per pod, so that `parallel` bounds how many run at once, as the Job controller does.
+        pending = list(pods)
+        running: list[tuple[dict, subprocess.Popen]] = []
+        results: list[BoxResult] = []
+        deadline = time.monotonic() + timeout
+        while pending or running:
+            while pending and len(running) < (run.parallel or run.count):
+                pod = pending.pop(0)
+                name = pod["metadata"]["name"]
+                file = os.path.join(work, f"{name}.yaml")
+                with open(file, "w") as fh:
+                    fh.write(to_yaml([{**workspace, "metadata": {"name": "workspace"}}, pod]))
+                proc = subprocess.Popen([*podman, "kube", "play", "--network", "none", "--seccomp-profile-root", root,
+                                         file], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=p.env)
+                if plan.proxy_listen:
+                    pid = _infra_pid(p, name, deadline)
+                    listener = listen_in(pid, "127.0.0.1:3128", join_userns=rootless)
+                    t = threading.Thread(target=_forward, args=(p, listener, port), daemon=True)
+                    t.start()
+                    p.threads.append(t)
+                running.append((pod, proc))
+            for pod, proc in list(running):
+                name = pod["metadata"]["name"]
+                if proc.poll() is None:
+                    continue
+                box = f"{name}-box"
+                state = subprocess.run([*podman, "inspect", box, "--format", "{{.State.Status}}"], capture_output=True,
+                                       text=True, env=p.env).stdout.strip()
+                if state in ("running", "created", "configured"):
+                    continue
+                if proc.returncode != 0 and not state:
+                    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                    raise RuntimeError(f"podman kube play {name} failed: {err[-500:]}")
+                logs = subprocess.run([*podman, "logs", box], capture_output=True, text=True, env=p.env).stdout
+                results.append(extract_result(int(name.rsplit("-", 1)[1]), logs))
+                running.remove((pod, proc))
+            if time.monotonic() > deadline:
+                raise TimeoutError("the boxes did not finish in time")
+            time.sleep(0.1)
+        if plan.proxy_listen:
+            proxy_log = subprocess.run([*podman, "logs", f"{prefix}-proxy-proxy"], capture_output=True, text=True,
+                                       env=p.env).stdout
+        return sorted(results, key=lambda r: r.index), proxy_log
+    finally:
+        p.down()
+
+
+def _play(p: Played, docs: list[dict], name: str, extra: list[str]) -> None:
+    file = os.path.join(p.work, name)
+    with open(file, "w") as fh:
+        fh.write(to_yaml(docs))
+    proc = subprocess.run([*p.podman, "kube", "play", *extra, file], capture_output=True, text=True, env=p.env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"podman kube play {name} failed: {proc.stderr[-500:]}")
+
+
+def _wait_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"the proxy pod did not listen on 127.0.0.1:{port}")
