@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from .digest import sha256
 from .kube_render import (
+    PROXY_NAME,
     PROXY_PYTHONPATH,
     KubeRun,
     render_objects,
@@ -80,6 +81,7 @@ class Played:
     env: dict[str, str]
     podman: list[str]
     pods: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -87,6 +89,8 @@ class Played:
         self.stop.set()
         if self.pods:
             subprocess.run([*self.podman, "pod", "rm", "-f", "-t", "0", *self.pods], capture_output=True, env=self.env)
+        if self.volumes:
+            subprocess.run([*self.podman, "volume", "rm", "-f", *self.volumes], capture_output=True, env=self.env)
 
 
 def podman_env(env: Mapping[str, str], work: str) -> dict[str, str]:
@@ -97,35 +101,62 @@ def podman_env(env: Mapping[str, str], work: str) -> dict[str, str]:
     return {**env, "CONTAINERS_CONF": conf}
 
 
-def box_pods(objects: list[dict], prefix: str, count: int) -> list[dict]:
-    """The Job's template as one Pod per index, as the Job controller would make them."""
+def private_volumes(spec: dict, pod: str) -> list[str]:
+    """podman 4.3 plays an emptyDir or a configMap volume as a *named* volume, the name taken from
+    the YAML: two pods with a volume `workspace` would share it. Each pod's volumes (and the
+    ConfigMaps they show) get the pod's name in front; returns the volume names, to remove at the end."""
+    names = []
+    for v in spec["volumes"]:
+        v["name"] = f"{pod}-{v['name']}"
+        if "configMap" in v:
+            v["configMap"]["name"] = f"{pod}-cm-{v['configMap']['name']}"  # not an emptyDir's name
+            names.append(v["configMap"]["name"])
+        else:
+            names.append(v["name"])
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        for m in c.get("volumeMounts", []):
+            if not m["name"].startswith(f"{pod}-"):  # mounts may be one shared dict (the YAML's twins)
+                m["name"] = f"{pod}-{m['name']}"
+    return names
+
+
+def box_pods(objects: list[dict], prefix: str, count: int) -> list[tuple[dict, list[str]]]:
+    """The Job's template as one Pod per index, as the Job controller would make them, each with
+    its own volumes; (pod, its volume names)."""
     job = next(o for o in objects if o["kind"] == "Job")
     pods = []
     for i in range(count):
-        spec = copy.deepcopy(job["spec"]["template"]["spec"])
+        # podman 4.3 ignores hostAliases under --network none, so the proxy's name is written as
+        # the address hostAliases would give it here (127.0.0.1, where the launcher listens).
+        spec = json.loads(json.dumps(job["spec"]["template"]["spec"]).replace(PROXY_NAME, "127.0.0.1"))
+        spec.pop("hostAliases", None)
+        name = f"{prefix}-{i}"
         for c in spec["containers"]:
             c["env"] = [*c.get("env", []), {"name": "JOB_COMPLETION_INDEX", "value": str(i)}]
-        pods.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": f"{prefix}-{i}", "labels": job["spec"]["template"]["metadata"]["labels"],
-                                  "annotations": {"batch.kubernetes.io/job-completion-index": str(i)}},
-                     "spec": spec})
+        volumes = private_volumes(spec, name)
+        pods.append(({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": name, "labels": job["spec"]["template"]["metadata"]["labels"],
+                                   "annotations": {"batch.kubernetes.io/job-completion-index": str(i)}},
+                      "spec": spec}, volumes))
     return pods
 
 
-def proxy_pod(objects: list[dict], prefix: str, port: int) -> list[dict]:
+def proxy_pod(objects: list[dict], prefix: str, port: int) -> tuple[list[dict], list[str]]:
     """The proxy Deployment's template as a Pod, and its ConfigMap listening on `port` of the host."""
     dep = next(o for o in objects if o["kind"] == "Deployment")
     conf = copy.deepcopy(next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "proxy-config"))
     data = json.loads(conf["data"]["proxy.json"])
     data["listen"] = f"127.0.0.1:{port}"
     conf["data"]["proxy.json"] = json.dumps(data)
-    conf["metadata"] = {"name": f"{prefix}-proxy-config"}
     spec = copy.deepcopy(dep["spec"]["template"]["spec"])
-    for v in spec["volumes"]:
-        if "configMap" in v:
-            v["configMap"]["name"] = conf["metadata"]["name"]
+    volumes = private_volumes(spec, f"{prefix}-proxy")
+    conf["metadata"] = {"name": f"{prefix}-proxy-cm-proxy-config"}
     spec["containers"][0].pop("readinessProbe", None)
-    return [conf, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-proxy"}, "spec": spec}]
+    spec["containers"][0].pop("ports", None)  # host network: podman maps no ports there
+    # On the host's network a fresh user namespace cannot mount /sys (runc: EPERM); the cluster's
+    # proxy pod keeps hostUsers: false. Still non-root, read-only, no capabilities.
+    spec.pop("hostUsers", None)
+    return [conf, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-proxy"}, "spec": spec}], volumes
 
 
 def _free_port() -> int:
@@ -134,17 +165,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _infra_pid(p: Played, pod: str, deadline: float) -> int:
+def _infra_pidfile(p: Played, pod: str) -> str:
+    """Where the runtime will write the pod's infra process id (known before the pod starts: a
+    started pod's `podman pod inspect` waits for its init containers, which wait for our listener)."""
+    infra = subprocess.run([*p.podman, "pod", "inspect", pod, "--format", "{{.InfraContainerID}}"],
+                           capture_output=True, text=True, env=p.env).stdout.strip()
+    path = subprocess.run([*p.podman, "inspect", infra, "--format", "{{.PidFile}}"], capture_output=True, text=True,
+                          env=p.env).stdout.strip()
+    if not infra or not path:
+        raise RuntimeError(f"pod {pod} has no infra container")
+    return path
+
+
+def _infra_pid(pidfile: str, pod: str, deadline: float, proc: subprocess.Popen) -> int:
     while time.monotonic() < deadline:
-        proc = subprocess.run([*p.podman, "pod", "inspect", pod, "--format", "{{.InfraContainerID}}"],
-                              capture_output=True, text=True, env=p.env)
-        infra = proc.stdout.strip()
-        if infra:
-            pid = subprocess.run([*p.podman, "inspect", infra, "--format", "{{.State.Pid}}"], capture_output=True,
-                                 text=True, env=p.env).stdout.strip()
-            if pid.isdigit() and int(pid) > 0:
-                return int(pid)
-        time.sleep(0.05)
+        try:
+            with open(pidfile) as fh:
+                text = fh.read().strip()
+            if text.isdigit() and int(text) > 0:
+                return int(text)
+        except OSError:
+            pass
+        if proc.poll() not in (None, 0):
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"podman pod start {pod} failed: {err[-500:]}")
+        time.sleep(0.02)
     raise RuntimeError(f"pod {pod} did not start")
 
 
@@ -189,9 +234,18 @@ def _forward(p: Played, listener: socket.socket, port: int) -> None:
     listener.close()
 
 
+@dataclass
+class PlayResult:
+    """Each box's result and log (by index), and the proxy's decision log (its stdout)."""
+
+    results: list[BoxResult]
+    logs: dict[int, str]
+    proxy_log: str
+
+
 def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: str,
-         timeout: float = 600.0) -> tuple[list[BoxResult], str]:
-    """Play the run's pods, wait for every box, return their results and the proxy's log."""
+         timeout: float = 600.0) -> PlayResult:
+    """Play the run's pods (at most `run.parallel` at once), wait for every box, collect."""
     from .netns import listen_in
 
     podman = ["podman", "--log-level=error"]
@@ -210,18 +264,23 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         port = 0
         if plan.proxy_listen:
             port = _free_port()
-            docs = proxy_pod(objects, prefix, port)
+            docs, volumes = proxy_pod(objects, prefix, port)
             p.pods.append(docs[1]["metadata"]["name"])
+            p.volumes += volumes
             _play(p, docs, "proxy.yaml", ["--network", "host"])
             _wait_port(port, time.monotonic() + 60)
         workspace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "workspace")
-        pods = box_pods(objects, prefix, run.count)
-        p.pods += [q["metadata"]["name"] for q in pods]
+        pods = []
+        for pod, volumes in box_pods(objects, prefix, run.count):
+            pods.append(pod)
+            p.pods.append(pod["metadata"]["name"])
+            p.volumes += volumes
         rootless = os.getuid() != 0
         # One play per pod, so that `parallel` bounds how many run at once, as the Job controller does.
         pending = list(pods)
         running: list[tuple[dict, subprocess.Popen]] = []
         results: list[BoxResult] = []
+        logs: dict[int, str] = {}
         deadline = time.monotonic() + timeout
         while pending or running:
             while pending and len(running) < (run.parallel or run.count):
@@ -229,11 +288,16 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 name = pod["metadata"]["name"]
                 file = os.path.join(work, f"{name}.yaml")
                 with open(file, "w") as fh:
-                    fh.write(to_yaml([{**workspace, "metadata": {"name": "workspace"}}, pod]))
-                proc = subprocess.Popen([*podman, "kube", "play", "--network", "none", "--seccomp-profile-root", root,
-                                         file], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=p.env)
+                    fh.write(to_yaml([{**workspace, "metadata": {"name": f"{name}-cm-workspace"}}, pod]))
+                created = subprocess.run([*podman, "kube", "play", "--start=false", "--network", "none",
+                                          "--seccomp-profile-root", root, file], capture_output=True, text=True, env=p.env)
+                if created.returncode != 0:
+                    raise RuntimeError(f"podman kube play {name} failed: {created.stderr[-500:]}")
+                pidfile = _infra_pidfile(p, name)
+                proc = subprocess.Popen([*podman, "pod", "start", name], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, env=p.env)
                 if plan.proxy_listen:
-                    pid = _infra_pid(p, name, deadline)
+                    pid = _infra_pid(pidfile, name, deadline, proc)
                     listener = listen_in(pid, "127.0.0.1:3128", join_userns=rootless)
                     t = threading.Thread(target=_forward, args=(p, listener, port), daemon=True)
                     t.start()
@@ -251,8 +315,10 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 if proc.returncode != 0 and not state:
                     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
                     raise RuntimeError(f"podman kube play {name} failed: {err[-500:]}")
-                logs = subprocess.run([*podman, "logs", box], capture_output=True, text=True, env=p.env).stdout
-                results.append(extract_result(int(name.rsplit("-", 1)[1]), logs))
+                text = subprocess.run([*podman, "logs", box], capture_output=True, text=True, env=p.env).stdout
+                index = int(name.rsplit("-", 1)[1])
+                logs[index] = text
+                results.append(extract_result(index, text))
                 running.remove((pod, proc))
             if time.monotonic() > deadline:
                 raise TimeoutError("the boxes did not finish in time")
@@ -260,7 +326,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         if plan.proxy_listen:
             proxy_log = subprocess.run([*podman, "logs", f"{prefix}-proxy-proxy"], capture_output=True, text=True,
                                        env=p.env).stdout
-        return sorted(results, key=lambda r: r.index), proxy_log
+        return PlayResult(sorted(results, key=lambda r: r.index), logs, proxy_log)
     finally:
         p.down()
 
