@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -87,14 +88,25 @@ class Played:
 
     def down(self) -> None:
         self.stop.set()
-        if self.pods:
-            subprocess.run([*self.podman, "pod", "rm", "-f", "-t", "0", *self.pods], capture_output=True, env=self.env)
+        # With an automatic user namespace, podman 4.3's first `pod rm` sometimes fails on a busy
+        # shm mount and leaves the pod; a second one removes it. Up to three rounds, then say so.
+        left = list(self.pods)
+        for _ in range(3):
+            if not left:
+                break
+            subprocess.run([*self.podman, "pod", "rm", "-f", "-t", "0", *left], capture_output=True, env=self.env)
+            left = [pod for pod in left if subprocess.run([*self.podman, "pod", "exists", pod], capture_output=True,
+                                                          env=self.env).returncode == 0]
+        if left:
+            print(f"hive-relay: could not remove pods {' '.join(left)}; fix: podman pod rm -f {' '.join(left)}",
+                  file=sys.stderr)
         if self.volumes:
             subprocess.run([*self.podman, "volume", "rm", "-f", *self.volumes], capture_output=True, env=self.env)
 
 
 def podman_env(env: Mapping[str, str], work: str) -> dict[str, str]:
     """runc and explicit ulimits (this cgroup-v1 hybrid host: see DESIGN, Podman)."""
+    os.makedirs(work, mode=0o700, exist_ok=True)
     conf = os.path.join(work, "containers.conf")
     with open(conf, "w") as fh:
         fh.write(CONTAINERS_CONF)
@@ -120,6 +132,10 @@ def private_volumes(spec: dict, pod: str) -> list[str]:
     return names
 
 
+def flat_profile(name: str) -> str:
+    return name.replace("/", "-")
+
+
 def box_pods(objects: list[dict], prefix: str, count: int) -> list[tuple[dict, list[str]]]:
     """The Job's template as one Pod per index, as the Job controller would make them, each with
     its own volumes; (pod, its volume names)."""
@@ -134,9 +150,14 @@ def box_pods(objects: list[dict], prefix: str, count: int) -> list[tuple[dict, l
         for c in spec["containers"]:
             c["env"] = [*c.get("env", []), {"name": "JOB_COMPLETION_INDEX", "value": str(i)}]
         volumes = private_volumes(spec, name)
+        # podman 4.3 ignores securityContext.seccompProfile (checked: AF_UNIX sockets worked); it reads
+        # the pre-1.25 annotation, resolved under --seccomp-profile-root, a file name without a
+        # directory (it reads only the first path component). Same profile, flat name (flat_profile).
+        profile = flat_profile(spec["securityContext"]["seccompProfile"]["localhostProfile"])
         pods.append(({"apiVersion": "v1", "kind": "Pod",
                       "metadata": {"name": name, "labels": job["spec"]["template"]["metadata"]["labels"],
-                                   "annotations": {"batch.kubernetes.io/job-completion-index": str(i)}},
+                                   "annotations": {"batch.kubernetes.io/job-completion-index": str(i),
+                                                   "seccomp.security.alpha.kubernetes.io/pod": f"localhost/{profile}"}},
                       "spec": spec}, volumes))
     return pods
 
@@ -157,6 +178,11 @@ def proxy_pod(objects: list[dict], prefix: str, port: int) -> tuple[list[dict], 
     # proxy pod keeps hostUsers: false. Still non-root, read-only, no capabilities.
     spec.pop("hostUsers", None)
     return [conf, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-proxy"}, "spec": spec}], volumes
+
+
+def pod_prefix(run_id: str) -> str:
+    """Short pod names (podman names a container POD-CONTAINER): `hr-` and a digest of the run id."""
+    return "hr-" + sha256(run_id.encode()).hexdigest()[:8]
 
 
 def _free_port() -> int:
@@ -250,14 +276,13 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
 
     podman = ["podman", "--log-level=error"]
     p = Played(work=work, env=podman_env(env, work), podman=podman)
-    prefix = "hr-" + sha256(run.run_id.encode()).hexdigest()[:8]
+    prefix = pod_prefix(run.run_id)
     run = replace(run, proxy_ip="127.0.0.1")
     objects = render_objects(plan, run, bundle)
     profile = seccomp_profile(plan)
     root = os.path.join(work, "seccomp")
-    path = os.path.join(root, seccomp_name(profile))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as fh:
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, flat_profile(seccomp_name(profile))), "w") as fh:
         json.dump(profile, fh)
     proxy_log = ""
     try:

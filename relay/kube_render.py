@@ -337,11 +337,14 @@ def to_yaml(objects: Sequence[dict]) -> str:
             return True
 
     def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-        style = "|" if "\n" in data else None
+        # A literal block only where every YAML reader agrees on it: no leading blank (that needs an
+        # indentation indicator, which go-yaml, podman's reader, reads differently) and no trailing spaces.
+        plain_block = "\n" in data and not data[:1].isspace() and " \n" not in data and "\t" not in data
+        style = "|" if plain_block else ('"' if "\n" in data else None)
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
     _Dumper.add_representer(str, _str)
-    return yaml.dump_all(list(objects), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+    return yaml.dump_all(list(objects), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1 << 30)  # no folded lines: go-yaml misreads some
 
 
 def describe(plan: Plan, run: KubeRun) -> dict:
