@@ -255,12 +255,13 @@ contribute_hive = task(positional=["backend", "mode"], iterable=["allow_host"], 
                        name="contribute-hive")(_contribute_hive)
 
 
-@task(help={"json": "print the report as JSON"})
-def doctor(c: Context, json: bool = False) -> None:
+@task(help={"json": "print the report as JSON",
+            "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce"})
+def doctor(c: Context, json: bool = False, mode: str | None = None) -> None:
     """Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."""
     from relay.doctor import doctor as run_doctor
 
-    _exit(guarded(run_doctor, as_json=json))
+    _exit(guarded(run_doctor, as_json=json, mode=mode))
 
 
 @task(help={

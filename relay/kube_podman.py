@@ -270,8 +270,10 @@ class PlayResult:
 
 
 def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: str,
-         timeout: float = 600.0) -> PlayResult:
-    """Play the run's pods (at most `run.parallel` at once), wait for every box, collect."""
+         timeout: float = 600.0, box_network: str = "none") -> PlayResult:
+    """Play the run's pods (at most `run.parallel` at once), wait for every box, collect.
+    `box_network` other than none is for doctor's tests only: a cluster whose CNI ignores
+    NetworkPolicy, simulated by a box pod with a network of its own."""
     from .netns import listen_in
 
     podman = ["podman", "--log-level=error"]
@@ -314,7 +316,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 file = os.path.join(work, f"{name}.yaml")
                 with open(file, "w") as fh:
                     fh.write(to_yaml([{**workspace, "metadata": {"name": f"{name}-cm-workspace"}}, pod]))
-                created = subprocess.run([*podman, "kube", "play", "--start=false", "--network", "none",
+                created = subprocess.run([*podman, "kube", "play", "--start=false", "--network", box_network,
                                           "--seccomp-profile-root", root, file], capture_output=True, text=True, env=p.env)
                 if created.returncode != 0:
                     raise RuntimeError(f"podman kube play {name} failed: {created.stderr[-500:]}")

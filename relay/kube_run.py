@@ -232,3 +232,62 @@ def _follow(kubectl: str, env: Mapping[str, str], ns: str, count: int, deadline:
 
 
 EXIT_NO_CLUSTER = EXIT_REFUSED
+
+
+def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
+    """`invoke doctor --mode kube`: a canary box under the boxes' NetworkPolicy on the current
+    context; relay/kube_canary.py decides. Its namespace is deleted whatever happens."""
+    from .config import get_backend, load_matrix
+    from .kube_canary import canary_script, decide, parse
+    from .plan import Request, resolve, with_image
+    from .probe import probe
+    from .sweep import new_run_id
+    from .tiers import opted_in
+
+    kubectl = shutil.which("kubectl", path=env.get("PATH"))
+    if kubectl is None:
+        raise RefusedError("kube mode needs kubectl; fix: install kubectl and select a context")
+    if current_context(kubectl, env) is None:
+        raise RefusedError(NO_CLUSTER.replace("print the objects with --dry-run", "see README, Running many boxes on "
+                                              "a cluster"))
+    matrix = load_matrix(dict(env), workdir=None)
+    backend = get_backend(matrix, backend_name)
+    here = tempfile.mkdtemp(prefix="hive-relay-canary-")  # an empty checkout: the canary needs no workspace
+    subprocess.run(["git", "init", "-q", here], check=True, capture_output=True)
+    subprocess.run(["git", "-C", here, "-c", "user.email=canary@hive-relay", "-c", "user.name=canary", "commit", "-q",
+                    "--allow-empty", "-m", "canary"], check=True, capture_output=True)
+    request = Request(backend_name, mode="kube", workdir=here, run_id=f"canary-{new_run_id()}", prompt="canary",
+                      argv_override=("/bin/bash", "-c", canary_script()))
+    plan = resolve(backend, matrix, request, with_image(probe(dict(env)), matrix, request, env), dict(env))
+    run = kube_run_for(plan, request.run_id, 1, 1, env)
+    ns = namespace(run.run_id)
+    runtime_ok = None
+    if run.runtime_class:
+        runtime_ok = subprocess.run([kubectl, "get", "runtimeclass", run.runtime_class], capture_output=True,
+                                    env=dict(env)).returncode == 0
+    try:
+        objects = render_objects(plan, run, make_bundle(here))
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] != "Job"]))
+        ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
+                      "jsonpath={.spec.clusterIP}").strip()
+        objects = render_objects(plan, replace(run, proxy_ip=ip), make_bundle(here))
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
+        try:
+            results = _follow(kubectl, env, ns, 1, time.monotonic() + 180)
+            log = _kubectl(kubectl, env, "-n", ns, "logs", "job/boxes", "-c", "box")
+            del results
+        except RelayError:
+            log = ""
+        events = subprocess.run([kubectl, "-n", ns, "get", "events", "-o", "json"], capture_output=True, text=True,
+                                env=dict(env)).stdout
+        seccomp_ok = "seccomp" not in events.lower()  # a missing Localhost profile is a pod event naming it
+        verdict = decide(parse(log, seccomp_ok, runtime_ok), backend.name, backend.opt_in,
+                         opted_in(backend, matrix, env))
+    finally:
+        subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True, env=dict(env))
+        shutil.rmtree(here, ignore_errors=True)
+    for line in verdict.lines:
+        print(line)
+    if verdict.exit_code:
+        raise RefusedError("kube mode cannot be enforced on this cluster (see the MISS lines above)")
+    return 0
