@@ -114,3 +114,34 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
     leftovers = subprocess.run(["podman", "pod", "ls", "-q", "--filter", f"name={kube_podman.pod_prefix(run.run_id)}"],
                                capture_output=True, text=True, env=env).stdout
     assert leftovers.strip() == ""
+
+
+def test_a_real_claude_turn_in_a_kube_pod_through_the_proxy_pod(tmp_path: Path, image: str) -> None:
+    """The image's pinned claude, in the Job's pod spec under podman kube play, answers through the
+    proxy pod (the fake API pinned with --allow-host); its own call elsewhere is denied there.
+    The fake key is in the command only because the fake API is not a credential route's upstream;
+    a real key stays in the proxy's Secret (tests/test_kube_render.py)."""
+    from .fake_api import ANSWER, start
+
+    server, port = start()
+    work = _checkout(tmp_path)
+    env = podman_env()
+    script = (f"export ANTHROPIC_API_KEY=sk-ant-fake ANTHROPIC_BASE_URL=http://fake-api.test:{port}; "
+              "claude -p 'say the answer'; echo \"other $(curl -sS -o /dev/null -w '%{http_code}' "
+              "http://example.com/ 2>&1)\"")
+    req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubeclaude-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", allow_hosts=(f"fake-api.test:{port}=127.0.0.1:{port}",),
+                  argv_override=("/bin/bash", "-c", script))
+    matrix = load_matrix(env, workdir=None)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    run = kube_run_for(plan, req.run_id, 1, 1, env)
+    kube_podman.build_proxy_image(["podman"], run.image, env)
+    try:
+        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300)
+    finally:
+        server.shutdown()
+    log = played.logs[0]
+    assert played.results[0].exit_code == 0, log
+    assert ANSWER in log and "other 403" in log
+    assert server.requests, "the fake API saw no request"
+    assert '"host": "fake-api.test"' in played.proxy_log and '"decision": "allow"' in played.proxy_log
