@@ -334,10 +334,21 @@ def selftest(c: Context, backend: list[str] | None = None, json: bool = False, m
             "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
                           "a peer that cannot run is refused, never timed",
             "quick": "fewer runs and a 32 MB download (for CI)",
-            "launch_only": "only the launch figures (paired runs, idle and with one core busy)"})
-def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False) -> None:
+            "launch_only": "only the launch figures (paired runs, idle and with one core busy)",
+            "kube": "only kube mode's fan-out: 10 shell boxes through podman kube play against 10 sequential "
+                    "container runs (root: hostUsers needs automatic user namespaces)"})
+def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False,
+          kube: bool = False) -> None:
     """Benchmark launch overhead (idle and one core busy), proxy throughput/latency, memory and scale
     against same-run baselines."""
     from relay.bench import bench as run_bench
+
+    if kube:
+        import json as _json
+
+        from relay.bench import bench_kube
+
+        print(_json.dumps(bench_kube(), indent=1))
+        return
 
     _exit(guarded(run_bench, runs=runs, with_peers=with_peers, quick=quick, launch_only=launch_only))
