@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from .errors import EXIT_REFUSED, RefusedError, RelayError, UsageError
+from .errors import EXIT_REFUSED, EXIT_TIMEOUT, RefusedError, RelayError, UsageError
 from .kube_render import (
     RESULT_BEGIN,
     RESULT_END,
@@ -35,6 +35,12 @@ from .plan import Plan
 MAX_PATCH = 64 << 20  # a box's patch larger than this is not written (its log is kept instead)
 NO_CLUSTER = ("kube mode needs a Kubernetes cluster: kubectl has no current context; fix: `kubectl config "
               "use-context NAME`, or print the objects with --dry-run")
+
+
+class KubeTimeout(RelayError):
+    """--timeout passed before every box finished: exit 124, as in the other modes."""
+
+    exit_code = EXIT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,7 @@ def _follow(kubectl: str, env: Mapping[str, str], ns: str, count: int, deadline:
             return [extract_result(i, _kubectl(kubectl, env, "-n", ns, "logs", name, "-c", "box"))
                     for i, name in sorted(done.items())]
         time.sleep(2)
-    raise RelayError("kube mode: the boxes did not finish before --timeout; the namespace is deleted")
+    raise KubeTimeout("kube mode: the boxes did not finish before --timeout; the namespace is deleted")
 
 
 EXIT_NO_CLUSTER = EXIT_REFUSED
