@@ -256,6 +256,7 @@ def _forward(p: Played, listener: socket.socket, port: int) -> None:
         except OSError:
             conn.close()
             continue
+        up.settimeout(None)  # the connect had a limit; a slow stream must not
         threading.Thread(target=_splice, args=(conn, up), daemon=True).start()
     listener.close()
 

@@ -94,12 +94,12 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
     for r in played.results:
         log = played.logs[r.index]
         assert r.exit_code == 0, log
-        assert "af_unix EPERM" in log and "socketpair ok" in log  # attack refused, twin works
-        assert "uidmap 0-" in log and "uidmap 0-0-" not in log  # its own user namespace (hostUsers: false)
-        assert "ifaces lo," in log  # no interface but loopback
-        assert "via-proxy hello from the fake upstream" in log  # the allowed host, through the proxy
-        assert "denied 403" in log  # a host not on the list
-        assert "direct curl:" in log  # no route of its own
+        assert "af_unix EPERM" in log and "socketpair ok" in log, log  # attack refused, twin works
+        assert "uidmap 0-" in log and "uidmap 0-0-" not in log, log  # its own user namespace (hostUsers: false)
+        assert "ifaces lo," in log, log  # no interface but loopback
+        assert "via-proxy hello from the fake upstream" in log, log  # the allowed host, through the proxy
+        assert "denied 403" in log, log  # a host not on the list
+        assert "direct curl:" in log, log  # no route of its own
         patch = r.patch.decode()
         assert f"+changed by box {r.index}" in patch and f"new-{r.index}.txt" in patch
         assert all(f"box {i}" not in patch for i in range(3) if i != r.index)  # a workspace of its own
