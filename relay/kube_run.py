@@ -153,8 +153,9 @@ def _plan_image(plan: Plan, env: Mapping[str, str]) -> str:
 def kube_main(plan: Plan, env: Mapping[str, str], *, dry_run: bool, as_json: bool, count: int,
               parallel: int | None, run_id: str) -> int:
     """`contribute-hive BACKEND kube`: the objects on stdout (dry run), or a run on the cluster."""
-    if count > 1 and plan.interactive:
-        raise UsageError("--count needs --prompt: many boxes cannot share one terminal; fix: add --prompt TEXT")
+    if plan.interactive:
+        raise UsageError("kube mode runs --prompt boxes only (a Job has no terminal); fix: add --prompt TEXT, or use "
+                         "local or container mode for an interactive session")
     run = kube_run_for(plan, run_id, count, parallel, env)
     if dry_run:
         objects = render_objects(plan, run, make_bundle(plan.workdir))

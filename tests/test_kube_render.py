@@ -207,3 +207,6 @@ def test_cli_dry_run_prints_yaml_and_json_and_refuses_without_a_cluster(tmp_path
     bad = subprocess.run([sys.executable, "-m", "relay", "shell", "local", "--count", "2", "--dry-run"],
                          capture_output=True, text=True, env=env, cwd=REPO)
     assert bad.returncode == 2 and "kube mode's" in bad.stderr
+    tty = subprocess.run([sys.executable, "-m", "relay", "shell", "kube", "--workdir", str(work), "--dry-run"],
+                         capture_output=True, text=True, env=env, cwd=REPO)
+    assert tty.returncode == 2 and "--prompt" in tty.stderr and tty.stdout == ""
