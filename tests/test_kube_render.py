@@ -210,3 +210,60 @@ def test_cli_dry_run_prints_yaml_and_json_and_refuses_without_a_cluster(tmp_path
     tty = subprocess.run([sys.executable, "-m", "relay", "shell", "kube", "--workdir", str(work), "--dry-run"],
                          capture_output=True, text=True, env=env, cwd=REPO)
     assert tty.returncode == 2 and "--prompt" in tty.stderr and tty.stdout == ""
+
+
+STUB_KUBECTL = r"""#!/bin/sh
+# A stand-in for kubectl (no cluster runs on this machine): records each call, answers the few the
+# runner asks. MODE=fail makes `get pods` fail, as a cluster that goes away mid-run.
+echo "$*" >> "$STUB_DIR/calls"
+case "$*" in
+  "config current-context") echo stub-context ;;
+  "apply -f -") cat >> "$STUB_DIR/applied" ;;
+  *"get service hive-relay-proxy"*) printf 10.96.0.9 ;;
+  *"get pods"*)
+    [ "$MODE" = fail ] && { echo "the server is gone" >&2; exit 1; }
+    printf '{"items": [%s]}' "$(for i in 0 1; do [ $i = 1 ] && printf ,; printf '{"metadata": {"name": "boxes-%s", "annotations": {"batch.kubernetes.io/job-completion-index": "%s"}}, "status": {"phase": "Succeeded"}}' $i $i; done)" ;;
+  *" logs boxes-"*)
+    echo "agent output"; echo hive-relay-patch-begin; printf 'diff --git a/f b/f\n+box\n' | base64; echo "hive-relay-patch-end 0" ;;
+  *"delete namespace"*) ;;
+  *) echo "unexpected: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("mode", ["ok", "fail"])
+def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_path: Path, mode: str) -> None:
+    """The thin apply/follow/collect path against a scripted kubectl (there is no cluster here): the
+    Job goes in last with the Service's ClusterIP in hostAliases, each box's patch lands in the run's
+    state dir and nothing in the checkout, and the namespace is deleted on success and on failure."""
+    work = tmp_path / "w"
+    work.mkdir()
+    git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "i"], check=True)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "kubectl").write_text(STUB_KUBECTL)
+    (stub / "kubectl").chmod(0o755)
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
+           "MODE": mode, "PATH": f"{stub}:{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir", str(work),
+                           "--count", "2"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    deleted = [c for c in calls if c.startswith("delete namespace hive-relay-")]
+    assert len(deleted) == 1, calls
+    applied = list(yaml.safe_load_all((tmp_path / "applied").read_text()))
+    if mode == "fail":
+        assert proc.returncode == 70 and "the server is gone" in proc.stderr
+        assert "Job" not in [d["kind"] for d in applied[:-1]]
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert [d["kind"] for d in applied][-1] == "Job" and "Job" not in [d["kind"] for d in applied[:-1]]
+    assert applied[-1]["spec"]["template"]["spec"]["hostAliases"] == [{"ip": "10.96.0.9", "hostnames": ["hive-relay-proxy"]}]
+    ns = deleted[0].split()[2]
+    patches = sorted((tmp_path / "state" / "hive-relay" / "kube" / ns).iterdir())
+    assert [p.name for p in patches] == ["box-0.patch", "box-1.patch"]
+    assert patches[0].read_text() == "diff --git a/f b/f\n+box\n"
+    assert "box 0   succeeded" in proc.stdout and "box 1   done  exit 0  patch" in proc.stdout
+    assert "nothing was applied to your checkout" in proc.stderr
+    assert subprocess.run(["git", "-C", str(work), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
