@@ -145,3 +145,26 @@ def test_a_real_claude_turn_in_a_kube_pod_through_the_proxy_pod(tmp_path: Path, 
     assert ANSWER in log and "other 403" in log
     assert server.requests, "the fake API saw no request"
     assert '"host": "fake-api.test"' in played.proxy_log and '"decision": "allow"' in played.proxy_log
+
+
+def test_a_box_past_its_time_is_removed_with_its_pods_and_volumes(tmp_path: Path, image: str) -> None:
+    """The timeout path: the launcher gives up, and every pod and volume of the run is gone."""
+    work = _checkout(tmp_path)
+    env = podman_env()
+    req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubeslow-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", argv_override=("sleep", "300"))
+    matrix = load_matrix(env, workdir=None)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    run = kube_run_for(plan, req.run_id, 2, 2, env)
+    kube_podman.build_proxy_image(["podman"], run.image, env)
+    with pytest.raises(TimeoutError):
+        kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=20)
+    prefix = kube_podman.pod_prefix(run.run_id)
+    pods = subprocess.run(["podman", "pod", "ls", "-q", "--filter", f"name={prefix}"], capture_output=True, text=True,
+                          env=env).stdout
+    volumes = [v for v in subprocess.run(["podman", "volume", "ls", "-q"], capture_output=True, text=True,
+                                         env=env).stdout.split() if v.startswith(prefix)]
+    assert pods.strip() == "" and volumes == []
+    containers = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"name={prefix}"], capture_output=True,
+                                text=True, env=env).stdout
+    assert containers.strip() == ""  # the sleeping boxes were stopped, not left running
