@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .digest import sha256
+from .image import PROXY_REPO
 from .kube_render import (
     PROXY_NAME,
     PROXY_PYTHONPATH,
@@ -38,7 +39,6 @@ from .kube_run import BoxResult, extract_result
 from .paths import PACKAGE_ROOT
 from .plan import Plan
 
-PROXY_REPO = "localhost/hive-relay-proxy"
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n[engine]\nruntime = "runc"\n'
 
 
