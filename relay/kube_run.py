@@ -206,8 +206,9 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
                           "jsonpath={.spec.clusterIP}").strip()
             objects = render_objects(plan, replace(run, proxy_ip=ip), make_bundle(plan.workdir), keys)
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
-        results = _follow(kubectl, env, ns, run.count, deadline)
+        results, logs = _follow(kubectl, env, ns, run.count, deadline)
         written = write_patches(run_dir, results)
+        write_logs(run_dir, logs)
         for r in results:
             print(progress_line(r.index, "done", r.exit_code, patch_path(run_dir, r.index) if r.patch else None))
         print(summary(results, run_dir), file=sys.stderr)
@@ -217,7 +218,17 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
         subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True, env=dict(env))
 
 
-def _follow(kubectl: str, env: Mapping[str, str], ns: str, count: int, deadline: float) -> list[BoxResult]:
+def write_logs(run_dir: str, logs: Mapping[int, str]) -> None:
+    """Each box's log (the agent's output) next to its patch, bounded, created new."""
+    for index, text in logs.items():
+        fd = os.open(os.path.join(run_dir, f"box-{index}.log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+            fh.write(text[-MAX_PATCH:])
+
+
+def _follow(kubectl: str, env: Mapping[str, str], ns: str, count: int,
+            deadline: float) -> tuple[list[BoxResult], dict[int, str]]:
     seen: dict[int, str] = {}
     while time.monotonic() < deadline:
         pods = json.loads(_kubectl(kubectl, env, "-n", ns, "get", "pods", "-l",
@@ -232,8 +243,8 @@ def _follow(kubectl: str, env: Mapping[str, str], ns: str, count: int, deadline:
             if phase in ("Succeeded", "Failed"):
                 done[index] = pod["metadata"]["name"]
         if len(done) >= count:
-            return [extract_result(i, _kubectl(kubectl, env, "-n", ns, "logs", name, "-c", "box"))
-                    for i, name in sorted(done.items())]
+            logs = {i: _kubectl(kubectl, env, "-n", ns, "logs", name, "-c", "box") for i, name in sorted(done.items())}
+            return [extract_result(i, text) for i, text in logs.items()], logs
         time.sleep(2)
     raise KubeTimeout("kube mode: the boxes did not finish before --timeout; the namespace is deleted")
 
@@ -280,9 +291,8 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
         objects = render_objects(plan, replace(run, proxy_ip=ip), make_bundle(here))
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
         try:
-            results = _follow(kubectl, env, ns, 1, time.monotonic() + 180)
-            log = _kubectl(kubectl, env, "-n", ns, "logs", "job/boxes", "-c", "box")
-            del results
+            _, logs = _follow(kubectl, env, ns, 1, time.monotonic() + 180)
+            log = next(iter(logs.values()), "")
         except RelayError:
             log = ""
         events = subprocess.run([kubectl, "-n", ns, "get", "events", "-o", "json"], capture_output=True, text=True,

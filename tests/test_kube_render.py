@@ -262,7 +262,9 @@ def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_
     assert applied[-1]["spec"]["template"]["spec"]["hostAliases"] == [{"ip": "10.96.0.9", "hostnames": ["hive-relay-proxy"]}]
     ns = deleted[0].split()[2]
     patches = sorted((tmp_path / "state" / "hive-relay" / "kube" / ns).iterdir())
-    assert [p.name for p in patches] == ["box-0.patch", "box-1.patch"]
+    assert [p.name for p in patches] == ["box-0.log", "box-0.patch", "box-1.log", "box-1.patch"]
+    assert "agent output" in patches[0].read_text()
+    patches = [p for p in patches if p.suffix == ".patch"]
     assert patches[0].read_text() == "diff --git a/f b/f\n+box\n"
     assert "box 0   succeeded" in proc.stdout and "box 1   done  exit 0  patch" in proc.stdout
     assert "nothing was applied to your checkout" in proc.stderr
