@@ -13,6 +13,7 @@ The proxy pod runs on the host's network (rootless podman here cannot create a b
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import socket
@@ -248,8 +249,13 @@ def _forward(p: Played, listener: socket.socket, port: int) -> None:
             conn, _ = listener.accept()
         except TimeoutError:
             continue
-        except OSError:
-            return
+        except OSError as err:
+            # A client gone before its accept (ECONNABORTED, as the init container's probe does) or a
+            # transient shortage is not the end of the box's only way out; a closed listener is.
+            if err.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
+                return
+            time.sleep(0.01)
+            continue
         conn.settimeout(None)
         try:
             up = socket.create_connection(("127.0.0.1", port), timeout=10)
