@@ -39,7 +39,11 @@ from relay.cli import (
     unknown_option,
     version_line,
 )
+from relay.cli import (
+    count as count_arg,
+)
 from relay.errors import UsageError
+from relay.options import SHORT_FLAGS
 
 
 def _exit(code: int) -> None:
@@ -235,6 +239,8 @@ def _contribute_hive(
     allow_ssh: list[str] | None = None,
     allow_preset: list[str] | None = None,
     ask: bool = False,
+    count: str | None = None,
+    parallel: str | None = None,
 ) -> None:
     if version:
         print(version_line())
@@ -250,22 +256,25 @@ def _contribute_hive(
             allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
             allow_presets=tuple(allow_preset or ()), ask=ask,
         )
-        return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet)
+        return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet, count=count_arg(count, "--count"),
+                          parallel=count_arg(parallel, "--parallel"))
 
     _exit(guarded(go))
 
 
 _contribute_hive.__doc__ = f"{DESCRIPTION}.\n\n{COMMAND_HELP}.\n\n{EPILOG}."
+
+
 class _Task(Task):
-    """invoke derives a short flag from the first free character of the name, dashes included: for
-    `allow-preset` (a, l, o, w taken) that is `-`. Take the first free letter instead, as options.OPTIONS says."""
+    """invoke derives each short flag from the first free character of the name, so a new option could
+    shift, or lose, the letter of one after it. Take them from options.OPTIONS instead, the one table the
+    `hive-relay` parser also reads: the short flags are part of the public surface and never move."""
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict:
         opts = super().arg_opts(name, default, taken_names)
-        names = opts["names"]
-        if len(names) > 1 and not names[1].isalpha():
-            free = [c for c in names[0] if c.isalpha() and c not in taken_names]
-            names[1:2] = free[:1]
+        short = SHORT_FLAGS.get(name)
+        if short is not None:
+            opts["names"][1:] = [short]
         return opts
 
 
@@ -273,12 +282,13 @@ contribute_hive = task(klass=_Task, positional=["backend", "mode"], iterable=lis
                        name="contribute-hive")(_contribute_hive)
 
 
-@task(help={"json": "print the report as JSON"})
-def doctor(c: Context, json: bool = False) -> None:
+@task(help={"json": "print the report as JSON",
+            "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce"})
+def doctor(c: Context, json: bool = False, mode: str | None = None) -> None:
     """Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."""
     from relay.doctor import doctor as run_doctor
 
-    _exit(guarded(run_doctor, as_json=json))
+    _exit(guarded(run_doctor, as_json=json, mode=mode))
 
 
 @task(help={
@@ -375,10 +385,21 @@ def selftest(c: Context, backend: list[str] | None = None, json: bool = False, m
             "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
                           "a peer that cannot run is refused, never timed",
             "quick": "fewer runs and a 32 MB download (for CI)",
-            "launch_only": "only the launch figures (paired runs, idle and with one core busy)"})
-def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False) -> None:
+            "launch_only": "only the launch figures (paired runs, idle and with one core busy)",
+            "kube": "only kube mode's fan-out: 10 shell boxes through podman kube play against 10 sequential "
+                    "container runs (root: hostUsers needs automatic user namespaces)"})
+def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False,
+          kube: bool = False) -> None:
     """Benchmark launch overhead (idle and one core busy), proxy throughput/latency, memory and scale
     against same-run baselines."""
     from relay.bench import bench as run_bench
+
+    if kube:
+        import json as _json
+
+        from relay.bench import bench_kube
+
+        print(_json.dumps(bench_kube(), indent=1))
+        return
 
     _exit(guarded(run_bench, runs=runs, with_peers=with_peers, quick=quick, launch_only=launch_only))

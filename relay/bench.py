@@ -625,3 +625,90 @@ def _write(r: dict, lines: list[str], targets: dict[str, tuple[str, bool]]) -> i
     print(md)
     print(f"bench: results in {RESULTS}/{stamp}.md and .json")
     return 0
+
+
+def _pods_pss(prefix: str, env: dict[str, str]) -> int:
+    """PSS (bytes) of every process in the pods named PREFIX-* (found by the pod id in their cgroup
+    path), plus this launcher (its proxy forwarder threads). The pods are not our children."""
+    ids = subprocess.run(["podman", "pod", "ls", "-q", "--no-trunc", "--filter", f"name={prefix}"], capture_output=True,
+                         text=True, env=env).stdout.split()
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            if not (int(pid) == os.getpid() or any(i in cgroup for i in ids)):
+                continue
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def bench_kube(count: int = 10, env: dict[str, str] | None = None) -> dict:
+    """kube mode's fan-out on this machine: `count` shell boxes through podman kube play (all at
+    once, proxy pod included) against `count` sequential container-mode runs of the same command;
+    peak host memory in use above the idle baseline during the fan-out (the machine is shared, so
+    this is an upper bound). Every box must bring back its patch."""
+    import tempfile
+    import threading
+
+    from . import kube_podman
+    from .config import get_backend, load_matrix
+    from .kube_run import kube_run_for, make_bundle
+    from .plan import Request, resolve, with_image
+    from .probe import probe
+
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    work = tempfile.mkdtemp(prefix="hive-relay-bench-kube-")
+    try:
+        repo = os.path.join(work, "checkout")
+        os.makedirs(repo)
+        git = ["git", "-C", repo, "-c", "user.email=b@b", "-c", "user.name=b"]
+        subprocess.run(["git", "init", "-q", repo], check=True)
+        with open(os.path.join(repo, "README.md"), "w") as fh:
+            fh.write("bench\n")
+        subprocess.run([*git, "add", "README.md"], check=True)
+        subprocess.run([*git, "commit", "-qm", "bench"], check=True)
+        command = "echo changed >> README.md"
+        req = Request("shell", mode="kube", workdir=repo, run_id=f"bench-{os.getpid()}-{os.urandom(3).hex()}",
+                      prompt=command)
+        matrix = load_matrix(env, workdir=None)
+        plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+        run = kube_run_for(plan, req.run_id, count, count, env)
+        kube_podman.build_proxy_image(["podman"], run.image, env)
+        bundle = make_bundle(repo)
+        peak = [0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.2):
+                peak[0] = max(peak[0], _pods_pss(kube_podman.pod_prefix(run.run_id), env))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        start = time.perf_counter()
+        played = kube_podman.play(plan, run, bundle, env, os.path.join(work, "play"), timeout=900)
+        fan_out = time.perf_counter() - start
+        done.set()
+        sampler.join()
+        failures = sum(1 for r in played.results if r.exit_code != 0 or not r.patch or b"+changed" not in r.patch)
+        failures += count - len(played.results)
+        start = time.perf_counter()
+        seq_failures = 0
+        for _ in range(count):
+            proc = subprocess.run(_relay("shell", "container", "-q", "--workdir", repo, "--prompt", command), env=env,
+                                  cwd=repo, stdin=subprocess.DEVNULL, capture_output=True)
+            seq_failures += proc.returncode != 0
+        sequential = time.perf_counter() - start
+        return {"boxes": count, "kube_fan_out_all_done_s": round(fan_out, 2),
+                f"{count}_sequential_container_runs_s": round(sequential, 2),
+                "ratio_sequential_over_fan_out": round(sequential / fan_out, 2),
+                "peak_pods_and_launcher_pss_MiB": round(peak[0] / MB, 1),
+                "fan_out_failures": failures, "sequential_failures": seq_failures}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

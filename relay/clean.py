@@ -167,6 +167,11 @@ def image_items(env: Mapping[str, str], everything: bool) -> tuple[list[str] | N
     try:
         spec = image.spec_from_env(load_matrix(dict(env), workdir=None).backends, os.getuid(), os.getgid(), env)
         current = {spec.tag, spec.base}
+        from .kube_podman import proxy_image_tag
+
+        # kube mode's proxy image for the current box image (kube pods run as uid 1000: spec_for).
+        kube = image.spec_from_env(load_matrix(dict(env), workdir=None).backends, 1000, 1000, env)
+        current.add(proxy_image_tag(kube.tag))
     except RelayError as err:
         return None, [], f"the current image is unknown ({err.message})"
     items = [Item("image", ref, size) for ref, size in image.ours([engine], os.getuid())

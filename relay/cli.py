@@ -46,6 +46,8 @@ def contribute(
     as_json: bool = False,
     quiet: bool = False,
     env: Mapping[str, str] | None = None,
+    count: int | None = None,
+    parallel: int | None = None,
 ) -> int:
     """Resolve the request into a plan, then print it (dry run) or run it. Raises RelayError.
     `request.argv_override` here is the user's `shell -- CMD ARGS`."""
@@ -76,6 +78,13 @@ def contribute(
         facts = replace(facts, vm_error=vmhost.vm_error(env))
     plan = resolve(backend, matrix, request, facts, env)
     mark("resolved")
+    if (count is not None or parallel is not None) and request.mode != "kube":
+        raise UsageError("--count and --parallel are kube mode's; fix: add `kube` (or drop them)")
+    if request.mode == "kube":
+        from .kube_run import kube_main
+
+        return kube_main(plan, env, dry_run=dry_run, as_json=as_json, count=count or 1, parallel=parallel,
+                         run_id=request.run_id)
     if not dry_run and request.argv_override is None and request.mode == "local":
         from .install import ensure_cli, needs_install
 
@@ -338,6 +347,15 @@ def request_from(
                    argv_override=command, **rest)  # type: ignore[arg-type]
 
 
+def count(value: str | None, flag: str) -> int | None:
+    """A positive whole number of boxes, or None when the flag was not given."""
+    if value is None or value == "":
+        return None
+    if not str(value).isdigit() or int(value) < 1:
+        raise UsageError(f"{flag} {value}: not a positive whole number; fix: e.g. {flag} 4")
+    return int(value)
+
+
 def guarded(fn, *args, **kwargs) -> int:  # noqa: ANN001
     """Run fn, turning RelayError into its one line and exit code."""
     try:
@@ -509,7 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command=command, allow_sockets=tuple(ns.allow_socket), allow_ssh=tuple(ns.allow_ssh),
             allow_presets=tuple(ns.allow_preset), ask=ns.ask,
         )
-        return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet)
+        return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet, count=count(ns.count, "--count"),
+                          parallel=count(ns.parallel, "--parallel"))
 
     return guarded(go)
 

@@ -149,7 +149,19 @@ def _container_state(facts: HostFacts, survey: EngineSurvey) -> str:
     return f"enforceable with {found.kind} ({'rootless' if found.rootless else 'rootful'}), {limits}"
 
 
-def doctor(as_json: bool = False) -> int:
+def doctor(as_json: bool = False, mode: str | None = None) -> int:
+    if mode == "kube":
+        from .cli import guarded
+        from .kube_run import kube_doctor
+
+        return guarded(kube_doctor, dict(os.environ))
+    if mode not in (None, "", "local", "container"):
+        from .cli import guarded
+        from .errors import UsageError
+
+        def bad() -> int:
+            raise UsageError(f"doctor --mode {mode}: choose local, container or kube")
+        return guarded(bad)
     env = dict(os.environ)
     from . import vmhost
 

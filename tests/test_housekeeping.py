@@ -254,6 +254,10 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
     current = image.spec_from_env(load_matrix(env, workdir=None).backends, os.getuid(), os.getgid(), env).tag
     old, busy = f"{image.IMAGE_REPO}:000000000000-u{uid}", f"{image.IMAGE_REPO}:111111111111-u{uid}"
     foreign = f"{image.IMAGE_REPO}:000000000000-u{uid + 4242}"
+    from relay.kube_podman import proxy_image_tag  # kube mode's proxy image: the current one stays
+
+    proxy_now = proxy_image_tag(image.spec_from_env(load_matrix(env, workdir=None).backends, 1000, 1000, env).tag)
+    proxy_old = f"{image.PROXY_REPO}:000000000000"
     empty = tmp_path / "rootfs"
     empty.mkdir()
     (empty / "f").write_bytes(b"x" * 200000)
@@ -263,7 +267,7 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
 
     try:
         tar = subprocess.run(["tar", "-C", str(empty), "-c", "."], capture_output=True, check=True).stdout
-        for ref in (old, busy, foreign, current):
+        for ref in (old, busy, foreign, current, proxy_old, proxy_now):
             imported = subprocess.run(["podman", "import", "-q", "-", ref], env=env, input=tar, capture_output=True,
                                       timeout=120)
             assert imported.returncode == 0, imported.stderr
@@ -273,9 +277,9 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
         lines = proc.stdout.splitlines()
         assert any(ln.startswith("removed") and old in ln and "KiB" in ln for ln in lines), proc.stdout
         assert any(ln.startswith("kept") and busy in ln and "in use by a container" in ln for ln in lines)
-        assert foreign not in proc.stdout and current not in proc.stdout
+        assert foreign not in proc.stdout and current not in proc.stdout and proxy_now not in proc.stdout
         left = podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-        assert old not in left and {busy, foreign, current} <= set(left), left
+        assert old not in left and proxy_old not in left and {busy, foreign, current, proxy_now} <= set(left), left
     finally:
         podman("rm", "-a", "-f")
         podman("rmi", "-a", "-f")

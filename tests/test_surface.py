@@ -202,13 +202,13 @@ def test_bash_completion_offers_backends_modes_and_options(sandbox: Sandbox, tmp
     assert complete(path, "hive-relay", "allow", "") == []
     assert complete(path, "contribute-hive", "c") == ["claude", "codex", "completion", "clean"]
     assert complete(path, "hive-relay", "logs", "") == []
-    assert complete(path, "hive-relay", "shell", "") == ["local", "container"]
+    assert complete(path, "hive-relay", "shell", "") == ["local", "container", "kube"]
     assert complete(path, "contribute-hive", "--backend", "") == backends
     assert complete(path, "contribute-hive", "shell", "--mode", "c") == ["container"]
     assert complete(path, "contribute-hive", "shell", "--isolation", "s") == ["supervised"]
     assert complete(path, "contribute-hive", "--profile", "") == ["agent", "default", "tight"]  # the sandbox's
     assert complete(path, "contribute-hive", "shell", "--dr") == ["--dry-run"]
-    assert complete(path, "contribute-hive", "--prompt", "x", "claude", "") == ["local", "container"]
+    assert complete(path, "contribute-hive", "--prompt", "x", "claude", "") == ["local", "container", "kube"]
     assert complete(path, "contribute-hive", "completion", "") == ["bash", "zsh"]
     assert "ls" in complete(path, "contribute-hive", "shell", "--", "l")
     zsh = run(sandbox, ENTRIES["python-m"], "completion", "zsh").stdout
@@ -227,7 +227,7 @@ def test_invoke_completion_offers_backends_and_modes(sandbox: Sandbox) -> None:
 
     assert {"claude", "shell", "local", "contribute-hive", "doctor"} <= set(cands("contribute-hive"))
     assert cands("contribute-hive", "--backend") == ["claude", "codex", "gemini", "opencode", "shell"]
-    assert cands("contribute-hive", "shell", "--mode") == ["local", "container"]
+    assert cands("contribute-hive", "shell", "--mode") == ["local", "container", "kube"]
     assert "--dry-run" in cands("contribute-hive", "--dr")
     script_text = run(sandbox, [*INVOKE, "--print-completion-script", "bash"]).stdout
     assert "complete -F" in script_text
@@ -275,3 +275,23 @@ def test_pip_install_puts_hive_relay_on_path(sandbox: Sandbox, tmp_path: Path) -
     assert where == [str(share), "False"]
     assert "_hive_relay_complete" in go("completion", "bash").stdout
     assert "did you mean --dry-run?" in one_error_line(go("shell", "--dryrun"))
+
+
+# The short flags are public surface: a letter once given never moves to another option. Appending an
+# option adds a line here; changing one of these is a break.
+SHORT_FLAGS_FROZEN = {
+    "allow_host": "a", "backend": "b", "count": "c", "dry_run": "d", "allow_preset": "e", "isolation": "i",
+    "json": "j", "parallel": "k", "allow_socket": "l", "mode": "m", "allow_ssh": "o", "profile": "p",
+    "quiet": "q", "prompt": "r", "ask": "s", "timeout": "t", "version": "v", "workdir": "w",
+}
+
+
+def test_short_flags_are_frozen_and_the_same_in_both_entries() -> None:
+    import tasks
+    from relay.options import SHORT_FLAGS
+
+    assert SHORT_FLAGS == SHORT_FLAGS_FROZEN
+    assert len(set(SHORT_FLAGS.values())) == len(SHORT_FLAGS)
+    invoke_shorts = {a.attr_name or a.name: next((n for n in a.names if len(n) == 1), None)
+                     for a in tasks.contribute_hive.get_arguments()}
+    assert {d: s for d, s in invoke_shorts.items() if d in SHORT_FLAGS} == SHORT_FLAGS

@@ -1,0 +1,384 @@
+"""kube mode on one machine: the same pod specs, run by `podman kube play` (no cluster needed).
+
+podman does not enforce NetworkPolicy, so the box pods are played with `--network none` (only
+`lo`), exactly like container mode's `--network none`: the launcher opens the box's 127.0.0.1:3128
+inside each pod's network namespace (relay/netns.py) and splices what arrives there to the proxy
+pod's port. The pod's hostAliases entry names the proxy 127.0.0.1, so the same Job template
+(HTTPS_PROXY=http://hive-relay-proxy:3128) works unchanged. A box has no route but that one.
+
+The proxy pod runs on the host's network (rootless podman here cannot create a bridge: no
+/dev/net/tun), on a free port in place of 3128; its JSON decision log is its stdout.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from .digest import sha256
+from .image import PROXY_REPO
+from .kube_render import (
+    PROXY_NAME,
+    PROXY_PYTHONPATH,
+    KubeRun,
+    render_objects,
+    seccomp_name,
+    seccomp_profile,
+    to_yaml,
+)
+from .kube_run import BoxResult, extract_result
+from .paths import PACKAGE_ROOT
+from .plan import Plan
+
+CONTAINERS_CONF = '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n[engine]\nruntime = "runc"\n'
+
+
+def _relay_sources() -> list[str]:
+    root = PACKAGE_ROOT / "relay"
+    return sorted(p.name for p in root.iterdir() if p.suffix == ".py")
+
+
+def proxy_image_tag(image: str) -> str:
+    """The proxy image by content: the box image it starts from, plus relay/*.py."""
+    h = sha256(image.encode())
+    for name in _relay_sources():
+        h.update(name.encode() + b"\0" + (PACKAGE_ROOT / "relay" / name).read_bytes() + b"\0")
+    return f"{PROXY_REPO}:{h.hexdigest()[:12]}"
+
+
+def build_proxy_image(podman: list[str], image: str, env: Mapping[str, str]) -> str:
+    """FROM the box image, COPY the relay package (stdlib only at the proxy's end): seconds, offline."""
+    tag = proxy_image_tag(image)
+    if subprocess.run([*podman, "image", "exists", tag], env=dict(env)).returncode == 0:
+        return tag
+    with tempfile.TemporaryDirectory(prefix="hive-relay-proxy-image-") as ctx:
+        os.makedirs(os.path.join(ctx, "relay"))
+        for name in _relay_sources():
+            with open(os.path.join(ctx, "relay", name), "wb") as fh:
+                fh.write((PACKAGE_ROOT / "relay" / name).read_bytes())
+        with open(os.path.join(ctx, "Containerfile"), "w") as fh:
+            fh.write(f"FROM {image}\nCOPY relay {PROXY_PYTHONPATH}/relay\n")
+        proc = subprocess.run([*podman, "build", "--network", "none", "-q", "-t", tag, ctx], capture_output=True,
+                              text=True, env=dict(env))
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {tag} failed: {proc.stderr[-500:]}")
+    return tag
+
+
+@dataclass
+class Played:
+    """One `podman kube play` run: where its files are and what it started."""
+
+    work: str
+    env: dict[str, str]
+    podman: list[str]
+    pods: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def down(self) -> None:
+        self.stop.set()
+        # With an automatic user namespace, podman 4.3's first `pod rm` sometimes fails on a busy
+        # shm mount and leaves the pod; a second one removes it. Up to three rounds, then say so.
+        left = list(self.pods)
+        for _ in range(3):
+            if not left:
+                break
+            subprocess.run([*self.podman, "pod", "rm", "-f", "-t", "0", *left], capture_output=True, env=self.env)
+            left = [pod for pod in left if subprocess.run([*self.podman, "pod", "exists", pod], capture_output=True,
+                                                          env=self.env).returncode == 0]
+        if left:
+            print(f"hive-relay: could not remove pods {' '.join(left)}; fix: podman pod rm -f {' '.join(left)}",
+                  file=sys.stderr)
+        if self.volumes:
+            subprocess.run([*self.podman, "volume", "rm", "-f", *self.volumes], capture_output=True, env=self.env)
+
+
+def podman_env(env: Mapping[str, str], work: str) -> dict[str, str]:
+    """runc and explicit ulimits (this cgroup-v1 hybrid host: see DESIGN, Podman)."""
+    os.makedirs(work, mode=0o700, exist_ok=True)
+    conf = os.path.join(work, "containers.conf")
+    with open(conf, "w") as fh:
+        fh.write(CONTAINERS_CONF)
+    return {**env, "CONTAINERS_CONF": conf}
+
+
+def private_volumes(spec: dict, pod: str) -> list[str]:
+    """podman 4.3 plays an emptyDir or a configMap volume as a *named* volume, the name taken from
+    the YAML: two pods with a volume `workspace` would share it. Each pod's volumes (and the
+    ConfigMaps they show) get the pod's name in front; returns the volume names, to remove at the end."""
+    names = []
+    for v in spec["volumes"]:
+        v["name"] = f"{pod}-{v['name']}"
+        if "configMap" in v:
+            v["configMap"]["name"] = f"{pod}-cm-{v['configMap']['name']}"  # not an emptyDir's name
+            names.append(v["configMap"]["name"])
+        else:
+            names.append(v["name"])
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        for m in c.get("volumeMounts", []):
+            if not m["name"].startswith(f"{pod}-"):  # mounts may be one shared dict (the YAML's twins)
+                m["name"] = f"{pod}-{m['name']}"
+    return names
+
+
+def flat_profile(name: str) -> str:
+    return name.replace("/", "-")
+
+
+def box_pods(objects: list[dict], prefix: str, count: int) -> list[tuple[dict, list[str]]]:
+    """The Job's template as one Pod per index, as the Job controller would make them, each with
+    its own volumes; (pod, its volume names)."""
+    job = next(o for o in objects if o["kind"] == "Job")
+    pods = []
+    for i in range(count):
+        # podman 4.3 ignores hostAliases under --network none, so the proxy's name is written as
+        # the address hostAliases would give it here (127.0.0.1, where the launcher listens).
+        spec = json.loads(json.dumps(job["spec"]["template"]["spec"]).replace(PROXY_NAME, "127.0.0.1"))
+        spec.pop("hostAliases", None)
+        name = f"{prefix}-{i}"
+        for c in spec["containers"]:
+            c["env"] = [*c.get("env", []), {"name": "JOB_COMPLETION_INDEX", "value": str(i)}]
+        volumes = private_volumes(spec, name)
+        # podman 4.3 ignores securityContext.seccompProfile (checked: AF_UNIX sockets worked); it reads
+        # the pre-1.25 annotation, resolved under --seccomp-profile-root, a file name without a
+        # directory (it reads only the first path component). Same profile, flat name (flat_profile).
+        profile = flat_profile(spec["securityContext"]["seccompProfile"]["localhostProfile"])
+        pods.append(({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": name, "labels": job["spec"]["template"]["metadata"]["labels"],
+                                   "annotations": {"batch.kubernetes.io/job-completion-index": str(i),
+                                                   "seccomp.security.alpha.kubernetes.io/pod": f"localhost/{profile}"}},
+                      "spec": spec}, volumes))
+    return pods
+
+
+def proxy_pod(objects: list[dict], prefix: str, port: int) -> tuple[list[dict], list[str]]:
+    """The proxy Deployment's template as a Pod, and its ConfigMap listening on `port` of the host."""
+    dep = next(o for o in objects if o["kind"] == "Deployment")
+    conf = copy.deepcopy(next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "proxy-config"))
+    data = json.loads(conf["data"]["proxy.json"])
+    data["listen"] = f"127.0.0.1:{port}"
+    conf["data"]["proxy.json"] = json.dumps(data)
+    spec = copy.deepcopy(dep["spec"]["template"]["spec"])
+    volumes = private_volumes(spec, f"{prefix}-proxy")
+    conf["metadata"] = {"name": f"{prefix}-proxy-cm-proxy-config"}
+    spec["containers"][0].pop("readinessProbe", None)
+    spec["containers"][0].pop("ports", None)  # host network: podman maps no ports there
+    # On the host's network a fresh user namespace cannot mount /sys (runc: EPERM); the cluster's
+    # proxy pod keeps hostUsers: false. Still non-root, read-only, no capabilities.
+    spec.pop("hostUsers", None)
+    return [conf, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-proxy"}, "spec": spec}], volumes
+
+
+def pod_prefix(run_id: str) -> str:
+    """Short pod names (podman names a container POD-CONTAINER): `hr-` and a digest of the run id."""
+    return "hr-" + sha256(run_id.encode()).hexdigest()[:8]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _infra_pidfile(p: Played, pod: str) -> str:
+    """Where the runtime will write the pod's infra process id (known before the pod starts: a
+    started pod's `podman pod inspect` waits for its init containers, which wait for our listener)."""
+    infra = subprocess.run([*p.podman, "pod", "inspect", pod, "--format", "{{.InfraContainerID}}"],
+                           capture_output=True, text=True, env=p.env).stdout.strip()
+    path = subprocess.run([*p.podman, "inspect", infra, "--format", "{{.PidFile}}"], capture_output=True, text=True,
+                          env=p.env).stdout.strip()
+    if not infra or not path:
+        raise RuntimeError(f"pod {pod} has no infra container")
+    return path
+
+
+def _infra_pid(pidfile: str, pod: str, deadline: float, proc: subprocess.Popen) -> int:
+    while time.monotonic() < deadline:
+        try:
+            with open(pidfile) as fh:
+                text = fh.read().strip()
+            if text.isdigit() and int(text) > 0:
+                return int(text)
+        except OSError:
+            pass
+        if proc.poll() not in (None, 0):
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"podman pod start {pod} failed: {err[-500:]}")
+        time.sleep(0.02)
+    raise RuntimeError(f"pod {pod} did not start")
+
+
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=pump, args=(b, a), daemon=True)
+    t.start()
+    pump(a, b)
+    t.join()
+    a.close()
+    b.close()
+
+
+def _forward(p: Played, listener: socket.socket, port: int) -> None:
+    """Accept in the box's namespace, connect to the proxy pod: the box's one way out."""
+    listener.settimeout(0.2)
+    while not p.stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError as err:
+            # A client gone before its accept (ECONNABORTED, as the init container's probe does) or a
+            # transient shortage is not the end of the box's only way out; a closed listener is.
+            if err.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
+                return
+            time.sleep(0.01)
+            continue
+        conn.settimeout(None)
+        try:
+            up = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            conn.close()
+            continue
+        up.settimeout(None)  # the connect had a limit; a slow stream must not
+        threading.Thread(target=_splice, args=(conn, up), daemon=True).start()
+    listener.close()
+
+
+@dataclass
+class PlayResult:
+    """Each box's result and log (by index), and the proxy's decision log (its stdout)."""
+
+    results: list[BoxResult]
+    logs: dict[int, str]
+    proxy_log: str
+
+
+def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: str,
+         timeout: float = 600.0, box_network: str = "none") -> PlayResult:
+    """Play the run's pods (at most `run.parallel` at once), wait for every box, collect.
+    `box_network` other than none is for doctor's tests only: a cluster whose CNI ignores
+    NetworkPolicy, simulated by a box pod with a network of its own."""
+    from .netns import listen_in
+
+    podman = ["podman", "--log-level=error"]
+    p = Played(work=work, env=podman_env(env, work), podman=podman)
+    prefix = pod_prefix(run.run_id)
+    run = replace(run, proxy_ip="127.0.0.1")
+    objects = render_objects(plan, run, bundle)
+    profile = seccomp_profile(plan)
+    root = os.path.join(work, "seccomp")
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, flat_profile(seccomp_name(profile))), "w") as fh:
+        json.dump(profile, fh)
+    proxy_log = ""
+    try:
+        port = 0
+        if plan.proxy_listen:
+            port = _free_port()
+            docs, volumes = proxy_pod(objects, prefix, port)
+            p.pods.append(docs[1]["metadata"]["name"])
+            p.volumes += volumes
+            _play(p, docs, "proxy.yaml", ["--network", "host"])
+            _wait_port(port, time.monotonic() + 60)
+        workspace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "workspace")
+        pods = []
+        for pod, volumes in box_pods(objects, prefix, run.count):
+            pods.append(pod)
+            p.pods.append(pod["metadata"]["name"])
+            p.volumes += volumes
+        rootless = os.getuid() != 0
+        # One play per pod, so that `parallel` bounds how many run at once, as the Job controller does.
+        pending = list(pods)
+        running: list[tuple[dict, subprocess.Popen]] = []
+        results: list[BoxResult] = []
+        logs: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        while pending or running:
+            while pending and len(running) < (run.parallel or run.count):
+                pod = pending.pop(0)
+                name = pod["metadata"]["name"]
+                file = os.path.join(work, f"{name}.yaml")
+                with open(file, "w") as fh:
+                    fh.write(to_yaml([{**workspace, "metadata": {"name": f"{name}-cm-workspace"}}, pod]))
+                created = subprocess.run([*podman, "kube", "play", "--start=false", "--network", box_network,
+                                          "--seccomp-profile-root", root, file], capture_output=True, text=True, env=p.env)
+                if created.returncode != 0:
+                    raise RuntimeError(f"podman kube play {name} failed: {created.stderr[-500:]}")
+                pidfile = _infra_pidfile(p, name)
+                proc = subprocess.Popen([*podman, "pod", "start", name], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, env=p.env)
+                if plan.proxy_listen:
+                    pid = _infra_pid(pidfile, name, deadline, proc)
+                    listener = listen_in(pid, "127.0.0.1:3128", join_userns=rootless)
+                    t = threading.Thread(target=_forward, args=(p, listener, port), daemon=True)
+                    t.start()
+                    p.threads.append(t)
+                running.append((pod, proc))
+            for pod, proc in list(running):
+                name = pod["metadata"]["name"]
+                if proc.poll() is None:
+                    continue
+                box = f"{name}-box"
+                state = subprocess.run([*podman, "inspect", box, "--format", "{{.State.Status}}"], capture_output=True,
+                                       text=True, env=p.env).stdout.strip()
+                if state in ("running", "created", "configured"):
+                    continue
+                if proc.returncode != 0 and not state:
+                    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                    raise RuntimeError(f"podman kube play {name} failed: {err[-500:]}")
+                text = subprocess.run([*podman, "logs", box], capture_output=True, text=True, env=p.env).stdout
+                index = int(name.rsplit("-", 1)[1])
+                logs[index] = text
+                results.append(extract_result(index, text))
+                running.remove((pod, proc))
+            if time.monotonic() > deadline:
+                raise TimeoutError("the boxes did not finish in time")
+            time.sleep(0.1)
+        if plan.proxy_listen:
+            proxy_log = subprocess.run([*podman, "logs", f"{prefix}-proxy-proxy"], capture_output=True, text=True,
+                                       env=p.env).stdout
+        return PlayResult(sorted(results, key=lambda r: r.index), logs, proxy_log)
+    finally:
+        p.down()
+
+
+def _play(p: Played, docs: list[dict], name: str, extra: list[str]) -> None:
+    file = os.path.join(p.work, name)
+    with open(file, "w") as fh:
+        fh.write(to_yaml(docs))
+    proc = subprocess.run([*p.podman, "kube", "play", *extra, file], capture_output=True, text=True, env=p.env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"podman kube play {name} failed: {proc.stderr[-500:]}")
+
+
+def _wait_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"the proxy pod did not listen on 127.0.0.1:{port}")

@@ -1,0 +1,310 @@
+"""kube mode's runner: print the objects (dry run), or apply them to the current kubectl context,
+follow the boxes, bring back one patch per box, and delete the run's namespace.
+
+Thin on purpose: relay/kube_render.py decides every object; what is left here is I/O. The pure
+parts (the patch carried in a box's log, the progress line, the paths) are functions of their own
+so tests cover them without a cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from .errors import EXIT_REFUSED, EXIT_TIMEOUT, RefusedError, RelayError, UsageError
+from .kube_render import (
+    RESULT_BEGIN,
+    RESULT_END,
+    KubeRun,
+    describe,
+    namespace,
+    render_objects,
+    to_yaml,
+)
+from .plan import Plan
+
+MAX_PATCH = 64 << 20  # a box's patch larger than this is not written (its log is kept instead)
+NO_CLUSTER = ("kube mode needs a Kubernetes cluster: kubectl has no current context; fix: `kubectl config "
+              "use-context NAME`, or print the objects with --dry-run")
+
+
+class KubeTimeout(RelayError):
+    """--timeout passed before every box finished: exit 124, as in the other modes."""
+
+    exit_code = EXIT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class BoxResult:
+    """What one box's log carried back: its patch (None when the box never reached the end) and exit code."""
+
+    index: int
+    patch: bytes | None
+    exit_code: int | None
+
+
+def extract_result(index: int, log: str) -> BoxResult:
+    """The last marked patch in a box's log. The box wrote it, so it is data for review only:
+    decoded strictly, bounded, never applied. A missing or garbled block is no patch."""
+    begin = log.rfind(f"\n{RESULT_BEGIN}\n")
+    if begin < 0 and log.startswith(f"{RESULT_BEGIN}\n"):
+        begin = -1
+    elif begin < 0:
+        return BoxResult(index, None, None)
+    body_start = begin + len(RESULT_BEGIN) + 2
+    end = log.find(f"\n{RESULT_END} ", body_start - 1)
+    if end < 0:
+        return BoxResult(index, None, None)
+    tail = log[end + len(RESULT_END) + 2:].split("\n", 1)[0].strip()
+    code = int(tail) if tail.isdigit() else None
+    b64 = "".join(log[body_start:end].split())
+    if len(b64) > MAX_PATCH * 4 // 3 + 4:
+        return BoxResult(index, None, code)
+    try:
+        patch = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        return BoxResult(index, None, code)
+    return BoxResult(index, patch, code)
+
+
+def patch_path(run_dir: str, index: int) -> str:
+    return os.path.join(run_dir, f"box-{index}.patch")
+
+
+def write_patches(run_dir: str, results: list[BoxResult]) -> list[str]:
+    """One file per box with a patch, created new (O_EXCL) in the run's own dir; an empty patch is
+    written too (the box changed nothing). Returns the paths written."""
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    written = []
+    for r in results:
+        if r.patch is None:
+            continue
+        path = patch_path(run_dir, r.index)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(r.patch)
+        written.append(path)
+    return written
+
+
+def progress_line(index: int, phase: str, exit_code: int | None = None, patch: str | None = None) -> str:
+    """One box's state, as the runner prints it: `box 3  running`, `box 3  exit 0  patch PATH`."""
+    line = f"box {index:<3} {phase.lower()}"
+    if exit_code is not None:
+        line += f"  exit {exit_code}"
+    if patch:
+        line += f"  patch {patch}"
+    return line
+
+
+def summary(results: list[BoxResult], run_dir: str) -> str:
+    failed = sum(1 for r in results if r.exit_code != 0)
+    with_patch = sum(1 for r in results if r.patch)
+    return (f"hive-relay: {len(results)} box(es), {failed} failed, {with_patch} with changes; patches in {run_dir} "
+            "(review, then `git apply FILE`; nothing was applied to your checkout)")
+
+
+def make_bundle(workdir: str) -> bytes:
+    """The workdir's HEAD (and its history) as a git bundle: what the boxes clone. Uncommitted
+    changes do not travel (a bundle carries commits)."""
+    with tempfile.TemporaryDirectory(prefix="hive-relay-bundle-") as tmp:
+        out = os.path.join(tmp, "workspace.bundle")
+        proc = subprocess.run(["git", "-C", workdir, "bundle", "create", out, "HEAD"], capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise UsageError(f"kube mode ships the workdir as a git bundle, and `git bundle create` failed: "
+                             f"{proc.stderr.strip()[-200:]}; fix: run in a git checkout with at least one commit")
+        with open(out, "rb") as fh:
+            return fh.read()
+
+
+def proxy_image(image: str) -> str:
+    """The proxy's image: the box image plus the relay package (relay/kube_podman.py builds it)."""
+    from .kube_podman import proxy_image_tag
+
+    return proxy_image_tag(image)
+
+
+def kube_run_for(plan: Plan, run_id: str, count: int, parallel: int | None, env: Mapping[str, str]) -> KubeRun:
+    if count < 1 or (parallel is not None and parallel < 1):
+        raise UsageError("--count and --parallel must be at least 1")
+    image = env.get("HIVE_RELAY_KUBE_IMAGE") or _plan_image(plan, env)
+    return KubeRun(run_id=run_id, image=image, proxy_image=env.get("HIVE_RELAY_KUBE_PROXY_IMAGE") or proxy_image(image),
+                   count=count, parallel=parallel, runtime_class=env.get("HIVE_RELAY_KUBE_RUNTIME_CLASS") or None)
+
+
+def _plan_image(plan: Plan, env: Mapping[str, str]) -> str:
+    from .config import load_matrix
+    from .image import spec_from_env
+
+    matrix = load_matrix(dict(env), workdir=None)
+    return spec_from_env(matrix.backends, 1000, 1000, env).tag
+
+
+def kube_main(plan: Plan, env: Mapping[str, str], *, dry_run: bool, as_json: bool, count: int,
+              parallel: int | None, run_id: str) -> int:
+    """`contribute-hive BACKEND kube`: the objects on stdout (dry run), or a run on the cluster."""
+    if plan.interactive:
+        raise UsageError("kube mode runs --prompt boxes only (a Job has no terminal); fix: add --prompt TEXT, or use "
+                         "local or container mode for an interactive session")
+    run = kube_run_for(plan, run_id, count, parallel, env)
+    if dry_run:
+        objects = render_objects(plan, run, make_bundle(plan.workdir))
+        if as_json:
+            data = plan.to_json()
+            data["kube"] = {**describe(plan, run), "objects": objects}
+            print(json.dumps(data, indent=2))
+        else:
+            sys.stdout.write(to_yaml(objects))
+        return 0
+    kubectl = shutil.which("kubectl", path=env.get("PATH"))
+    if kubectl is None:
+        raise RefusedError("kube mode needs kubectl; fix: install kubectl, or print the objects with --dry-run")
+    if current_context(kubectl, env) is None:
+        raise RefusedError(NO_CLUSTER)
+    return apply_and_follow(kubectl, plan, run, env)
+
+
+def current_context(kubectl: str, env: Mapping[str, str]) -> str | None:
+    proc = subprocess.run([kubectl, "config", "current-context"], capture_output=True, text=True, env=dict(env),
+                          stdin=subprocess.DEVNULL)
+    name = proc.stdout.strip()
+    return name if proc.returncode == 0 and name else None
+
+
+def _kubectl(kubectl: str, env: Mapping[str, str], *args: str, stdin: str | None = None) -> str:
+    proc = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, env=dict(env))
+    if proc.returncode != 0:
+        raise RelayError(f"kubectl {args[0]} failed: {proc.stderr.strip()[-300:]}")
+    return proc.stdout
+
+
+def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, str]) -> int:
+    """Apply the run's objects (the Job last, once the proxy Service has its address), print a line
+    per box as it changes, collect the patches, and delete the namespace however the run ends."""
+    from .egress import route_key
+
+    ns = namespace(run.run_id)
+    keys = {n: v for r in plan.credentials for n in r.secret_env if (v := route_key(r, env)) is not None}
+    objects = render_objects(plan, run, make_bundle(plan.workdir), keys)
+    run_dir = os.path.join(env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state"),
+                           "hive-relay", "kube", ns)
+    deadline = time.monotonic() + (plan.timeout or 1800) + 60
+    try:
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] != "Job"]))
+        if plan.proxy_listen:
+            ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
+                          "jsonpath={.spec.clusterIP}").strip()
+            objects = render_objects(plan, replace(run, proxy_ip=ip), make_bundle(plan.workdir), keys)
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
+        results, logs = _follow(kubectl, env, ns, run.count, deadline)
+        written = write_patches(run_dir, results)
+        write_logs(run_dir, logs)
+        for r in results:
+            print(progress_line(r.index, "done", r.exit_code, patch_path(run_dir, r.index) if r.patch else None))
+        print(summary(results, run_dir), file=sys.stderr)
+        del written
+        return 0 if all(r.exit_code == 0 for r in results) else 1
+    finally:
+        subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True, env=dict(env))
+
+
+def write_logs(run_dir: str, logs: Mapping[int, str]) -> None:
+    """Each box's log (the agent's output) next to its patch, bounded, created new."""
+    for index, text in logs.items():
+        fd = os.open(os.path.join(run_dir, f"box-{index}.log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+            fh.write(text[-MAX_PATCH:])
+
+
+def _follow(kubectl: str, env: Mapping[str, str], ns: str, count: int,
+            deadline: float) -> tuple[list[BoxResult], dict[int, str]]:
+    seen: dict[int, str] = {}
+    while time.monotonic() < deadline:
+        pods = json.loads(_kubectl(kubectl, env, "-n", ns, "get", "pods", "-l",
+                                   "app.kubernetes.io/component=box", "-o", "json"))["items"]
+        done: dict[int, str] = {}
+        for pod in pods:
+            index = int(pod["metadata"].get("annotations", {}).get("batch.kubernetes.io/job-completion-index", "-1"))
+            phase = pod.get("status", {}).get("phase", "Pending")
+            if seen.get(index) != phase:
+                seen[index] = phase
+                print(progress_line(index, phase), flush=True)
+            if phase in ("Succeeded", "Failed"):
+                done[index] = pod["metadata"]["name"]
+        if len(done) >= count:
+            logs = {i: _kubectl(kubectl, env, "-n", ns, "logs", name, "-c", "box") for i, name in sorted(done.items())}
+            return [extract_result(i, text) for i, text in logs.items()], logs
+        time.sleep(2)
+    raise KubeTimeout("kube mode: the boxes did not finish before --timeout; the namespace is deleted")
+
+
+EXIT_NO_CLUSTER = EXIT_REFUSED
+
+
+def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
+    """`invoke doctor --mode kube`: a canary box under the boxes' NetworkPolicy on the current
+    context; relay/kube_canary.py decides. Its namespace is deleted whatever happens."""
+    from .config import get_backend, load_matrix
+    from .kube_canary import canary_script, decide, parse
+    from .plan import Request, resolve, with_image
+    from .probe import probe
+    from .sweep import new_run_id
+    from .tiers import opted_in
+
+    kubectl = shutil.which("kubectl", path=env.get("PATH"))
+    if kubectl is None:
+        raise RefusedError("kube mode needs kubectl; fix: install kubectl and select a context")
+    if current_context(kubectl, env) is None:
+        raise RefusedError(NO_CLUSTER.replace("print the objects with --dry-run", "see README, Running many boxes on "
+                                              "a cluster"))
+    matrix = load_matrix(dict(env), workdir=None)
+    backend = get_backend(matrix, backend_name)
+    here = tempfile.mkdtemp(prefix="hive-relay-canary-")  # an empty checkout: the canary needs no workspace
+    subprocess.run(["git", "init", "-q", here], check=True, capture_output=True)
+    subprocess.run(["git", "-C", here, "-c", "user.email=canary@hive-relay", "-c", "user.name=canary", "commit", "-q",
+                    "--allow-empty", "-m", "canary"], check=True, capture_output=True)
+    request = Request(backend_name, mode="kube", workdir=here, run_id=f"canary-{new_run_id()}", prompt="canary",
+                      argv_override=("/bin/bash", "-c", canary_script()))
+    plan = resolve(backend, matrix, request, with_image(probe(dict(env)), matrix, request, env), dict(env))
+    run = kube_run_for(plan, request.run_id, 1, 1, env)
+    ns = namespace(run.run_id)
+    runtime_ok = None
+    if run.runtime_class:
+        runtime_ok = subprocess.run([kubectl, "get", "runtimeclass", run.runtime_class], capture_output=True,
+                                    env=dict(env)).returncode == 0
+    try:
+        objects = render_objects(plan, run, make_bundle(here))
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] != "Job"]))
+        ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
+                      "jsonpath={.spec.clusterIP}").strip()
+        objects = render_objects(plan, replace(run, proxy_ip=ip), make_bundle(here))
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
+        try:
+            _, logs = _follow(kubectl, env, ns, 1, time.monotonic() + 180)
+            log = next(iter(logs.values()), "")
+        except RelayError:
+            log = ""
+        events = subprocess.run([kubectl, "-n", ns, "get", "events", "-o", "json"], capture_output=True, text=True,
+                                env=dict(env)).stdout
+        seccomp_ok = "seccomp" not in events.lower()  # a missing Localhost profile is a pod event naming it
+        verdict = decide(parse(log, seccomp_ok, runtime_ok), backend.name, backend.opt_in,
+                         opted_in(backend, matrix, env))
+    finally:
+        subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True, env=dict(env))
+        shutil.rmtree(here, ignore_errors=True)
+    for line in verdict.lines:
+        print(line)
+    if verdict.exit_code:
+        raise RefusedError("kube mode cannot be enforced on this cluster (see the MISS lines above)")
+    return 0

@@ -1,0 +1,170 @@
+"""kube mode's pod specs, run for real by `podman kube play` (there is no cluster here).
+
+The Job's pod template becomes one pod per index on `--network none`; the proxy Deployment's pod
+runs our proxy on the host network; the launcher's listener in each box pod's network namespace is
+spliced to it (relay/kube_podman.py). Attack + twin: the box reaches an allowed host only through
+the proxy, a host not on the list is denied, a direct connection has no route; AF_UNIX sockets get
+EPERM under the Localhost seccomp profile while socketpair works; each box has its own user
+namespace (hostUsers: false) and its own workspace; N boxes bring back N patches and the checkout
+is untouched.
+
+Root only: `hostUsers: false` makes podman 4.3 pick an automatic user namespace, which needs
+/etc/subuid and /etc/subgid ranges for the user `containers` (.ci/run adds them), and the
+rootless engine on this host cannot give the proxy pod and the boxes' namespaces the same
+treatment; the unprivileged CI pass covers the rendering (tests/test_kube_render.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from relay import kube_podman
+from relay.config import get_backend, load_matrix
+from relay.kube_run import kube_run_for, make_bundle, write_patches
+from relay.plan import Request, resolve, with_image
+from relay.probe import probe
+
+from .conftest import podman_env
+from .servers import Handler, start_http
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="podman kube play with hostUsers: false needs root's "
+                                "automatic user namespaces (runs in the root CI job)")
+
+BOX = r"""
+echo "changed by box $JOB_COMPLETION_INDEX" >> README.md
+echo new > "new-$JOB_COMPLETION_INDEX.txt"
+echo "uidmap $(awk '{print $1"-"$2"-"$3}' /proc/self/uid_map | head -1)"
+echo "ifaces $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ,)"
+python3 - <<'PY'
+import socket
+try:
+    socket.socket(socket.AF_UNIX)
+    print("af_unix allowed")
+except PermissionError:
+    print("af_unix EPERM")
+a, b = socket.socketpair()
+print("socketpair ok")
+PY
+echo "via-proxy $(curl -sS -m 10 http://upstream.test:$PORT/hello 2>&1)"
+echo "denied $(curl -sS -m 10 -o /dev/null -w '%{http_code}' http://other.test:$PORT/ 2>&1)"
+echo "direct $(curl -sS -m 5 --noproxy '*' http://$HOSTIP:$PORT/ 2>&1 | head -c 80)"
+"""
+
+
+def _host_ip() -> str:
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    return out[0] if out else "192.0.2.1"
+
+
+def _checkout(tmp_path: Path) -> Path:
+    work = tmp_path / "checkout"
+    work.mkdir()
+    git = ["git", "-C", str(work), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (work / "README.md").write_text("hello\n")
+    subprocess.run([*git, "add", "README.md"], check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], check=True)
+    return work
+
+
+def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: str) -> None:
+    server, port, _ = start_http()
+    work = _checkout(tmp_path)
+    env = {**podman_env(), "PORT": str(port)}
+    host_ip = _host_ip()
+    script = BOX.strip().replace("$PORT", str(port)).replace("$HOSTIP", host_ip)  # podman 4.3 misreads a leading newline
+    req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubetest-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", allow_hosts=(f"upstream.test:{port}=127.0.0.1:{port}",),
+                  argv_override=("/bin/bash", "-c", script))
+    matrix = load_matrix(env, workdir=None)
+    facts = with_image(probe(env), matrix, req, env)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, facts, env)
+    run = kube_run_for(plan, req.run_id, 3, 2, env)
+    assert run.image == image
+    kube_podman.build_proxy_image(["podman"], run.image, env)
+    try:
+        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300)
+    finally:
+        server.shutdown()
+    assert [r.index for r in played.results] == [0, 1, 2]
+    for r in played.results:
+        log = played.logs[r.index]
+        assert r.exit_code == 0, log
+        assert "af_unix EPERM" in log and "socketpair ok" in log, log  # attack refused, twin works
+        assert "uidmap 0-" in log and "uidmap 0-0-" not in log, log  # its own user namespace (hostUsers: false)
+        assert "ifaces lo," in log, log  # no interface but loopback
+        assert "via-proxy hello from the fake upstream" in log, log  # the allowed host, through the proxy
+        assert "denied 403" in log, log  # a host not on the list
+        assert "direct curl:" in log, log  # no route of its own
+        patch = r.patch.decode()
+        assert f"+changed by box {r.index}" in patch and f"new-{r.index}.txt" in patch
+        assert all(f"box {i}" not in patch for i in range(3) if i != r.index)  # a workspace of its own
+    assert sum("GET /hello" in line for line in Handler.requests) >= 3
+    assert '"decision": "deny"' in played.proxy_log and "other.test" in played.proxy_log
+    written = write_patches(str(tmp_path / "run"), played.results)
+    assert len(written) == 3
+    # Nothing came back into the checkout; each patch applies there for review.
+    assert subprocess.run(["git", "-C", str(work), "status", "--porcelain"], capture_output=True,
+                          text=True).stdout == ""
+    subprocess.run(["git", "-C", str(work), "apply", "--check", written[1]], check=True)
+    leftovers = subprocess.run(["podman", "pod", "ls", "-q", "--filter", f"name={kube_podman.pod_prefix(run.run_id)}"],
+                               capture_output=True, text=True, env=env).stdout
+    assert leftovers.strip() == ""
+
+
+def test_a_real_claude_turn_in_a_kube_pod_through_the_proxy_pod(tmp_path: Path, image: str) -> None:
+    """The image's pinned claude, in the Job's pod spec under podman kube play, answers through the
+    proxy pod (the fake API pinned with --allow-host); its own call elsewhere is denied there.
+    The fake key is in the command only because the fake API is not a credential route's upstream;
+    a real key stays in the proxy's Secret (tests/test_kube_render.py)."""
+    from .fake_api import ANSWER, start
+
+    server, port = start()
+    work = _checkout(tmp_path)
+    env = podman_env()
+    script = (f"export ANTHROPIC_API_KEY=sk-ant-fake ANTHROPIC_BASE_URL=http://fake-api.test:{port}; "
+              "claude -p 'say the answer'; echo \"other $(curl -sS -o /dev/null -w '%{http_code}' "
+              "http://example.com/ 2>&1)\"")
+    req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubeclaude-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", allow_hosts=(f"fake-api.test:{port}=127.0.0.1:{port}",),
+                  argv_override=("/bin/bash", "-c", script))
+    matrix = load_matrix(env, workdir=None)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    run = kube_run_for(plan, req.run_id, 1, 1, env)
+    kube_podman.build_proxy_image(["podman"], run.image, env)
+    try:
+        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300)
+    finally:
+        server.shutdown()
+    log = played.logs[0]
+    assert played.results[0].exit_code == 0, log
+    assert ANSWER in log and "other 403" in log
+    assert server.requests, "the fake API saw no request"
+    assert '"host": "fake-api.test"' in played.proxy_log and '"decision": "allow"' in played.proxy_log
+
+
+def test_a_box_past_its_time_is_removed_with_its_pods_and_volumes(tmp_path: Path, image: str) -> None:
+    """The timeout path: the launcher gives up, and every pod and volume of the run is gone."""
+    work = _checkout(tmp_path)
+    env = podman_env()
+    req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubeslow-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", argv_override=("sleep", "300"))
+    matrix = load_matrix(env, workdir=None)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    run = kube_run_for(plan, req.run_id, 2, 2, env)
+    kube_podman.build_proxy_image(["podman"], run.image, env)
+    with pytest.raises(TimeoutError):
+        kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=20)
+    prefix = kube_podman.pod_prefix(run.run_id)
+    pods = subprocess.run(["podman", "pod", "ls", "-q", "--filter", f"name={prefix}"], capture_output=True, text=True,
+                          env=env).stdout
+    volumes = [v for v in subprocess.run(["podman", "volume", "ls", "-q"], capture_output=True, text=True,
+                                         env=env).stdout.split() if v.startswith(prefix)]
+    assert pods.strip() == "" and volumes == []
+    containers = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"name={prefix}"], capture_output=True,
+                                text=True, env=env).stdout
+    assert containers.strip() == ""  # the sleeping boxes were stopped, not left running

@@ -1,0 +1,271 @@
+"""kube mode's objects: every one validates against the Kubernetes API schema (kubernetes-validate,
+strict), every required hardening is present, keys live only in the proxy's Secret, and the YAML
+for a fixed plan is golden (regenerate with HIVE_RELAY_GOLDEN=1, then review the diff)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from relay import kube_render
+from relay.config import Matrix, load_shipped
+from relay.kube_render import KubeRun, render_objects, to_yaml
+from relay.kube_run import BoxResult, extract_result, progress_line, write_patches
+from relay.plan import Request, resolve
+
+from .fakefs import WORKDIR, fake_host
+from .test_plan_golden import ENV, SUPERVISED
+from .test_plan_golden import fake_checkout as fake_checkout  # noqa: F401 - a fixture, used by name
+
+K8S = "1.34"  # the schema version the objects are validated against (kubernetes-validate 1.37.0 ships it)
+GOLDEN = Path(__file__).parent / "golden" / "kube"
+REPO = Path(__file__).resolve().parent.parent
+RUN = KubeRun(run_id="4242-1-abc-0123abcd", image="localhost/hive-relay-contributor:0123456789ab-u1000",
+              proxy_image="localhost/hive-relay-proxy:0123456789ab", count=3, parallel=2)
+BASE_PROFILE = {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+    {"names": ["read", "write", "socket", "ioctl", "clone", "ptrace"], "action": "SCMP_ACT_ALLOW"}]}
+
+
+def kube_plan(backend: str, env: dict[str, str] | None = None, **request: object):  # noqa: ANN201
+    backends = load_shipped()
+    matrix = Matrix(backends=backends, profiles={}, allow_unsandboxed=frozenset(), sources=())
+    req = Request(backend, mode="kube", workdir=WORKDIR, run_id="1-golden", prompt="fix the bug", **request)  # type: ignore[arg-type]
+    return resolve(backends[backend], matrix, req, SUPERVISED, dict(env or ENV), fs=fake_host(), now=0)
+
+
+@pytest.fixture
+def fixed_seccomp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's default profile is the host's; the golden uses a small fixed one."""
+    monkeypatch.setattr(kube_render, "default_profile", lambda: BASE_PROFILE)
+
+
+def objects(backend: str = "claude", env: dict[str, str] | None = None, **kw: object) -> list[dict]:
+    return render_objects(kube_plan(backend, env), replace(RUN, **kw), b"bundle-bytes")  # type: ignore[arg-type]
+
+
+def kinds(objs: list[dict]) -> list[str]:
+    return [o["kind"] for o in objs]
+
+
+@pytest.mark.parametrize("backend", ["claude", "codex", "gemini", "opencode", "shell"])
+def test_every_object_validates_against_the_kubernetes_schema(backend: str, fake_checkout: None) -> None:
+    objs = objects(backend, runtime_class="gvisor", proxy_ip="10.96.0.12")
+    assert kinds(objs)[:2] == ["Namespace", "ConfigMap"] and kinds(objs)[-1] == "Job"
+    for obj in yaml.safe_load_all(to_yaml(objs)):  # what kubectl would read, not the dicts
+        kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def test_the_validator_is_not_a_rubber_stamp(fake_checkout: None) -> None:
+    """Twin of the above: a misspelt field and a wrong type are refused by the same validator."""
+    job = objects()[-1]
+    bad = json.loads(json.dumps(job))
+    bad["spec"]["template"]["spec"]["automountServiceAcountToken"] = False
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S, strict=True)
+    bad = json.loads(json.dumps(job))
+    bad["spec"]["backoffLimit"] = "zero"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S, strict=True)
+
+
+def test_the_job_carries_every_required_setting(fake_checkout: None) -> None:
+    plan = kube_plan("claude")
+    job = render_objects(plan, replace(RUN, runtime_class="gvisor"), b"x")[-1]
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == ("Indexed", 3, 2, 0)
+    assert spec["activeDeadlineSeconds"] == plan.timeout and spec["ttlSecondsAfterFinished"] > 0
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert pod["enableServiceLinks"] is False and pod["hostUsers"] is False and pod["runtimeClassName"] == "gvisor"
+    assert pod["securityContext"]["seccompProfile"]["type"] == "Localhost"
+    assert pod["securityContext"]["seccompProfile"]["localhostProfile"].startswith("hive-relay/box-")
+    for c in pod["containers"] + pod["initContainers"]:
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        assert c["resources"]["limits"]["memory"] == f"{plan.limits.memory >> 20}Mi"
+        assert c["image"] == RUN.image
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["/tmp"] == "tmp" and mounts[dict(plan.env_set)["HOME"]] == "home"
+    assert vols["tmp"]["emptyDir"]["sizeLimit"] and vols["home"]["emptyDir"]["sizeLimit"]
+    assert pod["initContainers"][0]["command"][:2] == ["git", "clone"]  # the bundle, no network
+
+
+def test_the_seccomp_profile_is_container_modes(fake_checkout: None, fixed_seccomp: None) -> None:
+    from relay.seccomp_oci import render
+
+    plan = kube_plan("claude")
+    assert kube_render.seccomp_profile(plan) == render(plan.seccomp_policy, BASE_PROFILE)
+    other = kube_render.seccomp_name({"defaultAction": "SCMP_ACT_ALLOW"})
+    assert kube_render.seccomp_name(kube_render.seccomp_profile(plan)) != other  # named by content
+
+
+def test_keys_live_only_in_the_proxys_secret(fake_checkout: None) -> None:
+    """Attack: the key in a box's env, volume or envFrom. Twin: the proxy gets it, on a real apply only."""
+    plan = kube_plan("claude")
+    assert plan.credentials, "the fixture's ANTHROPIC_API_KEY should make a credential route"
+    dry = render_objects(plan, RUN, b"x")
+    real = render_objects(plan, RUN, b"x", {"ANTHROPIC_API_KEY": "sk-never-in-a-plan"})
+    assert "sk-never-in-a-plan" not in to_yaml(dry)
+    secret = next(o for o in real if o["kind"] == "Secret")
+    assert secret["stringData"] == {"ANTHROPIC_API_KEY": "sk-never-in-a-plan"}
+    for obj in real:
+        text = json.dumps(obj)
+        if obj["kind"] not in ("Secret",):
+            assert "sk-never-in-a-plan" not in text
+    box = real[-1]["spec"]["template"]["spec"]
+    assert "proxy-credentials" not in json.dumps(box)
+    env = {e["name"]: e["value"] for e in box["containers"][0]["env"]}
+    assert env["ANTHROPIC_API_KEY"] == "hive-relay-placeholder"
+    assert env["HTTPS_PROXY"] == "http://hive-relay-proxy:3128"
+    proxy = next(o for o in real if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert proxy["containers"][0]["envFrom"] == [{"secretRef": {"name": "proxy-credentials"}}]
+
+
+def test_network_policies_box_to_proxy_only_and_proxy_to_public(fake_checkout: None) -> None:
+    objs = objects("claude")
+    pols = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "NetworkPolicy"}
+    box = pols["boxes-reach-only-the-proxy"]
+    assert box["policyTypes"] == ["Ingress", "Egress"] and box["ingress"] == []
+    assert box["egress"] == [{"to": [{"podSelector": {"matchLabels": kube_render._labels(RUN, "proxy")}}],
+                              "ports": [{"protocol": "TCP", "port": 3128}]}]  # no port 53: no DNS
+    proxy = pols["proxy-reaches-public-allowed-ports"]
+    public, dns = proxy["egress"]
+    assert public["to"][0]["ipBlock"]["cidr"] == "0.0.0.0/0"
+    assert {"10.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"} <= set(
+        public["to"][0]["ipBlock"]["except"])
+    assert {p["port"] for p in public["ports"]} == {443}
+    assert {p["port"] for p in dns["ports"]} == {53}
+    # Twin: a profile without network has no proxy at all, and its boxes reach nothing.
+    plan = kube_plan("shell", profile="default")
+    objs = render_objects(plan, RUN, b"x")
+    assert "Deployment" not in kinds(objs) and "Service" not in kinds(objs)
+    (only,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert only["spec"]["egress"] == []
+
+
+def test_golden_yaml(fake_checkout: None, fixed_seccomp: None) -> None:
+    text = to_yaml(objects("claude", proxy_ip="10.96.0.12"))
+    path = GOLDEN / "claude.yaml"
+    if os.environ.get("HIVE_RELAY_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs: review, then regenerate with HIVE_RELAY_GOLDEN=1"
+
+
+def test_a_bundle_over_the_configmap_limit_is_one_clear_line(fake_checkout: None) -> None:
+    from relay.errors import UsageError
+
+    with pytest.raises(UsageError, match="ConfigMap limit; fix:"):
+        render_objects(kube_plan("shell"), RUN, b"x" * (kube_render.MAX_BUNDLE + 1))
+
+
+def test_the_patch_comes_back_from_the_log_and_garbage_is_no_patch(tmp_path: Path) -> None:
+    patch = b"diff --git a/f b/f\n+x\n"
+    b64 = base64.b64encode(patch).decode()
+    log = f"agent says hi\nhive-relay-patch-begin\n{b64[:10]}\n{b64[10:]}\nhive-relay-patch-end 7\n"
+    assert extract_result(2, log) == BoxResult(2, patch, 7)
+    assert extract_result(0, "no markers at all\n") == BoxResult(0, None, None)
+    assert extract_result(0, "\nhive-relay-patch-begin\n!!notbase64\nhive-relay-patch-end 0\n").patch is None
+    written = write_patches(str(tmp_path / "run"), [extract_result(2, log), BoxResult(3, None, 1)])
+    assert written == [str(tmp_path / "run" / "box-2.patch")] and Path(written[0]).read_bytes() == patch
+    with pytest.raises(FileExistsError):  # never over an existing file
+        write_patches(str(tmp_path / "run"), [extract_result(2, log)])
+    assert progress_line(3, "Running") == "box 3   running"
+    assert progress_line(3, "Succeeded", 0, "/r/box-3.patch") == "box 3   succeeded  exit 0  patch /r/box-3.patch"
+
+
+def test_cli_dry_run_prints_yaml_and_json_and_refuses_without_a_cluster(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
+    git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (work / "f").write_text("x\n")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "i"], check=True)
+    base = [sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir", str(work), "--count", "2"]
+    out = subprocess.run([*base, "--dry-run"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    docs = list(yaml.safe_load_all(out.stdout))
+    assert [d["kind"] for d in docs][-1] == "Job" and docs[-1]["spec"]["completions"] == 2
+    js = subprocess.run([*base, "--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=REPO)
+    data = json.loads(js.stdout)
+    assert data["mode"] == "kube" and data["kube"]["count"] == 2 and data["kube"]["objects"][-1]["kind"] == "Job"
+    real = subprocess.run(base, capture_output=True, text=True, env=env, cwd=REPO)
+    assert real.returncode == 3, real.stderr
+    assert real.stderr.count("\n") == 1 and "--dry-run" in real.stderr and "context" in real.stderr
+    bad = subprocess.run([sys.executable, "-m", "relay", "shell", "local", "--count", "2", "--dry-run"],
+                         capture_output=True, text=True, env=env, cwd=REPO)
+    assert bad.returncode == 2 and "kube mode's" in bad.stderr
+    tty = subprocess.run([sys.executable, "-m", "relay", "shell", "kube", "--workdir", str(work), "--dry-run"],
+                         capture_output=True, text=True, env=env, cwd=REPO)
+    assert tty.returncode == 2 and "--prompt" in tty.stderr and tty.stdout == ""
+
+
+STUB_KUBECTL = r"""#!/bin/sh
+# A stand-in for kubectl (no cluster runs on this machine): records each call, answers the few the
+# runner asks. MODE=fail makes `get pods` fail, as a cluster that goes away mid-run.
+echo "$*" >> "$STUB_DIR/calls"
+case "$*" in
+  "config current-context") echo stub-context ;;
+  "apply -f -") cat >> "$STUB_DIR/applied" ;;
+  *"get service hive-relay-proxy"*) printf 10.96.0.9 ;;
+  *"get pods"*)
+    [ "$MODE" = fail ] && { echo "the server is gone" >&2; exit 1; }
+    printf '{"items": [%s]}' "$(for i in 0 1; do [ $i = 1 ] && printf ,; printf '{"metadata": {"name": "boxes-%s", "annotations": {"batch.kubernetes.io/job-completion-index": "%s"}}, "status": {"phase": "Succeeded"}}' $i $i; done)" ;;
+  *" logs boxes-"*)
+    echo "agent output"; echo hive-relay-patch-begin; printf 'diff --git a/f b/f\n+box\n' | base64; echo "hive-relay-patch-end 0" ;;
+  *"delete namespace"*) ;;
+  *) echo "unexpected: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("mode", ["ok", "fail"])
+def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_path: Path, mode: str) -> None:
+    """The thin apply/follow/collect path against a scripted kubectl (there is no cluster here): the
+    Job goes in last with the Service's ClusterIP in hostAliases, each box's patch lands in the run's
+    state dir and nothing in the checkout, and the namespace is deleted on success and on failure."""
+    work = tmp_path / "w"
+    work.mkdir()
+    git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "i"], check=True)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "kubectl").write_text(STUB_KUBECTL)
+    (stub / "kubectl").chmod(0o755)
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
+           "MODE": mode, "PATH": f"{stub}:{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir", str(work),
+                           "--count", "2"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    deleted = [c for c in calls if c.startswith("delete namespace hive-relay-")]
+    assert len(deleted) == 1, calls
+    applied = list(yaml.safe_load_all((tmp_path / "applied").read_text()))
+    if mode == "fail":
+        assert proc.returncode == 70 and "the server is gone" in proc.stderr
+        assert "Job" not in [d["kind"] for d in applied[:-1]]
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert [d["kind"] for d in applied][-1] == "Job" and "Job" not in [d["kind"] for d in applied[:-1]]
+    assert applied[-1]["spec"]["template"]["spec"]["hostAliases"] == [{"ip": "10.96.0.9", "hostnames": ["hive-relay-proxy"]}]
+    ns = deleted[0].split()[2]
+    patches = sorted((tmp_path / "state" / "hive-relay" / "kube" / ns).iterdir())
+    assert [p.name for p in patches] == ["box-0.log", "box-0.patch", "box-1.log", "box-1.patch"]
+    assert "agent output" in patches[0].read_text()
+    patches = [p for p in patches if p.suffix == ".patch"]
+    assert patches[0].read_text() == "diff --git a/f b/f\n+box\n"
+    assert "box 0   succeeded" in proc.stdout and "box 1   done  exit 0  patch" in proc.stdout
+    assert "nothing was applied to your checkout" in proc.stderr
+    assert subprocess.run(["git", "-C", str(work), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
