@@ -25,6 +25,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .config import CredentialRoute
 from .digest import sha256
 from .plan import Plan, route_json
 from .seccomp_oci import default_profile, render
@@ -117,7 +118,8 @@ def _box_env(plan: Plan) -> list[dict]:
     the proxy Service. No caller variable is copied by value into a pod spec: keys stay with the proxy."""
     env = dict(plan.env_set)
     for name, value in env.items():
-        env[name] = value.replace("127.0.0.1:3128", BOX_PROXY)
+        env[name] = value.replace("127.0.0.1:3128", BOX_PROXY).replace(  # and bash's /dev/tcp form (ssh)
+            "/dev/tcp/127.0.0.1/3128", "/dev/tcp/" + BOX_PROXY.replace(":", "/"))
     if plan.proxy_listen:
         env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
     env["HIVE_RELAY_WORKSPACE"] = plan.workdir
@@ -187,13 +189,22 @@ def _resources(plan: Plan) -> dict:
 def proxy_config(plan: Plan) -> dict:
     """What relay/proxy_main.py serves: the plan's allowlist and credential routes (names, never keys)."""
     return {"backend": plan.backend, "listen": f"0.0.0.0:{PROXY_PORT}", "egress": list(plan.egress),
-            "routes": [_route(r) for r in plan.credentials]}
+            "routes": [_route(r) for r in kube_routes(plan)]}
 
 
-def _route(route: object) -> dict:
-    from dataclasses import asdict
+def kube_routes(plan: Plan) -> tuple:
+    """The routes a cluster's proxy can serve: keys from variables, put in its Secret. A login file
+    (relay/logins.py) and an `auth:` grant's host command or file are read on this host only; the
+    proxy pod has neither, so those routes are not carried (the box's request to one gets the proxy's
+    clear 404 "no credential route")."""
+    return tuple(r for r in plan.credentials if r.login is None and not r.grant)
 
-    return asdict(route)  # type: ignore[call-overload]
+
+def _route(route: CredentialRoute) -> dict:
+    """Exactly what relay/proxy_main.py's routes_from reads (a new field elsewhere never leaks in)."""
+    return {"name": route.name, "secret_env": list(route.secret_env), "upstream_host": route.upstream_host,
+            "upstream_port": route.upstream_port, "send": route.send,
+            "box_env": [list(x) for x in route.box_env], "box_args": list(route.box_args)}
 
 
 def _allowed_ports(plan: Plan) -> list[int]:
@@ -246,7 +257,7 @@ def render_objects(plan: Plan, run: KubeRun, bundle: bytes, secret_values: Mappi
 
 
 def _proxy_objects(plan: Plan, run: KubeRun, ns: str, secret_values: Mapping[str, str] | None) -> list[dict]:
-    names = sorted({n for r in plan.credentials for n in r.secret_env})
+    names = sorted({n for r in kube_routes(plan) for n in r.secret_env})
     labels = _labels(run, "proxy")
     volumes = [{"name": "config", "configMap": {"name": "proxy-config", "defaultMode": 0o444}},
                {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
