@@ -472,7 +472,7 @@ CHANGE_HELP = {
 }
 ALLOW_DOC = ("Allow a host in a running box's egress proxy, from another terminal (only your own runs); "
              "logged in the run's egress log.")
-DENY_DOC = ("Remove a host from a running box's egress rules (connections already open stay open); "
+DENY_DOC = ("Remove a host from a running box's egress rules (its connections already open are cut); "
             "logged in the run's egress log.")
 
 

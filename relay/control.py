@@ -13,7 +13,8 @@ anyway, seccomp refuses it). Both ends check who is on the other side:
 One JSON line each way. An entry is parsed by `hosts.parse_rule`, so a live allow follows the same rules
 as `--allow-host` (loopback refused with the pinned form as the fix; a name that resolves to an internal
 address is still denied unless pinned; an IP literal is allowed only as itself). The proxy swaps its rule
-tuple in one assignment, so every request is judged by the old rules or the new ones, never a mix.
+tuple in one assignment, so every request is judged by the old rules or the new ones, never a mix; the
+connections already open are judged by the new rules too, and those they no longer allow are cut.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def apply(rules: tuple[HostRule, ...], op: str, entry: str) -> tuple[tuple[HostR
         if len(kept) == len(rules):
             raise UsageError(f"{rule.target} is not allowed in this run, so there is nothing to deny")
         gone = ", ".join(r.render() for r in rules if r.target == rule.target)
-        return kept, rule, f"denied {rule.target} (removed {gone}); connections already open stay open"
+        return kept, rule, f"denied {rule.target} (removed {gone})"
     raise UsageError(f"unknown operation {op!r}")
 
 

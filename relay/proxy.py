@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import json
 import os
 import re
@@ -731,6 +732,32 @@ class _Pending:
 _LISTENER, _WAKE, _CONTROL = object(), object(), object()
 
 
+@dataclass(frozen=True)
+class _Tunnel:
+    """An open upstream connection, with what it was allowed for and where it actually went."""
+
+    client: socket.socket
+    upstream: socket.socket
+    host: str
+    port: int
+    peer: tuple[str, int]
+    method: str
+
+
+def still_allowed(rules: tuple[HostRule, ...], host: str, port: int, peer: tuple[str, int]) -> bool:
+    """Would `rules` let a connection for host:port go to `peer` (the address it is connected to)? The
+    peer stands in for DNS (no lookup: the verdict is on where the bytes flow now), so a pin that changed,
+    a rule removed, or an address that is now internal all say no."""
+    decision = egress.decide(rules, host, port, (peer[0],))
+    if not decision.allowed:
+        return False
+    try:
+        want = ipaddress.ip_address(peer[0])
+        return any(ipaddress.ip_address(addr) == want and p == peer[1] for addr, p in decision.addrs)
+    except ValueError:
+        return False
+
+
 class EgressProxy:
     """Serve one box: accept on its listener, decide, connect, splice. Lives as long as the launcher.
 
@@ -786,6 +813,10 @@ class EgressProxy:
         self._lock = threading.Lock()
         self._open = 0
         self._pending: dict[int, _Pending] = {}
+        # Connections being served to an upstream (CONNECT tunnels and plain-HTTP forwards), so that a
+        # live `deny` can cut those the new rules no longer allow. Guarded by `_lock`: a socket is
+        # shut down only while it is listed, and unlisted before it is closed (no fd reuse race).
+        self._tunnels: dict[int, _Tunnel] = {}
         self._wake_r, self._wake_w = socket.socketpair()
 
     def gave_up(self) -> str | None:
@@ -979,6 +1010,9 @@ class EgressProxy:
         host, port = rule.name if not rule.wildcard else "*." + rule.name, rule.port or 443
         self.log.event({"host": host, "port": port, "method": op.upper(), "decision": f"live-{op}",
                         "reason": f"invoke {op} by uid {uid}: {message}", "rule": rule.render()})
+        cut = self._cut(rules)  # what is already open is judged by the new rules too
+        if cut:
+            message += f"; cut {cut} open connection{'s' if cut > 1 else ''} it no longer allows"
         with self._lock:
             self._told.discard(_fmt_hostport(host, port))  # a later denial is announced again
         self._wake(None if op == "allow" else rule.target)
@@ -1053,6 +1087,7 @@ class EgressProxy:
 
     def _serve(self, client: socket.socket, head: bytes, rest: bytes) -> None:
         upstream = None
+        tracked = None
         try:
             try:
                 req = parse_head(head[:-4])
@@ -1083,6 +1118,7 @@ class EgressProxy:
                 self._refuse(client, decision)
                 return
             assert upstream is not None
+            tracked = self._track(client, upstream, host, port, method)
             if body is None:
                 client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                 if first:
@@ -1097,7 +1133,46 @@ class EgressProxy:
         except OSError:
             pass
         finally:
+            if tracked is not None:
+                with self._lock:
+                    self._tunnels.pop(tracked, None)
             self._close(client, upstream)
+
+    def _track(self, client: socket.socket, upstream: socket.socket, host: str, port: int, method: str) -> int | None:
+        """List an allowed connection as open; then judge it by the rules as they are now, so that a deny
+        swapped in while it connected (after it was judged, before it was listed) cuts it too."""
+        try:
+            peer = upstream.getpeername()[:2]
+        except OSError:
+            return None
+        tunnel = _Tunnel(client, upstream, host, port, (peer[0], peer[1]), method)
+        key = id(tunnel)
+        with self._lock:
+            self._tunnels[key] = tunnel
+        self._cut(self.rules, (key,))
+        return key
+
+    def _cut(self, rules: tuple[HostRule, ...], keys: tuple[int, ...] | None = None) -> int:
+        """Shut down every open connection (or those of `keys`) that `rules` no longer allow; each cut is
+        a JSON line. The serving worker then sees both ends end, and closes them. Returns how many."""
+        cut: list[_Tunnel] = []
+        with self._lock:
+            for key in list(self._tunnels) if keys is None else keys:
+                tunnel = self._tunnels.get(key)
+                if tunnel is None or still_allowed(rules, tunnel.host, tunnel.port, tunnel.peer):
+                    continue
+                del self._tunnels[key]  # listed no more: the worker's close cannot race this shutdown
+                for sock in (tunnel.client, tunnel.upstream):
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                cut.append(tunnel)
+        for tunnel in cut:
+            self.log.event({"host": tunnel.host, "port": tunnel.port, "method": tunnel.method, "decision": "live-cut",
+                            "reason": f"open connection to {_fmt_hostport(*tunnel.peer)} cut: the rules no longer "
+                                      "allow it"})
+        return len(cut)
 
     def _origin(self, decision: Decision) -> dict[str, str] | None:
         """`{"preset": NAME}` when the rule that allowed this came from a preset (or a live allow)."""
