@@ -177,6 +177,21 @@ def test_another_users_run_is_refused_and_its_twin_is_found(tmp_path: Path) -> N
         with pytest.raises(RefusedError):
             control.request(run, "allow", "x.example.com")
         mine.chmod(0o700)
+        # Another user's run, in both CI passes: the same real dir, seen by a caller of another uid (the
+        # caller's uid is what pick and live_runs compare the real lstat with). As root, below, a real
+        # dir chowned to nobody as well.
+        real = os.getuid()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(os, "getuid", lambda: real + 4242)
+            with pytest.raises(RefusedError) as err:
+                control.pick(str(base), run.run_id)
+            assert err.value.exit_code == EXIT_REFUSED
+            assert f"belongs to uid {real}, not to you (uid {real + 4242})" in err.value.message
+            assert control.live_runs(str(base)) == []  # not listed either
+            with pytest.raises(RefusedError, match="not private to you"):
+                control.request(run, "allow", "x.example.com")
+        assert served == [("allow", "x.example.com")]  # nothing reached the proxy's end
+        assert control.pick(str(base), run.run_id) == run  # the twin: the owner still gets it
         if os.getuid() == 0:
             theirs = _fake_run(base, f"{me.token()}-0e0e0e0e")
             os.chown(theirs, 65534, 65534)
@@ -212,8 +227,9 @@ print(s.makefile().readline().strip())
 
 
 def test_the_proxy_end_answers_only_its_own_uid() -> None:
-    """The proxy's end checks SO_PEERCRED: another uid (here nobody, as root can switch to it) is refused
-    and its request never reaches the rules; the twin, the same uid, is served."""
+    """The proxy's end checks SO_PEERCRED: another uid is refused and its request never reaches the rules;
+    the twin, the same uid, is served. In both CI passes the proxy's end is made to run as another uid
+    (its `os.getuid`), so the real peer, this user, is the stranger; as root also a real client as nobody."""
     import socket
     import tempfile
 
@@ -226,10 +242,15 @@ def test_the_proxy_end_answers_only_its_own_uid() -> None:
     os.chmod(path, 0o777)  # only the peer check stands between a stranger and the rules here
     listener.listen(4)
 
+    real = os.getuid()
+    owner = [real]  # who the proxy's end runs as, for the connection being served
+
     def serve_two() -> None:
-        for _ in range(2 if os.getuid() == 0 else 1):
+        for _ in range(3 if real == 0 else 2):
             conn, _ = listener.accept()
-            control.serve(conn, lambda op, entry, uid: served.append(f"{op} {entry} {uid}") or {"ok": True})
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(os, "getuid", lambda: owner[0])
+                control.serve(conn, lambda op, entry, uid: served.append(f"{op} {entry} {uid}") or {"ok": True})
 
     t = threading.Thread(target=serve_two, daemon=True)
     t.start()
@@ -237,6 +258,12 @@ def test_the_proxy_end_answers_only_its_own_uid() -> None:
         same = subprocess.run(["/usr/bin/python3", "-c", CLIENT, path], capture_output=True, text=True, timeout=30)
         assert same.stdout.strip(), same
         assert json.loads(same.stdout) == {"ok": True} and served == [f"allow x.example.com {os.getuid()}"]
+        owner[0] = real + 4242  # the proxy's end as another uid: this user's request is a stranger's now
+        stranger = subprocess.run(["/usr/bin/python3", "-c", CLIENT, path], capture_output=True, text=True, timeout=30)
+        reply = json.loads(stranger.stdout)
+        assert reply == {"ok": False, "error": f"uid {real} may not change this run (it belongs to uid {real + 4242})"}
+        assert len(served) == 1
+        owner[0] = real
         if os.getuid() == 0:
             other = subprocess.run(["/usr/bin/python3", "-c", CLIENT, path], capture_output=True, text=True,
                                    timeout=30, user=65534, group=65534, extra_groups=[])
