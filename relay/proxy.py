@@ -435,11 +435,15 @@ class DecisionLog:
         return [line for line in (self.unreachable_summary(), self.summary()) if line]
 
 
-def _response(status: str, host: str, port: int, reason: str, hint: str, header: str = "Denied") -> bytes:
+def _response(status: str, host: str, port: int, reason: str, hint: str, header: str = "Denied",
+              phrase: str = "") -> bytes:
+    """`phrase` is added to the status line's reason phrase: a client that shows nothing of a refused
+    CONNECT but its status line (pip: "Tunnel connection failed: 403 ...") then shows why, too."""
     reason = "".join(c if " " <= c <= "~" else "?" for c in reason)
+    phrase = "".join(c if " " <= c <= "~" else "?" for c in phrase)
     body = f"hive-relay: {status.split(' ', 1)[1].lower()} {host}:{port}: {reason}. {hint}\n".encode()
     head = (
-        f"HTTP/1.1 {status}\r\nX-Hive-Relay-{header}: {host}:{port}; {reason}\r\n"
+        f"HTTP/1.1 {status}{' ' + phrase if phrase else ''}\r\nX-Hive-Relay-{header}: {host}:{port}; {reason}\r\n"
         f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode("latin-1", "replace") + body
@@ -1187,6 +1191,7 @@ class EgressProxy:
     def _refuse(self, client: socket.socket, decision: Decision) -> None:
         """Answer a request the policy denied (403) or could not serve (502/504), with the reason."""
         host, port = decision.host, decision.port
+        target = _fmt_hostport(host, port)
         if decision.unreachable:
             self.watch.failed(host, port, decision.cause)
             status = "504 Gateway Timeout" if decision.cause == "timed out" else "502 Bad Gateway"
@@ -1195,11 +1200,12 @@ class EgressProxy:
                                       f"{LIKELY.get(decision.cause, LIKELY['failed'])}", header="Unreachable"))
             return
         hint = ""
+        phrase = f"by the hive-relay egress policy ({target}: {decision.reason})"
         if decision.reason in (NOT_LISTED, egress.IP_NOT_LISTED):
-            target = _fmt_hostport(host, port)
             hint = self.hint.format(host=host, port=port, target=target, run=self.run_id or "RUN")
+            phrase += f"; to allow it while the box runs: invoke allow {target} --run {self.run_id or 'RUN'}"
             self._tell(target, decision.reason)
-        _answer(client, _response("403 Forbidden", host, port, decision.reason, hint))
+        _answer(client, _response("403 Forbidden", host, port, decision.reason, hint, phrase=phrase))
 
     def _tell(self, target: str, reason: str) -> None:
         """The caller's terminal hears of the first denial of each host:port, with the command that
