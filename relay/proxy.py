@@ -1001,6 +1001,10 @@ class EgressProxy:
             self.log.event({"host": rule.name, "port": rule.port or 443, "method": "REFUSE", "decision": "live-refuse",
                             "reason": f"invoke ask by uid {uid}: refused"})
             return {"ok": True, "message": f"refused {rule.target}"}
+        if op == "allow":
+            error = self._useless_allow(entry)
+            if error:
+                return {"ok": False, "error": error}
         with self._rules_lock:
             try:
                 rules, rule, message = control.apply(self.rules, op, entry)
@@ -1021,6 +1025,35 @@ class EgressProxy:
             self._told.discard(_fmt_hostport(host, port))  # a later denial is announced again
         self._wake(None if op == "allow" else rule.target)
         return {"ok": True, "message": message, "rules": [r.render() for r in rules]}
+
+    def _useless_allow(self, entry: str) -> str:
+        """Why a live allow of an unpinned name would change nothing (the name resolves to an internal
+        address, which an unpinned rule never reaches: the DNS-rebinding guard), with the pinned entry
+        that does what was meant; "" when it would work, or cannot be told (a bad entry, a failed lookup:
+        `apply` and the request's own decision report those). Asked with the proxy's own resolver."""
+        from . import control
+        from .hosts import is_internal_address, is_unspecified_target
+
+        try:
+            rule = control.parse_rule(entry)
+        except UsageError:
+            return ""
+        if rule.pin_addr is not None or rule.is_ip or rule.wildcard:
+            return ""
+        port = rule.port or 443
+        try:
+            addrs = self.resolver(rule.name, port)
+        except (OSError, UnicodeError):
+            return ""
+        internal = [a for a in addrs if is_internal_address(a)]
+        if not internal:
+            return ""
+        pinnable = [a for a in internal if not is_unspecified_target(a)]
+        fix = (f"fix: pin it to the address meant: invoke allow {_fmt_hostport(rule.name, port)}="
+               f"{_fmt_hostport(pinnable[0], port)} --run {self.run_id or 'RUN'}" if pinnable else
+               "fix: pin it to a reachable address with NAME:PORT=ADDR:PORT")
+        return (f"{rule.target} resolves to internal address {internal[0]}, which an unpinned name is never "
+                f"connected to (DNS rebinding guard), so allowing it would still deny it; {fix}")
 
     def _refuse_over_cap(self, client: socket.socket) -> None:
         reason = f"connection cap reached ({self.max_connections} concurrent connections per box)"
