@@ -746,6 +746,7 @@ class _Tunnel:
     port: int
     peer: tuple[str, int]
     method: str
+    route: CredentialRoute | None = None  # a credential route's request: judged by its route's rules
 
 
 def still_allowed(rules: tuple[HostRule, ...], host: str, port: int, peer: tuple[str, int]) -> bool:
@@ -1175,14 +1176,15 @@ class EgressProxy:
                     self._tunnels.pop(tracked, None)
             self._close(client, upstream)
 
-    def _track(self, client: socket.socket, upstream: socket.socket, host: str, port: int, method: str) -> int | None:
+    def _track(self, client: socket.socket, upstream: socket.socket, host: str, port: int, method: str,
+               route: CredentialRoute | None = None) -> int | None:
         """List an allowed connection as open; then judge it by the rules as they are now, so that a deny
         swapped in while it connected (after it was judged, before it was listed) cuts it too."""
         try:
             peer = upstream.getpeername()[:2]
         except OSError:
             return None
-        tunnel = _Tunnel(client, upstream, host, port, (peer[0], peer[1]), method)
+        tunnel = _Tunnel(client, upstream, host, port, (peer[0], peer[1]), method, route)
         key = id(tunnel)
         with self._lock:
             self._tunnels[key] = tunnel
@@ -1196,12 +1198,15 @@ class EgressProxy:
         with self._lock:
             for key in list(self._tunnels) if keys is None else keys:
                 tunnel = self._tunnels.get(key)
-                if tunnel is None or still_allowed(rules, tunnel.host, tunnel.port, tunnel.peer):
+                if tunnel is None:
+                    continue
+                judged = egress.route_rules(rules, tunnel.route) if tunnel.route is not None else rules
+                if still_allowed(judged, tunnel.host, tunnel.port, tunnel.peer):
                     continue
                 del self._tunnels[key]  # listed no more: the worker's close cannot race this shutdown
                 for sock in (tunnel.client, tunnel.upstream):
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
+                    try:  # the fd itself: an SSLSocket's own shutdown would unwrap it under its reader
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
                     except OSError:
                         pass
                 cut.append(tunnel)
@@ -1305,8 +1310,14 @@ class EgressProxy:
         self.watch.ok(host, port)
         routed = replace(req, host=host, port=port, head=route_head(req, path, host, port, credential))
         redact = Redactor(egress.key_forms(route, key))
-        status = self._forward(client, upstream, routed, body, first,
-                               relay=lambda up, down: _relay_response(up, down, redact))
+        tracked = self._track(client, upstream, host, port, req.method, route)
+        try:
+            status = self._forward(client, upstream, routed, body, first,
+                                   relay=lambda up, down: _relay_response(up, down, redact))
+        finally:
+            if tracked is not None:
+                with self._lock:
+                    self._tunnels.pop(tracked, None)
         extra["status"] = status
         if redact.count:
             extra["redacted"] = redact.count  # the upstream echoed the key: scrubbed, and said so

@@ -201,3 +201,58 @@ def test_still_allowed_judges_where_the_bytes_go() -> None:
     assert not still_allowed(named, "example.org", 443, ("10.0.0.7", 443))  # an internal address: never
     assert not still_allowed(named, "example.org", 443, ("::1", 443))
     assert still_allowed((parse_rule("*.example.org"),), "a.example.org", 443, ("2606:2800:220:1::1", 443))
+
+
+def test_deny_cuts_a_streaming_credential_route_request(tmp_path: Path) -> None:
+    """A backend's credential route goes through the egress policy as it is: denying its upstream cuts a
+    request streaming through the route (a model's answer), and the route's TLS reader ends cleanly."""
+    import ssl
+
+    from relay.config import CredentialRoute
+
+    from .servers import make_ca
+
+    (tmp_path / "ca").mkdir()
+    ca_file, server_ctx = make_ca(tmp_path / "ca", ("api.example",))
+
+    def tls_ticker(conn: socket.socket, n: int) -> None:
+        try:
+            conn = server_ctx.wrap_socket(conn, server_side=True)
+        except OSError:
+            conn.close()
+            return
+        _ticker(conn, n)
+
+    srv, port = start_tcp(tls_ticker)
+    plain, plain_port = start_tcp(_ticker)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    route = CredentialRoute("r", ("K",), "api.example", port, "x-api-key")
+    proxy = EgressProxy(listener, (parse_rule(f"api.example:{port}=127.0.0.1:{port}"),
+                                   parse_rule(f"kept.test:{plain_port}=127.0.0.1:{plain_port}")),
+                        DecisionLog(str(tmp_path / "egress.jsonl"), "test"), notify=None, routes=(route,),
+                        keys={"r": "sk-secret"}, tls=ssl.create_default_context(cafile=str(ca_file)))
+    proxy.start()
+    pport = listener.getsockname()[1]
+    try:
+        streaming = _open(pport, b"GET /r/v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        twin = _open(pport, f"CONNECT kept.test:{plain_port} HTTP/1.1\r\n\r\n".encode())
+        assert twin.recv(64).startswith(b"HTTP/1.1 200 Connection Established")
+        twin.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        for sock in (streaming, twin):
+            sock.settimeout(10)
+            assert b"tick" in sock.recv(4096) + sock.recv(4096)
+        reply = proxy.change_rules("deny", f"api.example:{port}", 0)
+        assert "cut 1 open connection" in reply["message"], reply
+        assert _reads_until_eof(streaming, 3) < 2
+        twin.settimeout(3)
+        assert b"tick" in twin.recv(4096) + twin.recv(4096)
+        for sock in (streaming, twin):
+            sock.close()
+    finally:
+        proxy.stop()
+        srv.close()
+        plain.close()
+    entries = [json.loads(line) for line in (tmp_path / "egress.jsonl").read_text().splitlines()]
+    assert [(e["host"], e["method"]) for e in entries if e["decision"] == "live-cut"] == [("api.example", "GET")]
