@@ -39,6 +39,7 @@ from .kube_render import (
 from .kube_run import BoxResult, extract_result
 from .paths import PACKAGE_ROOT
 from .plan import Plan
+from .vocab import LimitsMethod
 
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n[engine]\nruntime = "runc"\n'
 
@@ -106,12 +107,37 @@ class Played:
 
 
 def podman_env(env: Mapping[str, str], work: str) -> dict[str, str]:
-    """runc and explicit ulimits (this cgroup-v1 hybrid host: see DESIGN, Podman)."""
+    """runc (this cgroup-v1 hybrid host: see DESIGN, Podman). The default_ulimits are for podman
+    commands that read them; `kube play` 4.3 does not (checked: none in the container's inspect),
+    which is why rlimit_resources sets its limits in the command."""
     os.makedirs(work, mode=0o700, exist_ok=True)
     conf = os.path.join(work, "containers.conf")
     with open(conf, "w") as fh:
         fh.write(CONTAINERS_CONF)
     return {**env, "CONTAINERS_CONF": conf}
+
+
+def _bytes(quantity: str) -> int:
+    """A memory quantity as kube_render writes it (`NMi` or a plain byte count)."""
+    return int(quantity[:-2]) << 20 if quantity.endswith("Mi") else int(quantity)
+
+
+def rlimit_resources(spec: dict, pids: int | None = None) -> None:
+    """Rootless podman on cgroup v1 cannot create the pods' cgroups: `kube play` then fails to
+    start a container with a memory limit (runc: "cannot set memory limit"), where `podman run`
+    would warn and ignore it. So the played spec drops every container's `resources`, and its
+    memory limit becomes an RLIMIT_DATA of the same size (with `pids`, an RLIMIT_NPROC), as container
+    mode does (container_argv.uses_rlimits). `kube play` 4.3 has no --ulimit and ignores
+    containers.conf's default_ulimits, so each container's command starts under `ulimit`, which sets
+    the hard limit too: what runs after it (the agent, with no capabilities) cannot raise it."""
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        limit = c.pop("resources", {}).get("limits", {}).get("memory")
+        if not limit:
+            continue
+        lines = [f"ulimit -d {_bytes(limit) >> 10} || exit 70"]  # KiB
+        if pids:
+            lines.append(f"ulimit -p {pids} || exit 70")  # dash's -p: RLIMIT_NPROC
+        c["command"] = ["/bin/sh", "-c", "\n".join([*lines, 'exec "$@"']), "hive-relay-rlimit", *c["command"]]
 
 
 def private_volumes(spec: dict, pod: str) -> list[str]:
@@ -133,13 +159,40 @@ def private_volumes(spec: dict, pod: str) -> list[str]:
     return names
 
 
+def local_run(run: KubeRun, env: Mapping[str, str], uid: int | None = None) -> KubeRun:
+    """The run as this machine's podman plays it. Root plays the cluster's image (contributor uid
+    1000). Rootless podman plays the image built for this user (contributor uid = the user's uid,
+    as container mode runs it with --userns keep-id): the only image a new user has, the one
+    `build-image` makes for them. A caller's HIVE_RELAY_KUBE_IMAGE still wins."""
+    uid = os.getuid() if uid is None else uid
+    if uid == 0 or env.get("HIVE_RELAY_KUBE_IMAGE"):
+        return run
+    from .config import load_matrix
+    from .image import spec_from_env
+
+    image = spec_from_env(load_matrix(dict(env), workdir=None).backends, uid, os.getgid(), env).tag
+    return replace(run, image=image, proxy_image=env.get("HIVE_RELAY_KUBE_PROXY_IMAGE") or proxy_image_tag(image))
+
+
+def _run_as(spec: dict, uid: int, gid: int) -> None:
+    """Every runAsUser/runAsGroup/fsGroup of a pod spec set to the image's contributor ids."""
+    contexts = [spec["securityContext"]] + [c["securityContext"] for c in spec.get("initContainers", []) +
+                                            spec["containers"] if "securityContext" in c]
+    for ctx in contexts:
+        for key, value in (("runAsUser", uid), ("runAsGroup", gid), ("fsGroup", gid)):
+            if key in ctx:
+                ctx[key] = value
+
+
 def flat_profile(name: str) -> str:
     return name.replace("/", "-")
 
 
-def box_pods(objects: list[dict], prefix: str, count: int) -> list[tuple[dict, list[str]]]:
+def box_pods(objects: list[dict], prefix: str, count: int,
+             ids: tuple[int, int] | None = None) -> list[tuple[dict, list[str]]]:
     """The Job's template as one Pod per index, as the Job controller would make them, each with
-    its own volumes; (pod, its volume names)."""
+    its own volumes; (pod, its volume names). `ids`: the image's contributor uid and gid when
+    they are not the cluster image's 1000 (rootless: local_run)."""
     job = next(o for o in objects if o["kind"] == "Job")
     pods = []
     for i in range(count):
@@ -151,6 +204,8 @@ def box_pods(objects: list[dict], prefix: str, count: int) -> list[tuple[dict, l
         for c in spec["containers"]:
             c["env"] = [*c.get("env", []), {"name": "JOB_COMPLETION_INDEX", "value": str(i)}]
         volumes = private_volumes(spec, name)
+        if ids is not None:
+            _run_as(spec, *ids)
         # podman 4.3 ignores securityContext.seccompProfile (checked: AF_UNIX sockets worked); it reads
         # the pre-1.25 annotation, resolved under --seccomp-profile-root, a file name without a
         # directory (it reads only the first path component). Same profile, flat name (flat_profile).
@@ -284,10 +339,20 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
     from .netns import listen_in
 
     podman = ["podman", "--log-level=error"]
-    p = Played(work=work, env=podman_env(env, work), podman=podman)
     prefix = pod_prefix(run.run_id)
     run = replace(run, proxy_ip="127.0.0.1")
     objects = render_objects(plan, run, bundle)
+    rootless = os.getuid() != 0
+    # Rootless on cgroup v1 (no delegated v2 cgroup): limits as rlimits (rlimit_resources).
+    rlimits = rootless and plan.limits.method is not LimitsMethod.CGROUP_V2
+    ids = (os.getuid(), os.getgid()) if rootless and not env.get("HIVE_RELAY_KUBE_IMAGE") else None
+    pods, box_volumes = [], []
+    for pod, volumes in box_pods(objects, prefix, run.count, ids):
+        if rlimits:
+            rlimit_resources(pod["spec"], plan.limits.pids)
+        pods.append(pod)
+        box_volumes += volumes
+    p = Played(work=work, env=podman_env(env, work), podman=podman)
     profile = seccomp_profile(plan)
     root = os.path.join(work, "seccomp")
     os.makedirs(root, exist_ok=True)
@@ -299,17 +364,15 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         if plan.proxy_listen:
             port = _free_port()
             docs, volumes = proxy_pod(objects, prefix, port)
+            if rlimits:
+                rlimit_resources(docs[1]["spec"])
             p.pods.append(docs[1]["metadata"]["name"])
             p.volumes += volumes
             _play(p, docs, "proxy.yaml", ["--network", "host"])
             _wait_port(port, time.monotonic() + 60)
         workspace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "workspace")
-        pods = []
-        for pod, volumes in box_pods(objects, prefix, run.count):
-            pods.append(pod)
-            p.pods.append(pod["metadata"]["name"])
-            p.volumes += volumes
-        rootless = os.getuid() != 0
+        p.pods += [pod["metadata"]["name"] for pod in pods]
+        p.volumes += box_volumes
         # One play per pod, so that `parallel` bounds how many run at once, as the Job controller does.
         pending = list(pods)
         running: list[tuple[dict, subprocess.Popen]] = []
