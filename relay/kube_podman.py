@@ -29,6 +29,7 @@ from .digest import sha256
 from .image import PROXY_REPO
 from .kube_render import (
     PROXY_NAME,
+    PROXY_PORT,
     PROXY_PYTHONPATH,
     KubeRun,
     render_objects,
@@ -188,18 +189,25 @@ def flat_profile(name: str) -> str:
     return name.replace("/", "-")
 
 
-def box_pods(objects: list[dict], prefix: str, count: int,
-             ids: tuple[int, int] | None = None) -> list[tuple[dict, list[str]]]:
+def box_pods(objects: list[dict], prefix: str, count: int, ids: tuple[int, int] | None = None,
+             host_port: int | None = None) -> list[tuple[dict, list[str]]]:
     """The Job's template as one Pod per index, as the Job controller would make them, each with
     its own volumes; (pod, its volume names). `ids`: the image's contributor uid and gid when
-    they are not the cluster image's 1000 (rootless: local_run)."""
+    they are not the cluster image's 1000 (rootless: local_run). `host_port`: the pods run on the
+    host's network (doctor's leaky-CNI stand-in) and reach the proxy pod on that port directly."""
     job = next(o for o in objects if o["kind"] == "Job")
+    text = json.dumps(job["spec"]["template"]["spec"])
+    if host_port is not None:
+        text = text.replace(f"{PROXY_NAME}:{PROXY_PORT}", f"{PROXY_NAME}:{host_port}").replace(
+            f"{PROXY_NAME}/{PROXY_PORT}", f"{PROXY_NAME}/{host_port}")
     pods = []
     for i in range(count):
         # podman 4.3 ignores hostAliases under --network none, so the proxy's name is written as
         # the address hostAliases would give it here (127.0.0.1, where the launcher listens).
-        spec = json.loads(json.dumps(job["spec"]["template"]["spec"]).replace(PROXY_NAME, "127.0.0.1"))
+        spec = json.loads(text.replace(PROXY_NAME, "127.0.0.1"))
         spec.pop("hostAliases", None)
+        if host_port is not None:
+            spec.pop("hostUsers", None)  # on the host's network runc cannot mount /sys in a new user namespace
         name = f"{prefix}-{i}"
         for c in spec["containers"]:
             c["env"] = [*c.get("env", []), {"name": "JOB_COMPLETION_INDEX", "value": str(i)}]
@@ -335,7 +343,8 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
          timeout: float = 600.0, box_network: str = "none") -> PlayResult:
     """Play the run's pods (at most `run.parallel` at once), wait for every box, collect.
     `box_network` other than none is for doctor's tests only: a cluster whose CNI ignores
-    NetworkPolicy, simulated by a box pod with a network of its own."""
+    NetworkPolicy, simulated by a box pod with a network of its own; `host` works rootless too
+    (a rootless bridge needs slirp4netns, which needs /dev/net/tun)."""
     from .netns import listen_in
 
     podman = ["podman", "--log-level=error"]
@@ -346,8 +355,10 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
     # Rootless on cgroup v1 (no delegated v2 cgroup): limits as rlimits (rlimit_resources).
     rlimits = rootless and plan.limits.method is not LimitsMethod.CGROUP_V2
     ids = (os.getuid(), os.getgid()) if rootless and not env.get("HIVE_RELAY_KUBE_IMAGE") else None
+    port = _free_port() if plan.proxy_listen else 0
+    host_port = port if box_network == "host" and plan.proxy_listen else None
     pods, box_volumes = [], []
-    for pod, volumes in box_pods(objects, prefix, run.count, ids):
+    for pod, volumes in box_pods(objects, prefix, run.count, ids, host_port):
         if rlimits:
             rlimit_resources(pod["spec"], plan.limits.pids)
         pods.append(pod)
@@ -360,9 +371,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         json.dump(profile, fh)
     proxy_log = ""
     try:
-        port = 0
         if plan.proxy_listen:
-            port = _free_port()
             docs, volumes = proxy_pod(objects, prefix, port)
             if rlimits:
                 rlimit_resources(docs[1]["spec"])
@@ -393,7 +402,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 pidfile = _infra_pidfile(p, name)
                 proc = subprocess.Popen([*podman, "pod", "start", name], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, env=p.env)
-                if plan.proxy_listen:
+                if plan.proxy_listen and host_port is None:
                     pid = _infra_pid(pidfile, name, deadline, proc)
                     listener = listen_in(pid, "127.0.0.1:3128", join_userns=rootless)
                     t = threading.Thread(target=_forward, args=(p, listener, port), daemon=True)
@@ -407,11 +416,11 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 box = f"{name}-box"
                 state = subprocess.run([*podman, "inspect", box, "--format", "{{.State.Status}}"], capture_output=True,
                                        text=True, env=p.env).stdout.strip()
+                if proc.returncode != 0 and state in ("", "created", "configured"):  # it never ran: say why now
+                    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                    raise RuntimeError(f"podman pod start {name} failed: {err[-500:]}")
                 if state in ("running", "created", "configured"):
                     continue
-                if proc.returncode != 0 and not state:
-                    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                    raise RuntimeError(f"podman kube play {name} failed: {err[-500:]}")
                 text = subprocess.run([*podman, "logs", box], capture_output=True, text=True, env=p.env).stdout
                 index = int(name.rsplit("-", 1)[1])
                 logs[index] = text

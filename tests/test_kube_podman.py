@@ -112,7 +112,7 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
         assert "caps 0000000000000000 nnp 1" in log, log  # no capabilities, no privilege escalation
         assert "rootfs read-only" in log, log
         assert memory_limited(log), log  # the profile's memory: a cgroup as root, an rlimit rootless on cgroup v1
-        assert "via-proxy hello from the fake upstream" in log, log  # the allowed host, through the proxy
+        assert "via-proxy hello from the fake upstream" in log, log + played.proxy_log[-3000:]  # through the proxy
         assert "denied 403" in log, log  # a host not on the list
         assert "direct curl:" in log, log  # no route of its own
         patch = r.patch.decode()
@@ -183,3 +183,30 @@ def test_a_box_past_its_time_is_removed_with_its_pods_and_volumes(tmp_path: Path
     containers = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"name={prefix}"], capture_output=True,
                                 text=True, env=env).stdout
     assert containers.strip() == ""  # the sleeping boxes were stopped, not left running
+
+
+def test_rootless_cgroup_v1_limits_become_hard_rlimits_in_the_command() -> None:
+    """What rlimit_resources makes of a container really limits what it runs (the same /bin/sh,
+    dash, as the image's), hard limits included, and the spec keeps no `resources` that rootless
+    `kube play` would fail on."""
+    spec = {"initContainers": [{"name": "i", "command": ["true"], "resources": {"limits": {"memory": "64Mi"}}}],
+            "containers": [{"name": "c", "command": ["cat", "/proc/self/limits"],
+                            "resources": {"limits": {"memory": "512Mi", "cpu": "2"}}}]}
+    kube_podman.rlimit_resources(spec, pids=321)
+    box = spec["containers"][0]
+    assert "resources" not in box and "resources" not in spec["initContainers"][0]
+    out = subprocess.run(box["command"], capture_output=True, text=True, check=True).stdout
+    data = next(line for line in out.splitlines() if line.startswith("Max data size")).split()
+    procs = next(line for line in out.splitlines() if line.startswith("Max processes")).split()
+    assert data[3:5] == [str(512 << 20)] * 2 and procs[2:4] == ["321", "321"]  # soft and hard
+
+
+def test_rootless_plays_the_users_own_image() -> None:
+    """Root plays the cluster's image (uid 1000); a user plays the image build-image made for them."""
+    from relay.kube_render import KubeRun
+
+    run = KubeRun(run_id="r", image="localhost/hive-relay-contributor:x-u1000", proxy_image="p")
+    assert kube_podman.local_run(run, {}, uid=0) == run
+    mine = kube_podman.local_run(run, {}, uid=4242)
+    assert mine.image.endswith("-u4242") and mine.proxy_image == kube_podman.proxy_image_tag(mine.image)
+    assert kube_podman.local_run(run, {"HIVE_RELAY_KUBE_IMAGE": "x"}, uid=4242) == run
