@@ -8,10 +8,10 @@ EPERM under the Localhost seccomp profile while socketpair works; each box has i
 namespace (hostUsers: false) and its own workspace; N boxes bring back N patches and the checkout
 is untouched.
 
-Root only: `hostUsers: false` makes podman 4.3 pick an automatic user namespace, which needs
-/etc/subuid and /etc/subgid ranges for the user `containers` (.ci/run adds them), and the
-rootless engine on this host cannot give the proxy pod and the boxes' namespaces the same
-treatment; the unprivileged CI pass covers the rendering (tests/test_kube_render.py).
+Root and unprivileged alike (CI runs both). As root, `hostUsers: false` makes podman 4.3 pick an
+automatic user namespace from the `containers` ranges in /etc/subuid and /etc/subgid (.ci/run adds
+them); rootless, from the user's own range. Rootless on cgroup v1 the memory limit is a hard
+rlimit instead of a cgroup (kube_podman.rlimit_resources); the test checks whichever applies.
 """
 
 from __future__ import annotations
