@@ -373,6 +373,8 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
     try:
         if plan.proxy_listen:
             docs, volumes = proxy_pod(objects, prefix, port)
+            if ids is not None:
+                _run_as(docs[1]["spec"], *ids)
             if rlimits:
                 rlimit_resources(docs[1]["spec"])
             p.pods.append(docs[1]["metadata"]["name"])
