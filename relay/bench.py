@@ -679,7 +679,7 @@ def bench_kube(count: int = 10, env: dict[str, str] | None = None) -> dict:
                       prompt=command)
         matrix = load_matrix(env, workdir=None)
         plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
-        run = kube_run_for(plan, req.run_id, count, count, env)
+        run = kube_podman.local_run(kube_run_for(plan, req.run_id, count, count, env), env)
         kube_podman.build_proxy_image(["podman"], run.image, env)
         bundle = make_bundle(repo)
         peak = [0]

@@ -29,6 +29,7 @@ from .digest import sha256
 from .image import PROXY_REPO
 from .kube_render import (
     PROXY_NAME,
+    PROXY_PORT,
     PROXY_PYTHONPATH,
     KubeRun,
     render_objects,
@@ -39,6 +40,7 @@ from .kube_render import (
 from .kube_run import BoxResult, extract_result
 from .paths import PACKAGE_ROOT
 from .plan import Plan
+from .vocab import LimitsMethod
 
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n[engine]\nruntime = "runc"\n'
 
@@ -106,12 +108,37 @@ class Played:
 
 
 def podman_env(env: Mapping[str, str], work: str) -> dict[str, str]:
-    """runc and explicit ulimits (this cgroup-v1 hybrid host: see DESIGN, Podman)."""
+    """runc (this cgroup-v1 hybrid host: see DESIGN, Podman). The default_ulimits are for podman
+    commands that read them; `kube play` 4.3 does not (checked: none in the container's inspect),
+    which is why rlimit_resources sets its limits in the command."""
     os.makedirs(work, mode=0o700, exist_ok=True)
     conf = os.path.join(work, "containers.conf")
     with open(conf, "w") as fh:
         fh.write(CONTAINERS_CONF)
     return {**env, "CONTAINERS_CONF": conf}
+
+
+def _bytes(quantity: str) -> int:
+    """A memory quantity as kube_render writes it (`NMi` or a plain byte count)."""
+    return int(quantity[:-2]) << 20 if quantity.endswith("Mi") else int(quantity)
+
+
+def rlimit_resources(spec: dict, pids: int | None = None) -> None:
+    """Rootless podman on cgroup v1 cannot create the pods' cgroups: `kube play` then fails to
+    start a container with a memory limit (runc: "cannot set memory limit"), where `podman run`
+    would warn and ignore it. So the played spec drops every container's `resources`, and its
+    memory limit becomes an RLIMIT_DATA of the same size (with `pids`, an RLIMIT_NPROC), as container
+    mode does (container_argv.uses_rlimits). `kube play` 4.3 has no --ulimit and ignores
+    containers.conf's default_ulimits, so each container's command starts under `ulimit`, which sets
+    the hard limit too: what runs after it (the agent, with no capabilities) cannot raise it."""
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        limit = c.pop("resources", {}).get("limits", {}).get("memory")
+        if not limit:
+            continue
+        lines = [f"ulimit -d {_bytes(limit) >> 10} || exit 70"]  # KiB
+        if pids:
+            lines.append(f"ulimit -p {pids} || exit 70")  # dash's -p: RLIMIT_NPROC
+        c["command"] = ["/bin/sh", "-c", "\n".join([*lines, 'exec "$@"']), "hive-relay-rlimit", *c["command"]]
 
 
 def private_volumes(spec: dict, pod: str) -> list[str]:
@@ -133,24 +160,60 @@ def private_volumes(spec: dict, pod: str) -> list[str]:
     return names
 
 
+def local_run(run: KubeRun, env: Mapping[str, str], uid: int | None = None) -> KubeRun:
+    """The run as this machine's podman plays it. Root plays the cluster's image (contributor uid
+    1000). Rootless podman plays the image built for this user (contributor uid = the user's uid,
+    as container mode runs it with --userns keep-id): the only image a new user has, the one
+    `build-image` makes for them. A caller's HIVE_RELAY_KUBE_IMAGE still wins."""
+    uid = os.getuid() if uid is None else uid
+    if uid == 0 or env.get("HIVE_RELAY_KUBE_IMAGE"):
+        return run
+    from .config import load_matrix
+    from .image import spec_from_env
+
+    image = spec_from_env(load_matrix(dict(env), workdir=None).backends, uid, os.getgid(), env).tag
+    return replace(run, image=image, proxy_image=env.get("HIVE_RELAY_KUBE_PROXY_IMAGE") or proxy_image_tag(image))
+
+
+def _run_as(spec: dict, uid: int, gid: int) -> None:
+    """Every runAsUser/runAsGroup/fsGroup of a pod spec set to the image's contributor ids."""
+    contexts = [spec["securityContext"]] + [c["securityContext"] for c in spec.get("initContainers", []) +
+                                            spec["containers"] if "securityContext" in c]
+    for ctx in contexts:
+        for key, value in (("runAsUser", uid), ("runAsGroup", gid), ("fsGroup", gid)):
+            if key in ctx:
+                ctx[key] = value
+
+
 def flat_profile(name: str) -> str:
     return name.replace("/", "-")
 
 
-def box_pods(objects: list[dict], prefix: str, count: int) -> list[tuple[dict, list[str]]]:
+def box_pods(objects: list[dict], prefix: str, count: int, ids: tuple[int, int] | None = None,
+             host_port: int | None = None) -> list[tuple[dict, list[str]]]:
     """The Job's template as one Pod per index, as the Job controller would make them, each with
-    its own volumes; (pod, its volume names)."""
+    its own volumes; (pod, its volume names). `ids`: the image's contributor uid and gid when
+    they are not the cluster image's 1000 (rootless: local_run). `host_port`: the pods run on the
+    host's network (doctor's leaky-CNI stand-in) and reach the proxy pod on that port directly."""
     job = next(o for o in objects if o["kind"] == "Job")
+    text = json.dumps(job["spec"]["template"]["spec"])
+    if host_port is not None:
+        text = text.replace(f"{PROXY_NAME}:{PROXY_PORT}", f"{PROXY_NAME}:{host_port}").replace(
+            f"{PROXY_NAME}/{PROXY_PORT}", f"{PROXY_NAME}/{host_port}")
     pods = []
     for i in range(count):
         # podman 4.3 ignores hostAliases under --network none, so the proxy's name is written as
         # the address hostAliases would give it here (127.0.0.1, where the launcher listens).
-        spec = json.loads(json.dumps(job["spec"]["template"]["spec"]).replace(PROXY_NAME, "127.0.0.1"))
+        spec = json.loads(text.replace(PROXY_NAME, "127.0.0.1"))
         spec.pop("hostAliases", None)
+        if host_port is not None:
+            spec.pop("hostUsers", None)  # on the host's network runc cannot mount /sys in a new user namespace
         name = f"{prefix}-{i}"
         for c in spec["containers"]:
             c["env"] = [*c.get("env", []), {"name": "JOB_COMPLETION_INDEX", "value": str(i)}]
         volumes = private_volumes(spec, name)
+        if ids is not None:
+            _run_as(spec, *ids)
         # podman 4.3 ignores securityContext.seccompProfile (checked: AF_UNIX sockets worked); it reads
         # the pre-1.25 annotation, resolved under --seccomp-profile-root, a file name without a
         # directory (it reads only the first path component). Same profile, flat name (flat_profile).
@@ -280,14 +343,27 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
          timeout: float = 600.0, box_network: str = "none") -> PlayResult:
     """Play the run's pods (at most `run.parallel` at once), wait for every box, collect.
     `box_network` other than none is for doctor's tests only: a cluster whose CNI ignores
-    NetworkPolicy, simulated by a box pod with a network of its own."""
+    NetworkPolicy, simulated by a box pod with a network of its own; `host` works rootless too
+    (a rootless bridge needs slirp4netns, which needs /dev/net/tun)."""
     from .netns import listen_in
 
     podman = ["podman", "--log-level=error"]
-    p = Played(work=work, env=podman_env(env, work), podman=podman)
     prefix = pod_prefix(run.run_id)
     run = replace(run, proxy_ip="127.0.0.1")
     objects = render_objects(plan, run, bundle)
+    rootless = os.getuid() != 0
+    # Rootless on cgroup v1 (no delegated v2 cgroup): limits as rlimits (rlimit_resources).
+    rlimits = rootless and plan.limits.method is not LimitsMethod.CGROUP_V2
+    ids = (os.getuid(), os.getgid()) if rootless and not env.get("HIVE_RELAY_KUBE_IMAGE") else None
+    port = _free_port() if plan.proxy_listen else 0
+    host_port = port if box_network == "host" and plan.proxy_listen else None
+    pods, box_volumes = [], []
+    for pod, volumes in box_pods(objects, prefix, run.count, ids, host_port):
+        if rlimits:
+            rlimit_resources(pod["spec"], plan.limits.pids)
+        pods.append(pod)
+        box_volumes += volumes
+    p = Played(work=work, env=podman_env(env, work), podman=podman)
     profile = seccomp_profile(plan)
     root = os.path.join(work, "seccomp")
     os.makedirs(root, exist_ok=True)
@@ -295,21 +371,19 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         json.dump(profile, fh)
     proxy_log = ""
     try:
-        port = 0
         if plan.proxy_listen:
-            port = _free_port()
             docs, volumes = proxy_pod(objects, prefix, port)
+            if ids is not None:
+                _run_as(docs[1]["spec"], *ids)
+            if rlimits:
+                rlimit_resources(docs[1]["spec"])
             p.pods.append(docs[1]["metadata"]["name"])
             p.volumes += volumes
             _play(p, docs, "proxy.yaml", ["--network", "host"])
             _wait_port(port, time.monotonic() + 60)
         workspace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "workspace")
-        pods = []
-        for pod, volumes in box_pods(objects, prefix, run.count):
-            pods.append(pod)
-            p.pods.append(pod["metadata"]["name"])
-            p.volumes += volumes
-        rootless = os.getuid() != 0
+        p.pods += [pod["metadata"]["name"] for pod in pods]
+        p.volumes += box_volumes
         # One play per pod, so that `parallel` bounds how many run at once, as the Job controller does.
         pending = list(pods)
         running: list[tuple[dict, subprocess.Popen]] = []
@@ -330,7 +404,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 pidfile = _infra_pidfile(p, name)
                 proc = subprocess.Popen([*podman, "pod", "start", name], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, env=p.env)
-                if plan.proxy_listen:
+                if plan.proxy_listen and host_port is None:
                     pid = _infra_pid(pidfile, name, deadline, proc)
                     listener = listen_in(pid, "127.0.0.1:3128", join_userns=rootless)
                     t = threading.Thread(target=_forward, args=(p, listener, port), daemon=True)
@@ -344,11 +418,11 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 box = f"{name}-box"
                 state = subprocess.run([*podman, "inspect", box, "--format", "{{.State.Status}}"], capture_output=True,
                                        text=True, env=p.env).stdout.strip()
+                if proc.returncode != 0 and state in ("", "created", "configured"):  # it never ran: say why now
+                    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                    raise RuntimeError(f"podman pod start {name} failed: {err[-500:]}")
                 if state in ("running", "created", "configured"):
                     continue
-                if proc.returncode != 0 and not state:
-                    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                    raise RuntimeError(f"podman kube play {name} failed: {err[-500:]}")
                 text = subprocess.run([*podman, "logs", box], capture_output=True, text=True, env=p.env).stdout
                 index = int(name.rsplit("-", 1)[1])
                 logs[index] = text

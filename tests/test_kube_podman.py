@@ -8,10 +8,10 @@ EPERM under the Localhost seccomp profile while socketpair works; each box has i
 namespace (hostUsers: false) and its own workspace; N boxes bring back N patches and the checkout
 is untouched.
 
-Root only: `hostUsers: false` makes podman 4.3 pick an automatic user namespace, which needs
-/etc/subuid and /etc/subgid ranges for the user `containers` (.ci/run adds them), and the
-rootless engine on this host cannot give the proxy pod and the boxes' namespaces the same
-treatment; the unprivileged CI pass covers the rendering (tests/test_kube_render.py).
+Root and unprivileged alike (CI runs both). As root, `hostUsers: false` makes podman 4.3 pick an
+automatic user namespace from the `containers` ranges in /etc/subuid and /etc/subgid (.ci/run adds
+them); rootless, from the user's own range. Rootless on cgroup v1 the memory limit is a hard
+rlimit instead of a cgroup (kube_podman.rlimit_resources); the test checks whichever applies.
 """
 
 from __future__ import annotations
@@ -27,18 +27,21 @@ from relay.config import get_backend, load_matrix
 from relay.kube_run import kube_run_for, make_bundle, write_patches
 from relay.plan import Request, resolve, with_image
 from relay.probe import probe
+from relay.vocab import LimitsMethod
 
 from .conftest import podman_env
 from .servers import Handler, start_http
-
-pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="podman kube play with hostUsers: false needs root's "
-                                "automatic user namespaces (runs in the root CI job)")
 
 BOX = r"""
 echo "changed by box $JOB_COMPLETION_INDEX" >> README.md
 echo new > "new-$JOB_COMPLETION_INDEX.txt"
 echo "uidmap $(awk '{print $1"-"$2"-"$3}' /proc/self/uid_map | head -1)"
 echo "ifaces $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ,)"
+echo "ids $(id -u):$(id -g)"
+echo "caps $(awk '/^CapEff/ {print $2}' /proc/self/status) nnp $(awk '/^NoNewPrivs/ {print $2}' /proc/self/status)"
+if touch /usr/hive-relay-probe 2>/dev/null; then echo "rootfs writable"; else echo "rootfs read-only"; fi
+echo "rlimit-data $(ulimit -H -d) nproc $(ulimit -H -u)"
+echo "cgroup-memory $(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max 2>/dev/null)"
 python3 - <<'PY'
 import socket
 try:
@@ -83,7 +86,7 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
     matrix = load_matrix(env, workdir=None)
     facts = with_image(probe(env), matrix, req, env)
     plan = resolve(get_backend(matrix, "shell"), matrix, req, facts, env)
-    run = kube_run_for(plan, req.run_id, 3, 2, env)
+    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 3, 2, env), env)
     assert run.image == image
     kube_podman.build_proxy_image(["podman"], run.image, env)
     try:
@@ -91,13 +94,25 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
     finally:
         server.shutdown()
     assert [r.index for r in played.results] == [0, 1, 2]
+    uid = os.getuid() or 1000
+    memory = plan.limits.memory
+
+    def memory_limited(log: str) -> bool:
+        if os.getuid() != 0 and plan.limits.method is not LimitsMethod.CGROUP_V2:
+            return f"rlimit-data {memory >> 10} nproc {plan.limits.pids}\n" in log  # hard limits; -d counts KiB
+        return f"cgroup-memory {memory}\n" in log
+
     for r in played.results:
         log = played.logs[r.index]
         assert r.exit_code == 0, log
         assert "af_unix EPERM" in log and "socketpair ok" in log, log  # attack refused, twin works
         assert "uidmap 0-" in log and "uidmap 0-0-" not in log, log  # its own user namespace (hostUsers: false)
         assert "ifaces lo," in log, log  # no interface but loopback
-        assert "via-proxy hello from the fake upstream" in log, log  # the allowed host, through the proxy
+        assert f"ids {uid}:{uid}" in log, log  # the image's contributor, never root
+        assert "caps 0000000000000000 nnp 1" in log, log  # no capabilities, no privilege escalation
+        assert "rootfs read-only" in log, log
+        assert memory_limited(log), log  # the profile's memory: a cgroup as root, an rlimit rootless on cgroup v1
+        assert "via-proxy hello from the fake upstream" in log, log + played.proxy_log[-3000:]  # through the proxy
         assert "denied 403" in log, log  # a host not on the list
         assert "direct curl:" in log, log  # no route of its own
         patch = r.patch.decode()
@@ -134,7 +149,7 @@ def test_a_real_claude_turn_in_a_kube_pod_through_the_proxy_pod(tmp_path: Path, 
                   argv_override=("/bin/bash", "-c", script))
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
-    run = kube_run_for(plan, req.run_id, 1, 1, env)
+    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
     kube_podman.build_proxy_image(["podman"], run.image, env)
     try:
         played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300)
@@ -155,7 +170,7 @@ def test_a_box_past_its_time_is_removed_with_its_pods_and_volumes(tmp_path: Path
                   prompt="x", argv_override=("sleep", "300"))
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
-    run = kube_run_for(plan, req.run_id, 2, 2, env)
+    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 2, 2, env), env)
     kube_podman.build_proxy_image(["podman"], run.image, env)
     with pytest.raises(TimeoutError):
         kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=20)
@@ -168,3 +183,30 @@ def test_a_box_past_its_time_is_removed_with_its_pods_and_volumes(tmp_path: Path
     containers = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"name={prefix}"], capture_output=True,
                                 text=True, env=env).stdout
     assert containers.strip() == ""  # the sleeping boxes were stopped, not left running
+
+
+def test_rootless_cgroup_v1_limits_become_hard_rlimits_in_the_command() -> None:
+    """What rlimit_resources makes of a container really limits what it runs (the same /bin/sh,
+    dash, as the image's), hard limits included, and the spec keeps no `resources` that rootless
+    `kube play` would fail on."""
+    spec = {"initContainers": [{"name": "i", "command": ["true"], "resources": {"limits": {"memory": "64Mi"}}}],
+            "containers": [{"name": "c", "command": ["cat", "/proc/self/limits"],
+                            "resources": {"limits": {"memory": "512Mi", "cpu": "2"}}}]}
+    kube_podman.rlimit_resources(spec, pids=321)
+    box = spec["containers"][0]
+    assert "resources" not in box and "resources" not in spec["initContainers"][0]
+    out = subprocess.run(box["command"], capture_output=True, text=True, check=True).stdout
+    data = next(line for line in out.splitlines() if line.startswith("Max data size")).split()
+    procs = next(line for line in out.splitlines() if line.startswith("Max processes")).split()
+    assert data[3:5] == [str(512 << 20)] * 2 and procs[2:4] == ["321", "321"]  # soft and hard
+
+
+def test_rootless_plays_the_users_own_image() -> None:
+    """Root plays the cluster's image (uid 1000); a user plays the image build-image made for them."""
+    from relay.kube_render import KubeRun
+
+    run = KubeRun(run_id="r", image="localhost/hive-relay-contributor:x-u1000", proxy_image="p")
+    assert kube_podman.local_run(run, {}, uid=0) == run
+    mine = kube_podman.local_run(run, {}, uid=4242)
+    assert mine.image.endswith("-u4242") and mine.proxy_image == kube_podman.proxy_image_tag(mine.image)
+    assert kube_podman.local_run(run, {"HIVE_RELAY_KUBE_IMAGE": "x"}, uid=4242) == run
