@@ -164,7 +164,8 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> tuple[janitor.RunStat
             kinds = {m.dst: m.kind for m in plan.mounts}
             missing = [(p, kinds.get(p) == MountKind.MASK_DIR) for p in plan.placeholders]
             state.registry.claim(os.getpid(), missing, plan.protected + plan.denied,
-                                 bases=(plan.workdir, state.home))
+                                 bases=(plan.workdir, state.home),
+                                 dirs=frozenset(p for p, kind in kinds.items() if kind == MountKind.MASK_DIR))
         except OSError as err:
             raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
     state.guarded = {path: guard.snapshot(path, state.home) for path in plan.guarded_files}
