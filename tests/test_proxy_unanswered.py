@@ -1,0 +1,263 @@
+"""No empty replies: a client that sent a whole request through the egress proxy always gets a status
+line with the reason (502/503/504, an `X-Hive-Relay-*` header) and the run's log gets a decision line,
+whatever failed: the upstream reset or closed without answering, the upstream stalled before its
+head, the proxy ran out of threads or file descriptors, or something in the proxy itself raised.
+
+Each failure is forced deterministically with real sockets on 127.0.0.1: an upstream that resets
+(SO_LINGER 0) or closes after reading the request, a resolver that raises, a worker thread that
+cannot start, and a proxy in a subprocess whose descriptors are all taken (a low RLIMIT_NOFILE, then
+filled). Each has its twin: the same proxy serves a healthy request right after.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from relay import proxy as proxy_mod
+from relay.hosts import parse_rule
+from relay.proxy import DecisionLog, EgressProxy
+
+from .servers import start_http
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bad_upstream(behave: Callable[[socket.socket], None]) -> int:
+    """A TCP server on 127.0.0.1 that reads each request and then does `behave` to it (never answers)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            behave(conn)
+
+    threading.Thread(target=loop, daemon=True).start()
+    return srv.getsockname()[1]
+
+
+def reset(conn: socket.socket) -> None:
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+def close(conn: socket.socket) -> None:
+    conn.shutdown(socket.SHUT_RDWR)
+    conn.close()
+
+
+def get(pport: int, host: str, port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", pport), timeout=20) as s:
+        s.sendall(f"GET http://{host}:{port}/hello HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+@pytest.fixture
+def make_proxy(tmp_path: Path) -> Iterator:
+    started: list[EgressProxy] = []
+
+    def make(*entries: str, **kw) -> tuple[EgressProxy, int]:  # noqa: ANN003
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        proxy = EgressProxy(listener, tuple(parse_rule(e) for e in entries),
+                            DecisionLog(str(tmp_path / "egress.jsonl"), "test"), notify=None, **kw)
+        proxy.start()
+        started.append(proxy)
+        return proxy, listener.getsockname()[1]
+
+    yield make
+    for proxy in started:
+        proxy.stop()
+
+
+def log_lines(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "egress.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("behave", "reason"), [
+    (reset, "the upstream reset the connection before answering"),
+    (close, "the upstream closed the connection without answering"),
+])
+def test_an_upstream_that_says_nothing_gets_the_client_a_502(make_proxy, tmp_path: Path, behave, reason) -> None:
+    bad = bad_upstream(behave)
+    server, good, _ = start_http()
+    try:
+        _, pport = make_proxy(f"bad.test:{bad}=127.0.0.1:{bad}", f"good.test:{good}=127.0.0.1:{good}")
+        out = get(pport, "bad.test", bad)
+        assert out.startswith(b"HTTP/1.1 502 Bad Gateway\r\n"), out
+        assert f"X-Hive-Relay-Unreachable: bad.test:{bad}; {reason}".encode() in out, out
+        assert get(pport, "good.test", good).startswith(b"HTTP/1.1 200 "), "twin: a healthy upstream is relayed"
+    finally:
+        server.shutdown()
+    lines = [e for e in log_lines(tmp_path) if e["host"] == "bad.test"]
+    assert [e["decision"] for e in lines] == ["allow", "unreachable"], lines
+    assert lines[1]["reason"] == reason and lines[1]["method"] == "GET"
+
+
+def test_a_failure_inside_the_proxy_still_answers(make_proxy, tmp_path: Path) -> None:
+    """An unexpected exception while serving (here the resolver raises something no code expects)
+    used to end the worker thread with the client closed unanswered."""
+    def broken(host: str, port: int) -> list[str]:
+        raise RuntimeError("resolver exploded")
+
+    server, good, _ = start_http()
+    try:
+        _, pport = make_proxy("odd.test:443", f"good.test:{good}=127.0.0.1:{good}", resolver=broken)
+        out = get(pport, "odd.test", 443)
+        assert out.startswith(b"HTTP/1.1 502 Bad Gateway\r\n"), out
+        assert (b"X-Hive-Relay-Error: odd.test:443; the proxy failed to serve the request: resolver exploded"
+                in out), out
+        assert get(pport, "good.test", good).startswith(b"HTTP/1.1 200 "), "twin: the proxy keeps serving"
+    finally:
+        server.shutdown()
+    (line,) = [e for e in log_lines(tmp_path) if e["host"] == "odd.test"]
+    assert line["decision"] == "unreachable" and "resolver exploded" in line["reason"]
+
+
+def test_no_thread_to_serve_gets_a_503(make_proxy, tmp_path: Path) -> None:
+    """A worker thread that cannot start (a pids limit, as in a loaded kube proxy pod) used to close the
+    client unanswered: curl's "Empty reply from server"."""
+    server, good, _ = start_http()
+    try:
+        proxy, pport = make_proxy(f"good.test:{good}=127.0.0.1:{good}")
+
+        def no_thread(*args: object) -> None:
+            raise RuntimeError("can't start new thread")
+
+        proxy._spawn = no_thread  # what threading.Thread.start raises at the limit
+        out = get(pport, "good.test", good)
+        assert out.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), out
+        assert b"X-Hive-Relay-Error: -:0; the proxy could not start serving the request: can't start new thread" in out
+        del proxy._spawn
+        assert get(pport, "good.test", good).startswith(b"HTTP/1.1 200 "), "twin: with a thread, it is served"
+        deadline = time.monotonic() + 5
+        while proxy.open_connections and time.monotonic() < deadline:  # the twin's worker closes after its reply
+            time.sleep(0.05)
+        assert proxy.open_connections == 0, "the refused connection gave its slot back"
+    finally:
+        server.shutdown()
+    first = log_lines(tmp_path)[0]
+    assert first["decision"] == "unreachable" and "could not start serving" in first["reason"], first
+
+
+def _served(up: socket.socket, out: list[bytes]) -> None:
+    with socket.socket() as lis:
+        lis.bind(("127.0.0.1", 0))
+        lis.listen(1)
+        down = socket.create_connection(lis.getsockname())
+        client, _ = lis.accept()
+        with down, client:
+            proxy_mod._relay_response(up, client)
+            client.close()
+            data = b""
+            while chunk := down.recv(65536):
+                data += chunk
+            out.append(data)
+
+
+def test_a_credential_routes_upstream_failing_before_its_head_is_answered(monkeypatch) -> None:
+    """The TLS route's relay (`_relay_response`, which splice cannot replace): a reset before the head
+    is a 502, a head that never comes a 504 (HEAD_TIMEOUT, shortened here), a head that comes is relayed."""
+    monkeypatch.setattr(proxy_mod, "HEAD_TIMEOUT", 0.5)
+    results: dict[str, bytes] = {}
+    for name, behave in (("reset", reset), ("stall", lambda c: None), ("answer", lambda c: (
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), c.close()))):
+        port = bad_upstream(behave)
+        up = socket.create_connection(("127.0.0.1", port))
+        up.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        out: list[bytes] = []
+        _served(up, out)
+        up.close()
+        results[name] = out[0]
+    assert results["reset"].startswith(b"HTTP/1.1 502 Bad Gateway\r\n"), results
+    assert b"the upstream failed before answering" in results["reset"]
+    assert results["stall"].startswith(b"HTTP/1.1 504 Gateway Timeout\r\n"), results
+    assert b"the upstream sent no response head within 0.5 s" in results["stall"]
+    assert results["answer"].startswith(b"HTTP/1.1 200 OK\r\n") and results["answer"].endswith(b"ok"), results
+
+
+CHILD = r"""
+import os, resource, socket, sys
+from relay.hosts import parse_rule
+from relay.proxy import DecisionLog, EgressProxy
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(16)
+proxy = EgressProxy(listener, (parse_rule(sys.argv[2]),), DecisionLog(sys.argv[1], "test"), notify=None)
+proxy.start()
+print(listener.getsockname()[1], flush=True)
+fillers = []
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "fill":
+        try:
+            while True:
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+    elif cmd == "one" and fillers:
+        os.close(fillers.pop())
+    elif cmd == "free":
+        while fillers:
+            os.close(fillers.pop())
+    print("ok", flush=True)
+"""
+
+
+def test_out_of_file_descriptors_accept_and_connect_are_answered(tmp_path: Path) -> None:
+    """A proxy with every descriptor taken: the waiting client is accepted with the spare descriptor and
+    gets a 503 (it used to sit unanswered in the backlog); with one free, accept works and the upstream
+    connect fails EMFILE, a 502; with descriptors back, the same request is served (the twin)."""
+    server, good, _ = start_http()
+    log = tmp_path / "egress.jsonl"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(log), f"good.test:{good}=127.0.0.1:{good}"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        pport = int(child.stdout.readline())
+
+        def say(cmd: str) -> None:
+            child.stdin.write(cmd + "\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "ok"
+
+        assert get(pport, "good.test", good).startswith(b"HTTP/1.1 200 "), "served before (and the log is open)"
+        say("fill")
+        out = get(pport, "good.test", good)
+        assert out.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), out
+        assert b"X-Hive-Relay-Error: *:0; the proxy is out of file descriptors" in out, out
+        say("one")
+        out = get(pport, "good.test", good)
+        assert out.startswith(b"HTTP/1.1 502 Bad Gateway\r\n"), out
+        assert b"Too many open files" in out, out
+        say("free")
+        assert get(pport, "good.test", good).startswith(b"HTTP/1.1 200 "), "twin: descriptors back, served again"
+    finally:
+        child.kill()
+        child.wait()
+        server.shutdown()
+    kinds = [(e["decision"], e["reason"]) for e in map(json.loads, log.read_text().splitlines())]
+    assert kinds[0][0] == "allow" and kinds[-1][0] == "allow", kinds
+    assert ("unreachable", "the proxy is out of file descriptors") in kinds, kinds
+    assert any(k == "unreachable" and "Too many open files" in r for k, r in kinds), kinds
