@@ -824,6 +824,7 @@ class EgressProxy:
         self.ask = ask  # --ask: hold a denied request while `invoke ask` (a watcher) answers
         self._watchers: list[socket.socket] = []
         self._questions: dict[str, threading.Event] = {}
+        self._refusals: dict[str, str] = {}  # question -> why its answer (an allow) was refused
         # Where a rule came from, for its decision lines: a preset's name (presets.origins), "live".
         self.origins = dict(origins or {})
         self.routes = routes
@@ -983,13 +984,14 @@ class EgressProxy:
         with self._lock:
             self._watchers.append(conn)
 
-    def _ask(self, host: str, port: int) -> bool:
+    def _ask(self, host: str, port: int) -> tuple[bool, str]:
         """--ask: put the question to the watchers (once per host while it is open) and wait for an answer
-        (an allow, a deny or a refusal of it), at most ASK_TIMEOUT. False when nobody watches or answered."""
+        (an allow, a deny or a refusal of it), at most ASK_TIMEOUT. (answered, why the answer, an allow,
+        was refused: "" when it was not); False when nobody watches or answered."""
         target = _fmt_hostport(host, port)
         with self._lock:
             if not self._watchers:
-                return False
+                return False, ""
             event = self._questions.get(target)
             fresh = event is None
             if event is None:
@@ -1008,12 +1010,13 @@ class EgressProxy:
             with self._lock:
                 if not self._watchers:
                     self._questions.pop(target, None)
-                    return False
+                    return False, ""
         answered = event.wait(ASK_TIMEOUT)
         with self._lock:
             if self._questions.get(target) is event:
                 del self._questions[target]
-        return answered
+            refused = self._refusals.pop(target, "") if answered else ""
+        return answered, refused
 
     def _wake(self, target: str | None) -> None:
         """Answer the open questions: all of them after an allow (any new rule may cover them), else one."""
@@ -1023,9 +1026,27 @@ class EgressProxy:
             if event is not None:
                 event.set()
 
-    def change_rules(self, op: str, entry: str, uid: int) -> dict:
+    def change_rules(self, op: str, entry: str, uid: int, question: str = "") -> dict:
         """Add (`allow`) or remove (`deny`) a rule while the box runs: the new tuple replaces the old
-        in one assignment, so a request is judged wholly by one of them. Logged as a JSON line."""
+        in one assignment, so a request is judged wholly by one of them. Logged as a JSON line.
+        `question`: the held --ask request this answers; an allow refused here releases it at once,
+        its 403 saying why (rather than after ASK_TIMEOUT)."""
+        reply = self._change_rules(op, entry, uid)
+        if question and op == "allow" and not reply.get("ok"):
+            self._refuse_question(question, str(reply.get("error", "refused")), uid)
+        return reply
+
+    def _refuse_question(self, question: str, error: str, uid: int) -> None:
+        with self._lock:
+            if question not in self._questions:
+                return  # not held (any more): nothing to release
+            self._refusals[question] = error
+        host, _, port = question.rpartition(":")
+        self.log.event({"host": host.strip("[]"), "port": int(port) if port.isdigit() else 0, "method": "REFUSE",
+                        "decision": "live-refuse", "reason": f"invoke ask by uid {uid}: the allow was refused: {error}"})
+        self._wake(question)
+
+    def _change_rules(self, op: str, entry: str, uid: int) -> dict:
         from . import control
 
         if op == "refuse":  # `invoke ask` said no: the held request gets its 403 now; the rules stay
@@ -1228,9 +1249,12 @@ class EgressProxy:
             host, port, method = req.host, req.port, req.method
             where = (host, port, method)
             decision = decide(self.rules, host, port, self.resolver)
-            if (not decision.allowed and self.ask and decision.reason in (NOT_LISTED, egress.IP_NOT_LISTED)
-                    and self._ask(host, port)):
-                decision = decide(self.rules, host, port, self.resolver)  # answered: judged by the rules now
+            if not decision.allowed and self.ask and decision.reason in (NOT_LISTED, egress.IP_NOT_LISTED):
+                answered, refused = self._ask(host, port)
+                if answered:
+                    decision = decide(self.rules, host, port, self.resolver)  # judged by the rules now
+                if refused and not decision.allowed:  # the answer was an allow the proxy could not make
+                    decision = Decision(False, host, port, f"invoke ask's allow was refused: {refused}")
             if decision.allowed:
                 upstream, cause, detail = self._connect(decision)
                 if upstream is None:
