@@ -306,3 +306,36 @@ def test_the_proxy_pod_holds_many_tunnels_under_its_memory_rlimit(tmp_path: Path
             t.close()
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_kube_forwarder_answers_when_the_proxy_pod_does_not(make_proxy, tmp_path: Path) -> None:
+    """kube mode's way out of a box pod (kube_podman._forward: accept in the pod's namespace, connect to
+    the proxy pod) used to close the box's connection unanswered when the proxy pod did not answer: a
+    502 with the reason now. The twin: with the proxy up, the same forwarder carries the request through.
+    The listener is on 127.0.0.1 here rather than in a pod's namespace (test_kube_podman plays that)."""
+    from relay import kube_podman
+
+    server, good, _ = start_http()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # nothing listens: the proxy pod is not up
+    _, live = make_proxy(f"good.test:{good}=127.0.0.1:{good}")
+    played = kube_podman.Played(work=str(tmp_path), env={}, podman=[])
+    forwarders = []
+    try:
+        for port in (dead, live):
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(8)
+            t = threading.Thread(target=kube_podman._forward, args=(played, listener, port), daemon=True)
+            t.start()
+            forwarders.append((listener.getsockname()[1], t))
+        out = get(forwarders[0][0], "good.test", good)
+        assert out.startswith(b"HTTP/1.1 502 Bad Gateway\r\n"), out
+        assert f"the egress proxy pod does not answer on port {dead}: Connection refused".encode() in out, out
+        assert get(forwarders[1][0], "good.test", good).startswith(b"HTTP/1.1 200 "), "twin: through the proxy"
+    finally:
+        played.stop.set()
+        for _, t in forwarders:
+            t.join(5)
+        server.shutdown()
