@@ -964,7 +964,19 @@ class EgressProxy:
             client.setblocking(False)
             pending = _Pending(client, time.monotonic() + self.head_timeout)
             self._pending[client.fileno()] = pending
-            sel.register(client, selectors.EVENT_READ, pending)
+            try:
+                sel.register(client, selectors.EVENT_READ, pending)
+            except (OSError, ValueError) as err:  # epoll out of memory (ENOMEM) or its watch limit (ENOSPC)
+                del self._pending[client.fileno()]
+                reason = f"the proxy could not watch the connection: {getattr(err, 'strerror', None) or err}"
+                self.log.record(Decision(False, "*", 0, reason, unreachable=True, cause="failed"), "-")
+                try:
+                    client.send(_response("503 Service Unavailable", "*", 0, reason, "Retry shortly.", header="Error"))
+                    client.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                _discard_pending(client)
+                self._close(client)
 
     def _accept_control(self) -> None:
         """One `invoke allow|deny` connection, answered on its own thread (it never blocks the reactor)."""

@@ -339,3 +339,37 @@ def test_the_kube_forwarder_answers_when_the_proxy_pod_does_not(make_proxy, tmp_
         for _, t in forwarders:
             t.join(5)
         server.shutdown()
+
+
+def test_a_connection_the_reactor_cannot_watch_gets_a_503(make_proxy, tmp_path: Path, monkeypatch) -> None:
+    """epoll refusing one more socket (ENOSPC: the user's epoll watch limit, or ENOMEM) used to leave the
+    client unanswered and its slot taken. The fault is injected in the reactor's real selector, for the
+    proxy's client connections only; the twin, once epoll takes it again, is served."""
+    import errno
+    import selectors
+
+    failing = threading.Event()
+    failing.set()
+
+    class Selector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
+        def register(self, fileobj, events, data=None):  # noqa: ANN001, ANN201
+            if failing.is_set() and isinstance(data, proxy_mod._Pending):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().register(fileobj, events, data)
+
+    monkeypatch.setattr(selectors, "DefaultSelector", Selector)
+    server, good, _ = start_http()
+    try:
+        proxy, pport = make_proxy(f"good.test:{good}=127.0.0.1:{good}")
+        out = get(pport, "good.test", good)
+        assert out.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), out
+        assert b"X-Hive-Relay-Error: *:0; the proxy could not watch the connection: No space left on device" in out
+        failing.clear()
+        assert get(pport, "good.test", good).startswith(b"HTTP/1.1 200 "), "twin: watched, served"
+        deadline = time.monotonic() + 5
+        while proxy.open_connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.open_connections == 0, "the refused connection gave its slot back"
+    finally:
+        server.shutdown()
+    assert "could not watch" in log_lines(tmp_path)[0]["reason"]
