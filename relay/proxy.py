@@ -1296,6 +1296,9 @@ class EgressProxy:
                 detail = getattr(err, "strerror", None) or str(err) or type(err).__name__
                 self._unanswered(client, *where, f"the proxy failed to serve the request: {detail}",
                                  header="Error")
+            elif not isinstance(err, OSError):  # answered already, but a bug is not to pass unseen
+                self.log.event({"host": where[0], "port": where[1], "method": where[2], "decision": "error",
+                                "reason": f"the proxy failed while serving: {type(err).__name__}: {err}"})
         finally:
             if tracked is not None:
                 with self._lock:
