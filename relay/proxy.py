@@ -1528,7 +1528,6 @@ class EgressProxy:
         if relay is None:
             copied, failure = pump(upstream, client, close=False)
             if copied == 0:  # the upstream said nothing: the client hears why, not an empty reply
-                _discard_pending(client)
                 self._unanswered(client, req.host, req.port, req.method,
                                  "the upstream reset the connection before answering" if failure is not None
                                  else "the upstream closed the connection without answering")
