@@ -196,7 +196,7 @@ def test_a_credential_routes_upstream_failing_before_its_head_is_answered(monkey
 
 
 CHILD = r"""
-import os, resource, socket, sys
+import os, resource, socket, sys, time
 from relay.hosts import parse_rule
 from relay.proxy import DecisionLog, EgressProxy
 
@@ -210,6 +210,9 @@ print(listener.getsockname()[1], flush=True)
 fillers = []
 for line in sys.stdin:
     cmd = line.strip()
+    deadline = time.monotonic() + 5  # the last request's worker and the spare settle first
+    while (proxy.open_connections or proxy._spare < 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
     if cmd == "fill":
         try:
             while True:
