@@ -78,10 +78,11 @@ def peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def serve(conn: socket.socket, handle: Callable[[str, str, int], dict],
+def serve(conn: socket.socket, handle: Callable[..., dict],
           watch: Callable[[socket.socket], None] | None = None) -> None:
-    """Answer one request on an accepted connection: `handle(op, entry, uid)` gives the reply. The op
-    `watch` (`invoke ask`) hands the connection to `watch`, which keeps it to send questions on."""
+    """Answer one request on an accepted connection: `handle(op, entry, uid)` gives the reply (with
+    `question=` too when `invoke ask` says which held request the op answers). The op `watch`
+    (`invoke ask`) hands the connection to `watch`, which keeps it to send questions on."""
     keep = False
     try:
         conn.settimeout(TIMEOUT)
@@ -94,6 +95,7 @@ def serve(conn: socket.socket, handle: Callable[[str, str, int], dict],
                 try:
                     message = json.loads(data)
                     op, entry = str(message["op"]), str(message.get("entry", ""))
+                    question = str(message.get("question", ""))[:MAX_MESSAGE]
                 except (ValueError, KeyError, TypeError):
                     reply = {"ok": False, "error": "malformed request"}
                 else:
@@ -103,7 +105,7 @@ def serve(conn: socket.socket, handle: Callable[[str, str, int], dict],
                         keep = True
                         watch(conn)
                         return
-                    reply = handle(op, entry, uid)
+                    reply = handle(op, entry, uid, question=question) if question else handle(op, entry, uid)
             conn.sendall((json.dumps(reply) + "\n").encode())
         except OSError:
             pass
@@ -214,9 +216,10 @@ def pick(base: str, which: str | None) -> Run:
     raise UsageError(f"{len(runs)} live runs: {', '.join(r.run_id for r in runs)}; fix: pick one with --run RUN")
 
 
-def request(run: Run, op: str, entry: str) -> dict:
+def request(run: Run, op: str, entry: str, question: str = "") -> dict:
     """Send one request to the run's proxy; the reply as a dict. The run dir is checked again and the
-    socket reached through its fd, so a dir swapped in between is never talked to."""
+    socket reached through its fd, so a dir swapped in between is never talked to. `question`: the
+    held request (`invoke ask`) this answers, so that an allow the proxy refuses releases it at once."""
     fd = os.open(run.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -229,7 +232,8 @@ def request(run: Run, op: str, entry: str) -> dict:
                 sock.connect(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
                 if peer_uid(sock) != os.getuid():
                     raise RefusedError(f"the proxy of run {run.run_id} does not run as you; not talking to it")
-                sock.sendall((json.dumps({"op": op, "entry": entry}) + "\n").encode())
+                sock.sendall((json.dumps({"op": op, "entry": entry, **({"question": question} if question else {})})
+                              + "\n").encode())
                 data = _read_line(sock)
             except OSError as err:
                 raise NoRunError(f"run {run.run_id} does not answer ({err.strerror or err}); it has probably "
@@ -284,7 +288,7 @@ def ask(run: str | None = None, env: Mapping[str, str] | None = None, answers=No
             entry = shown if answer.lower() in ("y", "yes") else answer if answer and answer.lower() not in ("n", "no") \
                 else ""
             try:
-                reply = request(target, "allow" if entry else "refuse", entry or shown)
+                reply = request(target, "allow" if entry else "refuse", entry or shown, question=host)
             except RelayError as err:
                 print(f"hive-relay: {err.message}", flush=True)
                 continue

@@ -320,14 +320,44 @@ def _forward(p: Played, listener: socket.socket, port: int) -> None:
             time.sleep(0.01)
             continue
         conn.settimeout(None)
-        try:
-            up = socket.create_connection(("127.0.0.1", port), timeout=10)
-        except OSError:
-            conn.close()
-            continue
-        up.settimeout(None)  # the connect had a limit; a slow stream must not
-        threading.Thread(target=_splice, args=(conn, up), daemon=True).start()
+        try:  # the connect on the connection's own thread: a slow one must not hold up the others
+            threading.Thread(target=_relay_to_proxy, args=(conn, port), daemon=True).start()
+        except RuntimeError as err:  # no thread to be had
+            _unanswered(conn, f"the box's forwarder could not serve the connection: {err}", wait=False)
     listener.close()
+
+
+def _relay_to_proxy(conn: socket.socket, port: int) -> None:
+    try:
+        up = socket.create_connection(("127.0.0.1", port), timeout=10)
+    except OSError as err:
+        _unanswered(conn, f"the egress proxy pod does not answer on port {port}: {err.strerror or err}")
+        return
+    up.settimeout(None)  # the connect had a limit; a slow stream must not
+    _splice(conn, up)
+
+
+def _unanswered(conn: socket.socket, reason: str, wait: bool = True) -> None:
+    """The box's client gets a 502/503 with the reason, never a connection closed unanswered (curl's
+    "Empty reply from server"), and the play's stderr a line. `wait`: drain what the client sends
+    (briefly) before closing, so the answer is not lost to a reset; not on the accept loop itself."""
+    from .proxy import _answer, _discard_pending, _response
+
+    print(f"hive-relay: {reason}", file=sys.stderr, flush=True)
+    status = "502 Bad Gateway" if wait else "503 Service Unavailable"
+    answer = _response(status, "-", 0, reason, "A failure, not a denial: retrying may work.", header="Error")
+    try:
+        if wait:
+            _answer(conn, answer)
+        else:
+            conn.setblocking(False)
+            conn.send(answer)
+            conn.shutdown(socket.SHUT_WR)
+            _discard_pending(conn)
+    except OSError:
+        pass
+    finally:
+        conn.close()
 
 
 @dataclass

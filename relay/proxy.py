@@ -449,8 +449,11 @@ def _response(status: str, host: str, port: int, reason: str, hint: str, header:
     return head.encode("latin-1", "replace") + body
 
 
-def pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy src → dst until EOF, then half-close dst; splice keeps the bytes out of Python."""
+def pump(src: socket.socket, dst: socket.socket, close: bool = True) -> tuple[int, OSError | None]:
+    """Copy src → dst until EOF, then half-close dst (unless `close` is False); splice keeps the bytes
+    out of Python. Returns the bytes copied and the error that ended the copy (None: a clean EOF), so
+    that a forward whose upstream said nothing can still be answered (a 502, not an empty reply)."""
+    copied, failure = 0, None
     try:
         r, w = os.pipe()
         try:
@@ -466,6 +469,7 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
                 n = os.splice(sfd, w, CHUNK)
                 if n == 0:
                     break
+                copied += n
                 while n:
                     n -= os.splice(r, dfd, n)
         else:  # pragma: no cover - every supported Linux has splice
@@ -475,17 +479,20 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
                 n = src.recv_into(buf)
                 if n == 0:
                     break
+                copied += n
                 dst.sendall(view[:n])
-    except OSError:
-        pass
+    except OSError as err:
+        failure = err
     finally:
         if r >= 0:
             os.close(r)
             os.close(w)
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+        if close:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+    return copied, failure
 
 
 class Redactor:
@@ -574,8 +581,9 @@ def _relay_response(upstream: socket.socket, client: socket.socket, redact: Reda
     and sent with `Connection: close` (one request per connection), interim 1xx heads passed on, then
     the body as it arrives, in small reads, so an SSE stream flows. Redirects are the client's to
     follow, through the proxy, without the key. Every byte passes `redact` (the key scrubbed) first.
-    Returns the status (0: no valid answer, 502 sent)."""
-    buf, status = b"", 0
+    Returns the status (0: no valid answer, 502 sent; an upstream that reset or stalled before its head
+    gets the client a 502 or 504 too, never an empty reply)."""
+    buf, status, headed = b"", 0, False
     red = redact or Redactor(())
     try:
         upstream.settimeout(HEAD_TIMEOUT)
@@ -601,6 +609,7 @@ def _relay_response(upstream: socket.socket, client: socket.socket, redact: Reda
             kept = [line for line in lines[1:]
                     if line.partition(b":")[0].strip().lower() not in _RESPONSE_DROPPED | listed]
             red.full = not 200 <= status < 300  # a 2xx body: the ends of each spelling only (see Redactor)
+            headed = True
             client.sendall(red.scrub(b"\r\n".join([lines[0], *kept, b"Connection: close", b"", b""]), full=True)
                            + red.feed(buf))
             break
@@ -616,8 +625,16 @@ def _relay_response(upstream: socket.socket, client: socket.socket, redact: Reda
             if data:
                 client.sendall(data)
         client.sendall(red.flush())
-    except OSError:
-        pass
+    except OSError as err:
+        if not headed:
+            timed_out = isinstance(err, TimeoutError)
+            reason = (f"the upstream sent no response head within {HEAD_TIMEOUT:g} s" if timed_out
+                      else f"the upstream failed before answering: {err.strerror or type(err).__name__}")
+            try:
+                _answer(client, _response("504 Gateway Timeout" if timed_out else "502 Bad Gateway", "-", 0, reason, ""))
+            except OSError:
+                pass
+            return 0
     try:
         client.shutdown(socket.SHUT_WR)
     except OSError:
@@ -625,9 +642,15 @@ def _relay_response(upstream: socket.socket, client: socket.socket, redact: Reda
     return status
 
 
+# Whether the serving thread has begun answering its client (`_answer`, a 200 to a CONNECT, a forward):
+# a failure before that still owes the client an answer (EgressProxy._serve).
+_REPLY = threading.local()
+
+
 def _answer(client: socket.socket, response: bytes) -> None:
     """Send a refusal and half-close, then read (briefly, boundedly) what the client still sends, so
     that closing is a FIN it reads after the answer rather than a reset that could discard it."""
+    _REPLY.begun = True
     client.sendall(response)
     client.shutdown(socket.SHUT_WR)
     client.settimeout(1.0)
@@ -801,6 +824,7 @@ class EgressProxy:
         self.ask = ask  # --ask: hold a denied request while `invoke ask` (a watcher) answers
         self._watchers: list[socket.socket] = []
         self._questions: dict[str, threading.Event] = {}
+        self._refusals: dict[str, str] = {}  # question -> why its answer (an allow) was refused
         # Where a rule came from, for its decision lines: a preset's name (presets.origins), "live".
         self.origins = dict(origins or {})
         self.routes = routes
@@ -823,6 +847,8 @@ class EgressProxy:
         # shut down only while it is listed, and unlisted before it is closed (no fd reuse race).
         self._tunnels: dict[int, _Tunnel] = {}
         self._wake_r, self._wake_w = socket.socketpair()
+        # Held in reserve, for answering a client when every other descriptor is taken (EMFILE).
+        self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def gave_up(self) -> str | None:
         """For the runner's wait loop: why a non-interactive run should end now (an allowed host keeps
@@ -859,6 +885,7 @@ class EgressProxy:
         if self._thread is None:
             for sock in (self._wake_r, self._wake_w):
                 sock.close()
+            self._close_spare()
         elif self._thread is not threading.current_thread():
             self._thread.join(timeout=1)
         self.log.close()
@@ -907,6 +934,13 @@ class EgressProxy:
             sel.close()
             for sock in (self._wake_r, self._wake_w):
                 sock.close()
+            self._close_spare()
+
+    def _close_spare(self) -> None:
+        """The spare descriptor is the reactor's (it alone closes and retakes it while running)."""
+        if self._spare >= 0:
+            os.close(self._spare)
+            self._spare = -1
 
     def _accept(self, sel: selectors.BaseSelector) -> None:
         for _ in range(64):  # a bounded burst, so heads in progress are read too
@@ -914,9 +948,11 @@ class EgressProxy:
                 client, _ = self.listener.accept()
             except BlockingIOError:
                 return
-            except OSError:
+            except OSError as err:
+                if err.errno in (errno.EMFILE, errno.ENFILE) and self._refuse_without_fds():
+                    continue
                 if not self._stop.is_set():
-                    time.sleep(0.01)  # EMFILE and friends: back off rather than spin
+                    time.sleep(0.01)  # back off rather than spin
                 return
             with self._lock:
                 full = self._open >= self.max_connections
@@ -928,7 +964,19 @@ class EgressProxy:
             client.setblocking(False)
             pending = _Pending(client, time.monotonic() + self.head_timeout)
             self._pending[client.fileno()] = pending
-            sel.register(client, selectors.EVENT_READ, pending)
+            try:
+                sel.register(client, selectors.EVENT_READ, pending)
+            except (OSError, ValueError) as err:  # epoll out of memory (ENOMEM) or its watch limit (ENOSPC)
+                del self._pending[client.fileno()]
+                reason = f"the proxy could not watch the connection: {getattr(err, 'strerror', None) or err}"
+                self.log.record(Decision(False, "*", 0, reason, unreachable=True, cause="failed"), "-")
+                try:
+                    client.send(_response("503 Service Unavailable", "*", 0, reason, "Retry shortly.", header="Error"))
+                    client.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                _discard_pending(client)
+                self._close(client)
 
     def _accept_control(self) -> None:
         """One `invoke allow|deny` connection, answered on its own thread (it never blocks the reactor)."""
@@ -948,13 +996,14 @@ class EgressProxy:
         with self._lock:
             self._watchers.append(conn)
 
-    def _ask(self, host: str, port: int) -> bool:
+    def _ask(self, host: str, port: int) -> tuple[bool, str]:
         """--ask: put the question to the watchers (once per host while it is open) and wait for an answer
-        (an allow, a deny or a refusal of it), at most ASK_TIMEOUT. False when nobody watches or answered."""
+        (an allow, a deny or a refusal of it), at most ASK_TIMEOUT. (answered, why the answer, an allow,
+        was refused: "" when it was not); False when nobody watches or answered."""
         target = _fmt_hostport(host, port)
         with self._lock:
             if not self._watchers:
-                return False
+                return False, ""
             event = self._questions.get(target)
             fresh = event is None
             if event is None:
@@ -973,12 +1022,13 @@ class EgressProxy:
             with self._lock:
                 if not self._watchers:
                     self._questions.pop(target, None)
-                    return False
+                    return False, ""
         answered = event.wait(ASK_TIMEOUT)
         with self._lock:
             if self._questions.get(target) is event:
                 del self._questions[target]
-        return answered
+            refused = self._refusals.pop(target, "") if answered else ""
+        return answered, refused
 
     def _wake(self, target: str | None) -> None:
         """Answer the open questions: all of them after an allow (any new rule may cover them), else one."""
@@ -988,9 +1038,27 @@ class EgressProxy:
             if event is not None:
                 event.set()
 
-    def change_rules(self, op: str, entry: str, uid: int) -> dict:
+    def change_rules(self, op: str, entry: str, uid: int, question: str = "") -> dict:
         """Add (`allow`) or remove (`deny`) a rule while the box runs: the new tuple replaces the old
-        in one assignment, so a request is judged wholly by one of them. Logged as a JSON line."""
+        in one assignment, so a request is judged wholly by one of them. Logged as a JSON line.
+        `question`: the held --ask request this answers; an allow refused here releases it at once,
+        its 403 saying why (rather than after ASK_TIMEOUT)."""
+        reply = self._change_rules(op, entry, uid)
+        if question and op == "allow" and not reply.get("ok"):
+            self._refuse_question(question, str(reply.get("error", "refused")), uid)
+        return reply
+
+    def _refuse_question(self, question: str, error: str, uid: int) -> None:
+        with self._lock:
+            if question not in self._questions:
+                return  # not held (any more): nothing to release
+            self._refusals[question] = error
+        host, _, port = question.rpartition(":")
+        self.log.event({"host": host.strip("[]"), "port": int(port) if port.isdigit() else 0, "method": "REFUSE",
+                        "decision": "live-refuse", "reason": f"invoke ask by uid {uid}: the allow was refused: {error}"})
+        self._wake(question)
+
+    def _change_rules(self, op: str, entry: str, uid: int) -> dict:
         from . import control
 
         if op == "refuse":  # `invoke ask` said no: the held request gets its 403 now; the rules stay
@@ -1056,6 +1124,40 @@ class EgressProxy:
         return (f"{rule.target} resolves to internal address {internal[0]}, which an unpinned name is never "
                 f"connected to (DNS rebinding guard), so allowing it would still deny it; {fix}")
 
+    def _refuse_without_fds(self) -> bool:
+        """Out of file descriptors: give back the spare one, accept the waiting client with it and answer
+        503 (it would otherwise sit unanswered in the backlog until its own timeout), then take the spare
+        again. False when there is no spare (it is retaken for next time) or nobody waiting."""
+        if self._spare < 0:
+            self._retake_spare()
+            return False
+        os.close(self._spare)
+        self._spare = -1
+        try:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return False
+            with client:
+                reason = "the proxy is out of file descriptors"
+                self.log.record(Decision(False, "*", 0, reason, unreachable=True, cause="failed"), "-")
+                try:
+                    client.setblocking(False)
+                    client.send(_response("503 Service Unavailable", "*", 0, reason, "Retry shortly.", header="Error"))
+                    client.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                _discard_pending(client)
+            return True
+        finally:
+            self._retake_spare()
+
+    def _retake_spare(self) -> None:
+        try:
+            self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass  # still none free: the next EMFILE backs off and tries again
+
     def _refuse_over_cap(self, client: socket.socket) -> None:
         reason = f"connection cap reached ({self.max_connections} concurrent connections per box)"
         self.log.record(Decision(False, "*", 0, reason), "-")
@@ -1088,11 +1190,25 @@ class EgressProxy:
         del self._pending[pending.sock.fileno()]
         sel.unregister(pending.sock)
         client, head, rest = pending.sock, bytes(pending.buf[: end + 4]), bytes(pending.buf[end + 4 :])
-        client.setblocking(True)
         try:
-            threading.Thread(target=self._serve, args=(client, head, rest), daemon=True).start()
-        except RuntimeError:  # no thread to be had: refuse this one, keep serving the others
+            client.setblocking(True)
+            self._spawn(self._serve, client, head, rest)
+        except Exception as err:  # noqa: BLE001 - no thread to be had: refuse this one, keep serving the others
+            reason = f"the proxy could not start serving the request: {err or type(err).__name__}"
+            self.log.record(Decision(False, "-", 0, reason, unreachable=True, cause="failed"),
+                            head.split(b" ", 1)[0][:16].decode("latin-1"))
+            try:
+                client.setblocking(False)  # the reactor never blocks: a fresh socket's buffer takes this
+                client.send(_response("503 Service Unavailable", "-", 0, reason, "Retry shortly.", header="Error"))
+                client.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            _discard_pending(client)
             self._close(client)
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        """A worker thread (its own method, so a test can make it fail as a thread limit would)."""
+        threading.Thread(target=target, args=args, daemon=True).start()
 
     def _drop(self, sel: selectors.BaseSelector, pending: _Pending, answer: bytes) -> None:
         if self._pending.pop(pending.sock.fileno(), None) is None:
@@ -1126,6 +1242,8 @@ class EgressProxy:
     def _serve(self, client: socket.socket, head: bytes, rest: bytes) -> None:
         upstream = None
         tracked = None
+        _REPLY.begun = False
+        where: tuple[str, int, str] = ("-", 0, head.split(b" ", 1)[0][:16].decode("latin-1"))
         try:
             try:
                 req = parse_head(head[:-4])
@@ -1141,10 +1259,14 @@ class EgressProxy:
                 upstream = self._serve_route(client, req, body, first)
                 return
             host, port, method = req.host, req.port, req.method
+            where = (host, port, method)
             decision = decide(self.rules, host, port, self.resolver)
-            if (not decision.allowed and self.ask and decision.reason in (NOT_LISTED, egress.IP_NOT_LISTED)
-                    and self._ask(host, port)):
-                decision = decide(self.rules, host, port, self.resolver)  # answered: judged by the rules now
+            if not decision.allowed and self.ask and decision.reason in (NOT_LISTED, egress.IP_NOT_LISTED):
+                answered, refused = self._ask(host, port)
+                if answered:
+                    decision = decide(self.rules, host, port, self.resolver)  # judged by the rules now
+                if refused and not decision.allowed:  # the answer was an allow the proxy could not make
+                    decision = Decision(False, host, port, f"invoke ask's allow was refused: {refused}")
             if decision.allowed:
                 upstream, cause, detail = self._connect(decision)
                 if upstream is None:
@@ -1158,6 +1280,7 @@ class EgressProxy:
             assert upstream is not None
             tracked = self._track(client, upstream, host, port, method)
             if body is None:
+                _REPLY.begun = True
                 client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                 if first:
                     upstream.sendall(first)
@@ -1168,8 +1291,14 @@ class EgressProxy:
                 return
             assert req.head is not None
             self._forward(client, upstream, req, body, first)
-        except OSError:
-            pass
+        except Exception as err:  # noqa: BLE001 - one failed request must not leave its client unanswered
+            if not _REPLY.begun:  # whatever failed, the client sent a whole request and is owed an answer
+                detail = getattr(err, "strerror", None) or str(err) or type(err).__name__
+                self._unanswered(client, *where, f"the proxy failed to serve the request: {detail}",
+                                 header="Error")
+            elif not isinstance(err, OSError):  # answered already, but a bug is not to pass unseen
+                self.log.event({"host": where[0], "port": where[1], "method": where[2], "decision": "error",
+                                "reason": f"the proxy failed while serving: {type(err).__name__}: {err}"})
         finally:
             if tracked is not None:
                 with self._lock:
@@ -1287,7 +1416,7 @@ class EgressProxy:
             if key is None:
                 raise ValueError(f"no key for route {route.name} on the host")
             path, credential = egress.apply_credential(route, key, match.path)
-        except ValueError as err:
+        except (ValueError, OSError) as err:  # OSError: a login's refresh that could not reach its host
             decision = Decision(False, host, port, str(err))
             self.log.record(decision, req.method, extra)
             _answer(client, _response("502 Bad Gateway", host, port, str(err), "Check the key's variable on the host."))
@@ -1365,6 +1494,7 @@ class EgressProxy:
         close. Whatever the client sent after the body (a pipelined request) is never forwarded: the
         upstream gets exactly one request, and a pipelining client retries the rest after our close."""
         assert req.head is not None
+        _REPLY.begun = True  # from here on the answer is the upstream's (or a 400/502 sent below)
         try:
             upstream.sendall(req.head + first)
         except OSError:
@@ -1396,11 +1526,31 @@ class EgressProxy:
         client.settimeout(None)
         status = 0
         if relay is None:
-            pump(upstream, client)
+            copied, failure = pump(upstream, client, close=False)
+            if copied == 0:  # the upstream said nothing: the client hears why, not an empty reply
+                self._unanswered(client, req.host, req.port, req.method,
+                                 "the upstream reset the connection before answering" if failure is not None
+                                 else "the upstream closed the connection without answering")
+                return 502
+            try:
+                client.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
         else:
             status = relay(upstream, client)
         _discard_pending(client)
         return status
+
+    def _unanswered(self, client: socket.socket, host: str, port: int, method: str, reason: str,
+                    status: str = "502 Bad Gateway", header: str = "Unreachable") -> None:
+        """A request nobody answered: the upstream said nothing, or the proxy itself failed to serve it.
+        One decision line, and a 502/503 with the reason, so the client never sees an empty reply."""
+        self.log.record(Decision(False, host, port, reason, unreachable=True, cause="failed"), method)
+        try:
+            _answer(client, _response(status, host, port, reason,
+                                      "A failure, not a denial: retrying may work.", header=header))
+        except OSError:
+            pass  # the client is gone: nobody to tell
 
     def _connect(self, decision: Decision) -> tuple[socket.socket | None, str, str]:
         """(the upstream socket, "", "") or (None, short cause, reason): every address tried in turn."""

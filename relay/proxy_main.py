@@ -19,6 +19,8 @@ from .config import CredentialRoute
 from .egress import parse_entries, route_key
 from .proxy import DecisionLog, EgressProxy
 
+WORKER_STACK = 512 << 10
+
 
 class StdoutLog(DecisionLog):
     """The decision log on stdout, one flushed JSON line per decision (kubectl logs reads it)."""
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m relay.proxy_main")
     parser.add_argument("--config", required=True)
     ns = parser.parse_args(argv)
+    # Small worker stacks: the pod's memory limit may be an RLIMIT_DATA (rootless on cgroup v1,
+    # kube_podman.rlimit_resources), which counts each thread's stack mapping; at the default 8 MiB a
+    # 256 MiB pod ran out of threads at about 30 (two per CONNECT tunnel). The workers are shallow.
+    threading.stack_size(WORKER_STACK)
     config = load(ns.config)
     host, port = config["listen"].rsplit(":", 1)
     listener = socket.create_server((host, int(port)), backlog=128, reuse_port=False)

@@ -332,3 +332,67 @@ def test_ask_holds_the_denied_request_until_the_second_terminal_answers(request:
     proc = subprocess.run([sys.executable, "-m", "relay", "ask", "--run", "1-2-deadbeef-cafecafe"], cwd=s.workdir,
                           env=s.env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 4 and "no live run of yours" in proc.stderr
+
+
+def test_ask_answered_with_an_allow_the_proxy_refuses_releases_the_request_at_once(tmp_path: Path) -> None:
+    """--ask, answered `y` for a name that resolves to an internal address: the allow is refused (an
+    unpinned name never reaches an internal address) and the held request gets its 403 at once, saying
+    why and how to pin it, instead of waiting out ASK_TIMEOUT. The twin: the pinned entry, answered to
+    the next question, lets the same request through. The real control socket, `invoke ask`'s own loop."""
+    import io
+    import socket
+
+    from relay.proxy import ASK_TIMEOUT, DecisionLog, EgressProxy
+
+    base = tmp_path / "run"
+    base.mkdir(mode=0o700)
+    run_dir = _fake_run(base, f"{control.sweep.me().token()}-0a0b0c0d")
+    server, port, _ = start_http()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def resolver(host: str, p: int) -> list[str]:
+        if host == "internal.test":
+            return ["127.0.0.1"]
+        raise OSError(f"no such name {host}")
+
+    proxy = EgressProxy(listener, (), DecisionLog(str(tmp_path / "egress.jsonl"), "test"), resolver=resolver,
+                        notify=None, control=control.listen(str(run_dir)), ask=True)
+    proxy.start()
+    answers = io.StringIO(f"y\ninternal.test:{port}=127.0.0.1:{port}\n")
+    asker = threading.Thread(target=control.ask, kwargs={"env": {"XDG_RUNTIME_DIR": str(base)}, "answers": answers},
+                             daemon=True)
+
+    def get() -> tuple[bytes, float]:
+        start = time.monotonic()
+        with socket.create_connection(listener.getsockname(), timeout=ASK_TIMEOUT + 10) as s:
+            s.sendall(f"GET http://internal.test:{port}/x HTTP/1.1\r\nHost: internal.test\r\n\r\n".encode())
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        return out, time.monotonic() - start
+
+    try:
+        asker.start()
+        deadline = time.monotonic() + 10
+        while not proxy._watchers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy._watchers, "invoke ask is watching"
+        refused, took = get()
+        assert refused.startswith(b"HTTP/1.1 403 Forbidden"), refused
+        assert b"invoke ask's allow was refused: internal.test:" in refused, refused
+        assert b"resolves to internal address 127.0.0.1" in refused and b"fix: pin it" in refused, refused
+        assert took < 5, f"released at once, not after the {ASK_TIMEOUT:g} s wait: {took:.1f} s"
+        served, took = get()
+        assert served.startswith(b"HTTP/1.1 200 "), served  # the twin: the pinned answer lets it through
+        assert took < 5
+    finally:
+        proxy.stop()
+        server.shutdown()
+        asker.join(10)
+    lines = [json.loads(line) for line in (tmp_path / "egress.jsonl").read_text().splitlines()]
+    refusal = [e for e in lines if e["decision"] == "live-refuse"]
+    assert len(refusal) == 1 and "the allow was refused" in refusal[0]["reason"], lines
+    assert refusal[0]["host"] == "internal.test" and refusal[0]["port"] == port
+    assert [e["decision"] for e in lines if e.get("method") == "GET"] == ["deny", "allow"], lines
