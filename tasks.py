@@ -241,6 +241,7 @@ def _contribute_hive(
     ask: bool = False,
     count: str | None = None,
     parallel: str | None = None,
+    no_grants: bool = False,
 ) -> None:
     if version:
         print(version_line())
@@ -254,7 +255,7 @@ def _contribute_hive(
             None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
             workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
             allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
-            allow_presets=tuple(allow_preset or ()), ask=ask,
+            allow_presets=tuple(allow_preset or ()), ask=ask, no_grants=no_grants,
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet, count=count_arg(count, "--count"),
                           parallel=count_arg(parallel, "--parallel"))

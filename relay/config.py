@@ -74,6 +74,7 @@ class CredentialRoute:
     secret_file: str = ""
     secret_json: str = ""
     basic_user: str = "x-access-token"  # authorization-basic sends base64(basic_user:key)
+    backends: tuple[str, ...] = ()  # a grant's `backends:`: only their runs get it (empty: every backend's)
     login: LoginFile | None = None  # the key is a login file's access token instead (relay/logins.py)
 
 
@@ -386,13 +387,14 @@ def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[
     return tuple(routes)
 
 
-GRANT_KEYS = {"host", "secret", "send", "user"}
+GRANT_KEYS = {"host", "secret", "send", "user", "backends"}
 SECRET_KEYS = {"env", "command", "file", "json"}
 
 
 def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
-    """`auth: {NAME: {host, secret: {env | command | file [+ json]}, send, user}}` (user config only): a
-    credential for another host, injected by the proxy on the route `/NAME` (e.g. git over HTTPS)."""
+    """`auth: {NAME: {host, secret: {env | command | file [+ json]}, send, user, backends}}` (user config
+    only): a credential for another host, injected by the proxy on the route `/NAME` (e.g. git over HTTPS).
+    `backends:` (checked against the known backends by user_grants) scopes it to those backends' runs."""
     grants = []
     for name, raw in _mapping(value, where, "auth").items():
         key = f"auth.{name}"
@@ -437,9 +439,13 @@ def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
         user = _str(data.get("user", "x-access-token"), where, f"{key}.user")
         if ":" in user or not _QUERY_NAME.fullmatch(user.replace("@", "")):
             raise where.fail(f"{key}.user", f"{user!r} is not a plain user name", "write e.g. x-access-token")
+        scope = _str_list(data["backends"], where, f"{key}.backends") if "backends" in data else ()
+        if "backends" in data and not scope:
+            raise where.fail(f"{key}.backends", "the list is empty (the grant would apply to no run)",
+                             "list the backends it is for, or remove the key (then it is for every backend)")
         grants.append(CredentialRoute(str(name), env_names, rule.name, rule.port, send, grant=True,
                                       secret_command=command, secret_file=file, secret_json=json_path,
-                                      basic_user=user))
+                                      basic_user=user, backends=tuple(dict.fromkeys(scope))))
     return tuple(grants)
 
 
@@ -733,7 +739,8 @@ def user_presets(path: Path, data: Any, backends: Mapping[str, Backend]) -> dict
 
 def user_grants(backends: Mapping[str, Backend], path: Path, data: Any) -> tuple[CredentialRoute, ...]:
     """The user config's `auth:` grants; a name a backend's route already uses is refused (one name,
-    one upstream)."""
+    one upstream), and so is a `backends:` entry that names no known backend (a typo would otherwise
+    silently scope the grant out of the runs it was meant for)."""
     where = _Where(str(path))
     grants = _grants((data or {}).get("auth") or {}, where) if isinstance(data, dict) else ()
     taken: dict[str, str] = {}
@@ -744,6 +751,10 @@ def user_grants(backends: Mapping[str, Backend], path: Path, data: Any) -> tuple
         if grant.name in taken:
             raise where.fail(f"auth.{grant.name}", f"the name is backend {taken[grant.name]}'s credential route",
                              "choose another name")
+        unknown = [b for b in grant.backends if b not in backends]
+        if unknown:
+            raise where.fail(f"auth.{grant.name}.backends", f"unknown backend {unknown[0]!r}",
+                             f"use some of {', '.join(sorted(backends))}")
     return grants
 
 

@@ -31,6 +31,8 @@ HELP = {
     "allow_ssh": ("let ssh (git over ssh) reach HOST[:PORT] (port 22 unless given) through the egress proxy, "
                   "repeatable; pair it with --allow-socket ssh-agent for your keys"),
     "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
+    "no_grants": ("use none of the `auth:` grants of your user config in this run (their secrets are not "
+                  "read); --dry-run lists which grants apply and why the others do not"),
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
     "quiet": "no banner (notes and refusals are still printed)",
@@ -57,6 +59,7 @@ OPTIONS = (
     ("allow_ssh", "o", "HOST[:PORT]"),
     ("allow_preset", "e", "PRESET"),
     ("ask", "s", None),
+    ("no_grants", "g", None),
 )
 SHORT_FLAGS = {dest: short for dest, short, _ in OPTIONS}  # invoke's task takes them from here too (tasks.py)
 REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")

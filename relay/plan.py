@@ -68,6 +68,7 @@ class Request:
     run_id: str = ""
     allow_sockets: tuple[str, ...] = ()  # --allow-socket: ssh-agent, gpg-agent or PATH (relay/sockets.py)
     allow_ssh: tuple[str, ...] = ()  # --allow-ssh HOST[:PORT]
+    no_grants: bool = False  # --no-grants: no `auth:` grant of the user config applies to this run
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
 
@@ -119,6 +120,8 @@ class Plan:
     ask: bool = False  # --ask: the proxy holds a denied request while `invoke ask` answers
     sockets: tuple[BoxSocket, ...] = ()  # --allow-socket: host sockets bound in; AF_UNIX socket() allowed
     ssh: tuple[str, ...] = ()  # --allow-ssh: HOST:PORT reached by ssh through the proxy
+    # The user config's `auth:` grants: (name, "" when it applies to this run, else why it does not).
+    auth_grants: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -129,6 +132,11 @@ class Plan:
         data["egress_rules"] = explain(self.rules)
         data["credentials"] = [route_json(r) for r in self.credentials]
         data["presets"] = {name: [r.render() for r in rules] for name, rules in self.presets}
+        # Only with grants in the user config (the key is absent otherwise, as are the grants).
+        data.pop("auth_grants")
+        if self.auth_grants:
+            data["auth_grants"] = {name: {"applies": not why, **({"skipped": why} if why else {})}
+                                   for name, why in self.auth_grants}
         return data
 
 
@@ -145,6 +153,8 @@ def route_json(route: CredentialRoute) -> dict:
                            {"command": list(route.secret_command)} if route.secret_command else
                            {"file": route.secret_file, **({"json": route.secret_json} if route.secret_json else {})})
         shown["git_insteadof"] = grant_origin(route)
+        if route.backends:
+            shown["backends"] = list(route.backends)
     return shown
 
 
@@ -269,6 +279,7 @@ class _Draft:
     route_env: dict[str, str] = field(default_factory=dict)
     git_config: list[tuple[str, str]] = field(default_factory=list)
     withheld: set[str] = field(default_factory=set)
+    auth_grants: tuple[tuple[str, str], ...] = ()
     limits: Limits | None = None
     command: list[str] = field(default_factory=list)
     fs_rules: tuple[tuple[str, str], ...] = ()
@@ -494,18 +505,36 @@ def _login_file(d: _Draft, route: CredentialRoute) -> str | None:
 
 
 def _grants(d: _Draft) -> None:
-    """The user config's `auth:` grants: each is a route of this run (any backend with network; the plan
-    lists it), and the box's git rewrites the grant's https origin to it, so `git clone/fetch/push
+    """The user config's `auth:` grants: each that applies is a route of this run (the plan lists it),
+    and the box's git rewrites the grant's https origin to it, so `git clone/fetch/push
     https://HOST/...` reaches the proxy in plain HTTP on the box's loopback and the proxy adds the
-    credential. The box holds no token and no credential helper."""
-    if not d.profile.network or d.tier == Tier.PROCESS or not d.matrix.grants:
-        return
+    credential. The box holds no token and no credential helper. A grant applies to a run with network,
+    of one of its `backends:` (every backend without the key), without --no-grants; one that does not is
+    no route, so its secret is never read (hostsecrets reads only the plan's routes), and the plan says why."""
+    uses = []
     for grant in d.matrix.grants:
-        d.routes.append(grant)
         d.withheld.update(grant.secret_env)  # a grant's variables never reach the box, whatever passes them
+        why = _grant_skipped(d, grant)
+        uses.append((grant.name, why))
+        if why:
+            d.notes.append(f"auth grant {grant.name}: {why}")
+            continue
+        d.routes.append(grant)
         d.git_config.append((f"url.http://{PROXY_LISTEN}/{grant.name}/.insteadOf", grant_origin(grant)))
         d.notes.append(f"auth grant {grant.name}: requests to {grant_origin(grant)} through "
                        f"http://{PROXY_LISTEN}/{grant.name}/ get your credential, added on the host")
+    d.auth_grants = tuple(uses)
+
+
+def _grant_skipped(d: _Draft, grant: CredentialRoute) -> str:
+    """Why the grant does not apply to this run ("" when it does)."""
+    if d.request.no_grants:
+        return "off for this run (--no-grants)"
+    if grant.backends and d.backend.name not in grant.backends:
+        return f"not for backend {d.backend.name} (backends: {', '.join(grant.backends)})"
+    if not d.profile.network or d.tier == Tier.PROCESS:
+        return "this run has no network"
+    return ""
 
 
 def _render(template: str, values: dict[str, str]) -> str:
@@ -749,6 +778,7 @@ def _plan(d: _Draft) -> Plan:
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
         ssh=tuple(r.render() for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
+        auth_grants=d.auth_grants,
     )
 
 

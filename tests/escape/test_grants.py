@@ -167,3 +167,76 @@ def test_a_repo_config_cannot_add_a_grant(box: Sandbox, report: Report) -> None:
     blocked = proc.returncode == 2 and "key 'auth': unknown key" in proc.stderr
     report.attack(blocked)
     assert blocked, proc.stderr
+
+
+SCOPED = """
+auth:
+  github:
+    host: github.com
+    secret: {command: [gh, auth, token]}
+    send: authorization-basic
+    backends: [%s]
+  elsewhere:
+    host: git.example.org
+    secret: {command: ["false"]}
+    send: authorization-bearer
+    backends: [claude]
+"""
+
+
+def with_scoped_grants(box: Sandbox, github_for: str) -> None:
+    cfg = box.home / ".config" / "hive-relay" / "config.yaml"
+    cfg.write_text(cfg.read_text() + SCOPED % github_for)
+
+
+def test_a_grant_scoped_to_this_backend_works_and_one_for_another_is_never_read(
+        box: Sandbox, ca, github, tmp_path: Path, report: Report) -> None:
+    # legit: `github` is for shell, so the shell box clones and pushes through it. `elsewhere` is for
+    # claude only: its secret command (`false`) would refuse the run if it ran; it does not, and the
+    # box's git has no rewrite for its host.
+    server, bare = github
+    with_scoped_grants(box, "shell, codex")
+    proc = run_box(box, ca, server, tmp_path)
+    out = proc.stdout.splitlines()
+    works = (proc.returncode == 0 and "clone=0" in out and "push=0" in out and head_of(bare) == "from the box"
+             and "url.http://127.0.0.1:3128/github/.insteadof https://github.com/" in out)
+    report.legit(works)
+    assert works, proc.stdout + proc.stderr[-2000:]
+    scoped_out = not any("git.example.org" in line or "/elsewhere/" in line for line in out)
+    report.attack(scoped_out)
+    assert scoped_out, proc.stdout
+
+
+def test_a_grant_for_another_backend_gives_this_box_nothing(box: Sandbox, ca, github, tmp_path: Path,
+                                                            report: Report) -> None:
+    # attack: a shell box, both grants for claude only. The `gh auth token` on the PATH fails loudly
+    # (exit 4) and `false` would too: neither runs, the box starts, and its git has no rewrite, its
+    # push fails, and no request reached the server with a credential.
+    server, bare = github
+    with_scoped_grants(box, "claude")
+    proc = run_box(box, ca, server, tmp_path, rc=4)
+    out = proc.stdout.splitlines()
+    blocked = (proc.returncode == 0 and "clone=0" not in out and "push=0" not in out and "no rewrite" in out
+               and head_of(bare) == "seed" and all("Authorization" not in h for h in server.heads))
+    report.attack(blocked)
+    assert blocked, proc.stdout + proc.stderr[-2000:]
+    assert "not logged in" not in proc.stderr and "auth grant github: not for backend shell" in proc.stderr
+
+
+def test_no_grants_turns_every_grant_off_for_one_run(box: Sandbox, ca, github, tmp_path: Path,
+                                                     report: Report) -> None:
+    # legit twin of the run above: the grant is for this backend, --no-grants turns it off for this
+    # run only (its failing secret command is not run), and the dry run says why.
+    server, _ = github
+    with_scoped_grants(box, "shell")
+    dry = box.relay("shell", "--dry-run", "--json", "--no-grants", extra_env={"PATH": fake_gh(tmp_path, rc=4)})
+    plan = json.loads(dry.stdout)
+    assert plan["auth_grants"] == {
+        "github": {"applies": False, "skipped": "off for this run (--no-grants)"},
+        "elsewhere": {"applies": False, "skipped": "off for this run (--no-grants)"}}
+    assert plan["credentials"] == []
+    proc = box.relay("shell", "local", "--quiet", "-g", "--prompt", "git config --get-regexp '^url\\.' || echo 'no rewrite'",
+                     timeout=120, extra_env={"PATH": fake_gh(tmp_path, rc=4)})
+    off = proc.returncode == 0 and proc.stdout.split() == ["no", "rewrite"]
+    report.legit(off)
+    assert off, proc.stdout + proc.stderr[-2000:]
