@@ -12,7 +12,7 @@ import pytest
 from relay import hostsecrets
 from relay.cli import build_parser
 from relay.config import CredentialRoute, Matrix, load_matrix, load_shipped
-from relay.errors import ConfigError
+from relay.errors import ConfigError, RefusedError
 from relay.plan import Request, resolve
 
 from .fakefs import WORKDIR, fake_host
@@ -121,7 +121,7 @@ def test_the_secret_of_a_skipped_grant_is_never_read(tmp_path: Path) -> None:
     loud = grant("loud", "claude", command=("/bin/sh", "-c", f"touch {marker}; exit 1"))
     plan = plan_for("shell", loud)
     assert hostsecrets.read_keys(plan.credentials, dict(ENV)) == {} and not marker.exists()
-    with pytest.raises(Exception, match="auth grant loud"):  # the twin: in scope, it is run (and fails)
+    with pytest.raises(RefusedError, match="auth grant loud"):  # the twin: in scope, it is run (and fails)
         hostsecrets.read_keys(plan_for("claude", loud).credentials, dict(ENV))
     assert marker.exists()
 

@@ -189,14 +189,22 @@ def with_scoped_grants(box: Sandbox, github_for: str) -> None:
     cfg.write_text(cfg.read_text() + SCOPED % github_for)
 
 
+@pytest.fixture(params=["local", "container"])
+def mode_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
+    if request.param == "local":
+        return request.getfixturevalue("box"), "local"
+    return request.getfixturevalue("csandbox"), "container"
+
+
 def test_a_grant_scoped_to_this_backend_works_and_one_for_another_is_never_read(
-        box: Sandbox, ca, github, tmp_path: Path, report: Report) -> None:
+        mode_box: tuple[Sandbox, str], ca, github, tmp_path: Path, report: Report) -> None:
     # legit: `github` is for shell, so the shell box clones and pushes through it. `elsewhere` is for
     # claude only: its secret command (`false`) would refuse the run if it ran; it does not, and the
     # box's git has no rewrite for its host.
+    box, mode = mode_box
     server, bare = github
     with_scoped_grants(box, "shell, codex")
-    proc = run_box(box, ca, server, tmp_path)
+    proc = run_box(box, ca, server, tmp_path, mode)
     out = proc.stdout.splitlines()
     works = (proc.returncode == 0 and "clone=0" in out and "push=0" in out and head_of(bare) == "from the box"
              and "url.http://127.0.0.1:3128/github/.insteadof https://github.com/" in out)
