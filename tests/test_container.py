@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,15 +27,24 @@ def cbox(s: Sandbox, script: str, backend: str = "shell", *args: str, **kw) -> s
     return s.relay(backend, "container", "--quiet", "--prompt", script, *args, **kw)
 
 
-def containers(label: str = "hive-relay.backend") -> list[str]:
-    out = subprocess.run([PODMAN, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"],
+def containers(label: str = "hive-relay.backend", workdir: Path | None = None) -> list[str]:
+    """Our containers; with `workdir`, only those mounting that (per-test) workdir: the engine is
+    shared by everything on this machine, and another run's container coming or going between a
+    test's two censuses is not this test's leftover."""
+    out = subprocess.run([PODMAN, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}|{{.Mounts}}"],
                          capture_output=True, text=True, env=podman_env()).stdout
-    return [n for n in out.split() if n.startswith("hive-relay-")]
+    names = []
+    for line in out.splitlines():
+        name, _, mounts = line.partition("|")
+        if name.startswith("hive-relay-") and (workdir is None or re.search(re.escape(str(workdir)) + r"[\] /]",
+                                                                              mounts + " ")):
+            names.append(name)
+    return names
 
 
 def test_shell_runs_in_the_container_with_the_caller_uid_and_the_workdir(csandbox: Sandbox) -> None:
     s = csandbox
-    before = containers()
+    before = containers(workdir=s.workdir)
     proc = cbox(s, "id -u; cat README.md; echo made > made.txt; pwd; cat /etc/os-release | head -1; "
                    "test -w /usr && echo USR-WRITABLE; echo x > /usr/x 2>/dev/null || echo USR-READONLY")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -44,7 +54,7 @@ def test_shell_runs_in_the_container_with_the_caller_uid_and_the_workdir(csandbo
     assert "USR-READONLY" in proc.stdout and "USR-WRITABLE" not in proc.stdout
     assert (s.workdir / "made.txt").read_text() == "made\n"
     # Nothing left: no container, no run dir, no placeholder files in the checkout.
-    assert containers() == before
+    assert containers(workdir=s.workdir) == before
     assert sorted(p.name for p in s.workdir.iterdir()) == ["README.md", "made.txt"]
 
 
@@ -78,14 +88,14 @@ def test_protected_paths_are_read_only_and_created_paths_do_not_leak(csandbox: S
 
 def test_exit_code_passes_through_and_the_timeout_kills_the_container(csandbox: Sandbox) -> None:
     s = csandbox
-    before = containers()
+    before = containers(workdir=s.workdir)
     assert cbox(s, "exit 7").returncode == 7
     started = time.monotonic()
     proc = cbox(s, "sleep 60", "shell", "--timeout", "3")
     assert proc.returncode == 124, proc.stderr[-2000:]
     assert "timed out after 3 s" in proc.stderr
     assert time.monotonic() - started < 45
-    assert containers() == before
+    assert containers(workdir=s.workdir) == before
 
 
 @pytest.mark.parametrize("mode", ["local", "container"])
@@ -206,21 +216,21 @@ def _start_sleeper(s: Sandbox) -> subprocess.Popen:
 
 def test_sigterm_to_the_launcher_removes_the_container(csandbox: Sandbox) -> None:
     s = csandbox
-    before = containers()
+    before = containers(workdir=s.workdir)
     launcher = _start_sleeper(s)
-    assert len(containers()) == len(before) + 1
+    assert len(containers(workdir=s.workdir)) == len(before) + 1
     launcher.send_signal(signal.SIGTERM)
     _, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM" in err.decode()
-    assert containers() == before
+    assert containers(workdir=s.workdir) == before
 
 
 def test_kill_9_of_the_launcher_leaves_no_container(csandbox: Sandbox) -> None:
     s = csandbox
-    before = containers()
+    before = containers(workdir=s.workdir)
     launcher = _start_sleeper(s)
-    assert len(containers()) == len(before) + 1
+    assert len(containers(workdir=s.workdir)) == len(before) + 1
     base = Path(s.env["XDG_RUNTIME_DIR"])
 
     def run_dirs() -> list[Path]:
@@ -230,9 +240,9 @@ def test_kill_9_of_the_launcher_leaves_no_container(csandbox: Sandbox) -> None:
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
     deadline = time.monotonic() + 60
-    while (containers() != before or run_dirs()) and time.monotonic() < deadline:
+    while (containers(workdir=s.workdir) != before or run_dirs()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert containers() == before, "the container outlived its launcher"
+    assert containers(workdir=s.workdir) == before, "the container outlived its launcher"
     assert not run_dirs()
     assert sorted(p.name for p in s.workdir.iterdir()) == ["README.md", "started.txt"]
 
@@ -324,7 +334,7 @@ def test_kill_9_while_the_engine_is_still_creating_the_container(csandbox: Sandb
     """The launcher dies right after starting the engine client: the janitor keeps removing the
     container until that client is gone, so one created a moment later does not survive."""
     s = csandbox
-    before = containers()
+    before = containers(workdir=s.workdir)
     launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "container", "--quiet", "--prompt",
                                  "sleep 120"], cwd=s.workdir, env=s.env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -338,10 +348,10 @@ def test_kill_9_while_the_engine_is_still_creating_the_container(csandbox: Sandb
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
     deadline = time.monotonic() + 90
-    while containers() != before and time.monotonic() < deadline:
+    while containers(workdir=s.workdir) != before and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # a container created after the janitor's first removal would show up by now
-    assert containers() == before
+    assert containers(workdir=s.workdir) == before
     assert not pidfile.parent.exists()
 
 
@@ -379,7 +389,7 @@ def test_codex_tui_works_interactively_in_the_container(csandbox: Sandbox) -> No
         server.shutdown()
     assert child.exitstatus == 0, "".join(seen)[-2000:]
     assert any("/v1/responses" in r["path"] for r in server.requests)
-    assert containers("hive-relay.backend=codex") == []
+    assert containers("hive-relay.backend=codex", workdir=s.workdir) == []
 
 
 def test_stdin_is_passed_to_prompt_runs(csandbox: Sandbox) -> None:
