@@ -5,11 +5,10 @@ The fake API (tests/fake_api.py) speaks TLS under the backend's real API name wi
 pinned with `--allow-host NAME:443=127.0.0.1:PORT`; the launcher trusts that CA via SSL_CERT_FILE.
 In container mode the proxy still runs on the host, so the pinned upstream on 127.0.0.1 is the same.
 
-For claude and codex the fake API also makes the CLI run a probe in the box (a tool call): what the
-box's environment, every /proc/*/environ and every file under $HOME and /tmp hold comes back in the
-next request's body. gemini and opencode get no tool call from the fake API (it speaks only claude's
-Bash and codex's exec_command), so for them the box side is checked after the run: the state the
-box wrote back under the host's HOME and everything it printed hold no key.
+The fake API also makes each CLI run a probe in the box through its own shell tool (claude's Bash,
+codex's exec_command, gemini's run_shell_command, opencode's bash): what the box's environment, every
+/proc/*/environ and every file under $HOME and /tmp hold comes back in the next request's body. After
+the run, what the box printed and wrote back under the host's HOME and workdir holds no key either.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ BACKENDS = {
     "gemini": ("GEMINI_API_KEY", "generativelanguage.googleapis.com", "GEMINI_API_KEY"),
     "opencode": ("ANTHROPIC_API_KEY", "api.anthropic.com", "ANTHROPIC_API_KEY"),
 }
-PROBED = ("claude", "codex")  # the fake API can make these CLIs run a command in the box
 # The probe never spells the key's marker in one piece, so its own text is no false hit.
 PROBE = """#!/bin/sh
 echo "probe-env=${VAR}"
@@ -67,11 +65,13 @@ def mode_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
 
 
 def setup_home(s: Sandbox, backend: str, box_var: str) -> None:
-    """The real CLIs (no sh override), no key anywhere under HOME, each CLI set to use its API key."""
+    """The real CLIs (no sh override), no key anywhere under HOME, each CLI set to use its API key and
+    to run the probe without asking (gemini drops its shell tool from a prompt run unless allowed)."""
     (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
     (s.home / ".codex" / "auth.json").unlink()
     (s.home / ".claude" / "settings.json").write_text(json.dumps({"permissions": {"allow": ["Bash"]}}))
-    (s.home / ".gemini" / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
+    (s.home / ".gemini" / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}},
+                                                                "tools": {"allowed": ["run_shell_command(sh probe-creds.sh)"]}}))
     if backend == "opencode":
         config = s.workdir / "opencode.json"  # in the workdir: the rest of /tmp is private to the box
         config.write_text(json.dumps({"model": "anthropic/claude-sonnet-4-5", "autoupdate": False, "share": "disabled"}))
@@ -101,8 +101,8 @@ def test_real_cli_turn_with_the_key_injected(mode_box, ca, tls_api, backend: str
     s, _ = mode_box
     host_var, name, box_var = BACKENDS[backend]
     setup_home(s, backend, box_var)
-    if backend in PROBED:
-        tls_api.tool_command = "sh probe-creds.sh"
+    tls_api.tool_command = "sh probe-creds.sh"
+    tls_api.tool_name = "bash" if backend == "opencode" else "Bash"
     port = tls_api.server_address[1]
     proc = s.relay(backend, mode, "--prompt", "say the answer", "--allow-host", f"{name}:443=127.0.0.1:{port}",
                    "--timeout", "240", timeout=300,
@@ -110,7 +110,7 @@ def test_real_cli_turn_with_the_key_injected(mode_box, ca, tls_api, backend: str
     out = proc.stdout + proc.stderr
     # The turn: the CLI printed the fake API's answer.
     assert proc.returncode == 0 and fake_api.ANSWER in proc.stdout, (proc.stdout[-1500:], proc.stderr[-3000:])
-    assert f"{backend} · {mode} · " in proc.stderr
+    assert f"{backend} · {mode} · " in proc.stderr and "credentials: in box" not in proc.stderr
     # The pinned upstream got the real key on every request that carried one, and only under its name.
     keys = [v for h in tls_api.headers_seen for k, v in h.items() if k in KEY_HEADERS]
     assert keys and all(REAL in v for v in keys), keys
@@ -118,9 +118,8 @@ def test_real_cli_turn_with_the_key_injected(mode_box, ca, tls_api, backend: str
     bodies = "\n".join(r["body"] for r in tls_api.requests)
     assert REAL not in bodies
     # The box saw only the placeholder: its environment, every process's, its home and /tmp.
-    if backend in PROBED:
-        probe = dict(re.findall(r"probe-(env|proc|home)=([\w-]*)", bodies))
-        assert probe == {"env": PLACEHOLDER, "proc": "0", "home": "0"}, (probe, bodies[-2000:])
+    probe = dict(re.findall(r"probe-(env|proc|home)=([\w-]*)", bodies))
+    assert probe == {"env": PLACEHOLDER, "proc": "0", "home": "0"}, (probe, bodies[-2000:])
     # Nothing the box printed or wrote back under the host's HOME holds the key.
     assert REAL not in out
     assert files_holding(s.home, REAL.encode()) == [] and files_holding(s.workdir, REAL.encode()) == []
