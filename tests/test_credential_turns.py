@@ -34,10 +34,12 @@ BACKENDS = {
     "gemini": ("GEMINI_API_KEY", "generativelanguage.googleapis.com", "GEMINI_API_KEY"),
     "opencode": ("ANTHROPIC_API_KEY", "api.anthropic.com", "ANTHROPIC_API_KEY"),
 }
-# The probe never spells the key's marker in one piece, so its own text is no false hit.
+# The probe never spells the key's marker in one piece, so its own text is no false hit; probe-seen is
+# the twin of probe-proc (the environments it reads do hold the placeholder: the scan is not blind).
 PROBE = """#!/bin/sh
 echo "probe-env=${VAR}"
 echo "probe-proc=$(for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < "$f"; done 2>/dev/null | grep -c 'TURN-KEY''-ON-THE-HOST')"
+echo "probe-seen=$(for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < "$f"; done 2>/dev/null | grep -c 'hive-relay-placeholder')"
 echo "probe-home=$(grep -rl 'TURN-KEY''-ON-THE-HOST' "$HOME" /tmp 2>/dev/null | wc -l)"
 """
 MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("container", marks=pytest.mark.container)]
@@ -118,8 +120,9 @@ def test_real_cli_turn_with_the_key_injected(mode_box, ca, tls_api, backend: str
     bodies = "\n".join(r["body"] for r in tls_api.requests)
     assert REAL not in bodies
     # The box saw only the placeholder: its environment, every process's, its home and /tmp.
-    probe = dict(re.findall(r"probe-(env|proc|home)=([\w-]*)", bodies))
-    assert probe == {"env": PLACEHOLDER, "proc": "0", "home": "0"}, (probe, bodies[-2000:])
+    probe = dict(re.findall(r"probe-(env|proc|seen|home)=([\w-]*)", bodies))
+    seen = int(probe.pop("seen", "0"))
+    assert probe == {"env": PLACEHOLDER, "proc": "0", "home": "0"} and seen >= 1, (probe, seen, bodies[-2000:])
     # Nothing the box printed or wrote back under the host's HOME holds the key.
     assert REAL not in out
     assert files_holding(s.home, REAL.encode()) == [] and files_holding(s.workdir, REAL.encode()) == []
