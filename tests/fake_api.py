@@ -97,7 +97,7 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
         if "/responses" in self.path:
             return self._openai(req, body)
         if "generateContent" in self.path or "streamGenerateContent" in self.path:
-            return self._gemini()
+            return self._gemini(req)
         if "countTokens" in self.path:
             return self._json({"totalTokens": 1})
         self._json({})
@@ -117,7 +117,7 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
             return self._stream([
                 sse("message_start", {"type": "message_start", "message": message}),
                 sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {
-                    "type": "tool_use", "id": "toolu_fake", "name": "Bash", "input": {}}}),
+                    "type": "tool_use", "id": "toolu_fake", "name": self.server.tool_name, "input": {}}}),
                 sse("content_block_delta", {"type": "content_block_delta", "index": 0,
                                             "delta": {"type": "input_json_delta", "partial_json": args}}),
                 sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
@@ -154,11 +154,16 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
             sse("response.completed", {"type": "response.completed", "response": {"id": "resp_1", "usage": usage}}),
         ])
 
-    def _gemini(self) -> None:
+    def _gemini(self, req: dict) -> None:
         # Non-streaming calls are gemini's JSON helpers (its model router); answer with valid JSON.
         text = ANSWER if "alt=sse" in self.path else json.dumps(
             {"reasoning": "simple", "model_choice": "flash", "complexity_reasoning": "simple", "complexity_score": 1})
-        chunk = {"candidates": [{"content": {"parts": [{"text": text}], "role": "model"}, "finishReason": "STOP",
+        part: dict = {"text": text}
+        tool = self.server.tool_command
+        answered = any("functionResponse" in piece for content in req.get("contents", []) for piece in content.get("parts", []))
+        if tool is not None and "alt=sse" in self.path and not answered:  # gemini's shell tool, then the answer
+            part = {"functionCall": {"name": "run_shell_command", "args": {"command": tool}}}
+        chunk = {"candidates": [{"content": {"parts": [part], "role": "model"}, "finishReason": "STOP",
                                  "index": 0}],
                  "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2}}
         if "alt=sse" in self.path:
@@ -176,6 +181,7 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.requests: list[dict] = []
         self.headers_seen: list[dict[str, str]] = []
         self.tool_command: str | None = None
+        self.tool_name = "Bash"  # the shell tool's name in an Anthropic tool_use: claude's; opencode's is "bash"
         self.oauth_tokens: dict[str, dict] = {}  # refresh token -> the token endpoint's answer to it
 
     def get_request(self):  # noqa: ANN201 - (socket, address)

@@ -311,24 +311,5 @@ def test_a_repo_config_cannot_add_a_route(box: Sandbox, report: Report) -> None:
     assert blocked, proc.stderr
 
 
-# The real CLIs (tests/test_agents.py installs them) complete a turn with the key injected.
-
-@pytest.mark.parametrize("backend, key_var, name", [("claude", "ANTHROPIC_API_KEY", "api.anthropic.com"),
-                                                    ("codex", "CODEX_API_KEY", "api.openai.com"),
-                                                    ("gemini", "GEMINI_API_KEY", "generativelanguage.googleapis.com")])
-def test_real_cli_turn_with_the_key_injected(box: Sandbox, ca, tls_api, backend: str, key_var: str, name: str,
-                                             report: Report) -> None:
-    from ..test_agents import TOOLS
-
-    port = tls_api.server_address[1]
-    (box.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
-    (box.home / ".codex" / "auth.json").unlink()
-    (box.home / ".gemini" / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
-    proc = box.relay(backend, "local", "--prompt", "say the answer", "--allow-host", f"{name}:443=127.0.0.1:{port}",
-                     "--timeout", "240", timeout=300,
-                     extra_env={key_var: REAL, "SSL_CERT_FILE": str(ca[0]), "HIVE_RELAY_TOOLS": TOOLS})
-    keys = [v for h in tls_api.headers_seen for k, v in h.items() if k in ("x-api-key", "authorization", "x-goog-api-key")]
-    works = proc.returncode == 0 and fake_api.ANSWER in proc.stdout and bool(keys) and all(REAL in v for v in keys)
-    report.legit(works)
-    assert works, (keys, proc.stdout[-1500:], proc.stderr[-3000:])
-    assert all(h.get("host") == name for h in tls_api.headers_seen)
+# The real CLIs completing a turn with the key injected, in local and container mode:
+# tests/test_credential_turns.py.

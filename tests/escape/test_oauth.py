@@ -394,21 +394,5 @@ def test_real_claude_turn_with_an_expired_login_on_the_host(box: Sandbox, ca, ap
 
 
 # opencode: its providers take their base URL from ANTHROPIC_BASE_URL / OPENAI_BASE_URL, so its keys
-# are routes too (checked in its bundle: the AI SDK's `environmentVariableName: "ANTHROPIC_BASE_URL"`).
-
-def test_real_opencode_turn_with_the_key_injected(box: Sandbox, ca, api, report: Report) -> None:
-    from ..test_agents import TOOLS
-
-    (box.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
-    config = box.workdir / "opencode.json"
-    config.write_text(json.dumps({"model": "anthropic/claude-sonnet-4-5", "autoupdate": False, "share": "disabled"}))
-    config.chmod(0o644)
-    key = "sk-ant-api03-ONHOST-key"
-    proc = box.relay("opencode", "local", "--prompt", "say the answer", *pins(api), "--timeout", "240", timeout=300,
-                     extra_env={"ANTHROPIC_API_KEY": key, "OPENCODE_CONFIG": str(config),
-                                "SSL_CERT_FILE": str(ca[0]), "HIVE_RELAY_TOOLS": TOOLS})
-    keys = [h.get("x-api-key") for h in api.headers_seen if h.get("host") == "api.anthropic.com"]
-    works = proc.returncode == 0 and fake_api.ANSWER in proc.stdout and bool(keys) and set(keys) == {key}
-    report.legit(works)
-    assert works, (keys, proc.stdout[-1500:], proc.stderr[-3000:])
-    assert MARK not in proc.stdout + proc.stderr and "credentials: in box for opencode: ANTHROPIC_API_KEY" not in proc.stderr
+# are routes too (checked in its bundle: the AI SDK's `environmentVariableName: "ANTHROPIC_BASE_URL"`);
+# its real turn with the key injected, in both modes, is in tests/test_credential_turns.py.
