@@ -63,7 +63,8 @@ class Registry:
                 os.close(lock)
 
     def claim(self, pid: int, missing: Iterable[tuple[str, bool]], existing: Iterable[str],
-              bases: tuple[str, ...] = (), dirs: frozenset[str] = frozenset()) -> None:
+              bases: tuple[str, ...] = (), dirs: frozenset[str] = frozenset(),
+              mounted: frozenset[str] = frozenset()) -> None:
         """Create the missing placeholders (empty files, or empty dirs where `is_dir`) and take a
         reference on them, plus on any existing path that is a registered placeholder of another box.
         Each is created beneath its trusted base (the workdir, the home) with no link followed.
@@ -72,11 +73,14 @@ class Registry:
         user removed it before we took the lock. bwrap would then fail on a missing mount point
         ("Can't find source path"; measured: 1 in 60 of ten boxes started at once in one workdir), so
         it is created again as our placeholder: an empty dir where the plan masks it with a tmpfs
-        (`dirs`), an empty file otherwise (a read-only bind of it onto itself works either way)."""
+        (`dirs`), an empty file otherwise (a read-only bind of it onto itself works either way).
+        Only paths the plan mounts something at (`mounted`): a protected or denied path that was
+        already missing when the plan was made has no mount point to lose, and making one there
+        would plant a file the next box's plan mistakes for a real one."""
         owner = me(pid)
         with self._locked() as data:
             _prune(data)
-            vanished = [(p, p in dirs) for p in existing if p not in data and _gone(p)]
+            vanished = [(p, p in dirs) for p in existing if p in mounted and p not in data and _gone(p)]
             for path, is_dir in [*missing, *vanished]:
                 base = _base_for(path, bases)
                 try:
@@ -155,7 +159,9 @@ def _is_placeholder(st: os.stat_result) -> bool:
 
 
 def _prune(data: dict[str, dict]) -> None:
-    for path in list(data):
+    # Deepest first: a placeholder dir (`.claude`) holding other placeholders (`.claude/commands`,
+    # made by a box whose plan saw the dir) is only empty, so removable, once they are gone.
+    for path in sorted(data, key=lambda p: p.count("/"), reverse=True):
         entry = data[path]
         entry["pids"] = [p for p in entry["pids"] if alive(Owner(p["pid"], p["start"], p["boot"]))]
         if entry["pids"]:

@@ -165,7 +165,8 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> tuple[janitor.RunStat
             missing = [(p, kinds.get(p) == MountKind.MASK_DIR) for p in plan.placeholders]
             state.registry.claim(os.getpid(), missing, plan.protected + plan.denied,
                                  bases=(plan.workdir, state.home),
-                                 dirs=frozenset(p for p, kind in kinds.items() if kind == MountKind.MASK_DIR))
+                                 dirs=frozenset(p for p, kind in kinds.items() if kind == MountKind.MASK_DIR),
+                                 mounted=frozenset(kinds))
         except OSError as err:
             raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
     state.guarded = {path: guard.snapshot(path, state.home) for path in plan.guarded_files}
