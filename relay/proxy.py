@@ -1421,16 +1421,7 @@ class EgressProxy:
             self.log.record(decision, req.method, extra)
             _answer(client, _response("502 Bad Gateway", host, port, str(err), "Check the key's variable on the host."))
             return None
-        decision = decide(egress.route_rules(self.rules, route), host, port, self.resolver)
-        upstream = None
-        if decision.allowed:
-            upstream, cause, detail = self._connect(decision)
-            if upstream is None:
-                decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
-            else:
-                upstream, detail = self._tls(upstream, host)
-                if upstream is None:
-                    decision = Decision(False, host, port, detail, unreachable=True, cause="failed")
+        decision, upstream = self._verified(egress.route_rules(self.rules, route), host, port)
         if not decision.allowed:
             self.log.record(decision, req.method, extra)
             self._refuse(client, decision)
@@ -1453,19 +1444,25 @@ class EgressProxy:
         self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)
         return upstream
 
+    def _verified(self, rules: tuple[HostRule, ...], host: str, port: int) -> tuple[Decision, ssl.SSLSocket | None]:
+        """Decide `host:port` under `rules`, connect, and verify TLS for the name: the upstream of a
+        credential route and of the host's own login refresh. Not allowed or not reachable: the
+        decision says why and there is no socket."""
+        decision = decide(rules, host, port, self.resolver)
+        if not decision.allowed:
+            return decision, None
+        sock, cause, detail = self._connect(decision)
+        if sock is None:
+            return Decision(False, host, port, detail, unreachable=True, cause=cause), None
+        upstream, detail = self._tls(sock, host)
+        if upstream is None:
+            return Decision(False, host, port, detail, unreachable=True, cause="failed"), None
+        return decision, upstream
+
     def open_tls(self, host: str, port: int) -> ssl.SSLSocket:
         """A verified TLS connection to an allowed host (the egress rules and their pins apply), for a
         request the host side makes itself: a login's refresh (relay/logins.py). Logged like any other."""
-        decision = decide(self.rules, host, port, self.resolver)
-        upstream = None
-        if decision.allowed:
-            upstream, cause, detail = self._connect(decision)
-            if upstream is None:
-                decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
-            else:
-                upstream, detail = self._tls(upstream, host)
-                if upstream is None:
-                    decision = Decision(False, host, port, detail, unreachable=True, cause="failed")
+        decision, upstream = self._verified(self.rules, host, port)
         self.log.record(decision, "POST", {"login_refresh": True})
         if upstream is None:
             raise OSError(decision.reason)
