@@ -216,10 +216,10 @@ def pick(base: str, which: str | None) -> Run:
     raise UsageError(f"{len(runs)} live runs: {', '.join(r.run_id for r in runs)}; fix: pick one with --run RUN")
 
 
-def request(run: Run, op: str, entry: str, question: str = "") -> dict:
-    """Send one request to the run's proxy; the reply as a dict. The run dir is checked again and the
-    socket reached through its fd, so a dir swapped in between is never talked to. `question`: the
-    held request (`invoke ask`) this answers, so that an allow the proxy refuses releases it at once."""
+def _open_control(run: Run) -> socket.socket:
+    """A connected socket to the run's proxy (for `request` and `ask`): the run dir is checked again
+    (ours, 0700, no link) and the socket reached through its fd, so a dir swapped in between is never
+    talked to; the proxy at the other end must run as us (SO_PEERCRED)."""
     fd = os.open(run.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -227,19 +227,34 @@ def request(run: Run, op: str, entry: str, question: str = "") -> dict:
             raise RefusedError(f"the run dir {run.path} is not private to you; not talking to it")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.settimeout(TIMEOUT)
-        with sock:
-            try:
-                sock.connect(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
-                if peer_uid(sock) != os.getuid():
-                    raise RefusedError(f"the proxy of run {run.run_id} does not run as you; not talking to it")
-                sock.sendall((json.dumps({"op": op, "entry": entry, **({"question": question} if question else {})})
-                              + "\n").encode())
-                data = _read_line(sock)
-            except OSError as err:
-                raise NoRunError(f"run {run.run_id} does not answer ({err.strerror or err}); it has probably "
-                                 "ended; fix: `invoke logs` lists the runs") from None
+        try:
+            sock.connect(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
+            if peer_uid(sock) != os.getuid():
+                raise RefusedError(f"the proxy of run {run.run_id} does not run as you; not talking to it")
+        except OSError as err:
+            sock.close()
+            raise NoRunError(f"run {run.run_id} does not answer ({err.strerror or err}); it has probably "
+                             "ended; fix: `invoke logs` lists the runs") from None
+        except RefusedError:
+            sock.close()
+            raise
+        return sock
     finally:
         os.close(fd)
+
+
+def request(run: Run, op: str, entry: str, question: str = "") -> dict:
+    """Send one request to the run's proxy; the reply as a dict. The run dir is checked again and the
+    socket reached through its fd, so a dir swapped in between is never talked to. `question`: the
+    held request (`invoke ask`) this answers, so that an allow the proxy refuses releases it at once."""
+    with _open_control(run) as sock:
+        try:
+            sock.sendall((json.dumps({"op": op, "entry": entry, **({"question": question} if question else {})})
+                          + "\n").encode())
+            data = _read_line(sock)
+        except OSError as err:
+            raise NoRunError(f"run {run.run_id} does not answer ({err.strerror or err}); it has probably "
+                             "ended; fix: `invoke logs` lists the runs") from None
     try:
         reply = json.loads(data)
     except ValueError:
@@ -255,20 +270,7 @@ def ask(run: str | None = None, env: Mapping[str, str] | None = None, answers=No
 
     answers = answers or sys.stdin
     target = pick(runtime_base(env if env is not None else os.environ), run)
-    fd = os.open(target.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
-            raise RefusedError(f"the run dir {target.path} is not private to you; not talking to it")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.settimeout(TIMEOUT)
-        try:
-            sock.connect(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
-        except OSError as err:
-            sock.close()
-            raise NoRunError(f"run {target.run_id} does not answer ({err.strerror or err})") from None
-    finally:
-        os.close(fd)
+    sock = _open_control(target)
     with sock:
         sock.sendall(b'{"op": "watch"}\n')
         lines = sock.makefile("r", encoding="utf-8", errors="replace")
