@@ -242,6 +242,7 @@ def _contribute_hive(
     count: str | None = None,
     parallel: str | None = None,
     no_grants: bool = False,
+    staged: bool = False,
 ) -> None:
     if version:
         print(version_line())
@@ -255,7 +256,7 @@ def _contribute_hive(
             None, None, backend or None, mode or "local", profile=profile, isolation=isolation, prompt=prompt,
             workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
             allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
-            allow_presets=tuple(allow_preset or ()), ask=ask, no_grants=no_grants,
+            allow_presets=tuple(allow_preset or ()), ask=ask, no_grants=no_grants, staged=staged,
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet, count=count_arg(count, "--count"),
                           parallel=count_arg(parallel, "--parallel"))
@@ -338,6 +339,57 @@ def _clean(c: Context, dry_run: bool = False, all: bool = False) -> None:  # noq
 
 _clean.__doc__ = CLEAN_DOC
 clean = task(help={"dry_run": CLEAN_HELP["dry_run"], "all": CLEAN_HELP["all"]}, name="clean")(_clean)
+
+
+# The staged workdir's review (relay/changes.py): the same texts as `hive-relay changes|diff|apply|discard`.
+def _staged_help(op: str) -> dict[str, str]:
+    from relay.cli import STAGED_HELP as H
+
+    out = {"run": H["list_run"] if op == "changes" else H["run"]}
+    if op != "changes":
+        out["path"] = H["path"] + ", repeatable"
+    if op == "apply":
+        out["skip_flagged"] = H["skip_flagged"]
+    if op != "diff":
+        out["json"] = H["json"]
+    return out
+
+
+def _changes(c: Context, run: str | None = None, json: bool = False) -> None:
+    from relay.changes import changes_main
+
+    _exit(guarded(changes_main, run or None, json))
+
+
+def _diff(c: Context, run: str, path: list[str] | None = None) -> None:
+    from relay.changes import diff_main
+
+    _exit(guarded(diff_main, run, tuple(path or ())))
+
+
+def _apply(c: Context, run: str, path: list[str] | None = None, skip_flagged: bool = False, json: bool = False) -> None:
+    from relay.changes import apply_main
+
+    _exit(guarded(apply_main, run, tuple(path or ()), skip_flagged, json))
+
+
+def _discard(c: Context, run: str, path: list[str] | None = None, json: bool = False) -> None:
+    from relay.changes import discard_main
+
+    _exit(guarded(discard_main, run, tuple(path or ()), json))
+
+
+def _staged_docs() -> None:
+    from relay.cli import APPLY_DOC, CHANGES_DOC, DIFF_DOC, DISCARD_DOC
+
+    _changes.__doc__, _diff.__doc__, _apply.__doc__, _discard.__doc__ = CHANGES_DOC, DIFF_DOC, APPLY_DOC, DISCARD_DOC
+
+
+_staged_docs()
+changes = task(positional=["run"], help=_staged_help("changes"), name="changes")(_changes)
+diff = task(positional=["run"], iterable=["path"], help=_staged_help("diff"), name="diff")(_diff)
+apply = task(positional=["run"], iterable=["path"], help=_staged_help("apply"), name="apply")(_apply)
+discard = task(positional=["run"], iterable=["path"], help=_staged_help("discard"), name="discard")(_discard)
 
 
 @task(positional=["host"], help=CHANGE_HELP, name="allow")

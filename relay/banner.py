@@ -37,7 +37,7 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
             f"only its native sandbox applies: {' '.join(plan.argv)}",
         ]
     first = (f"hive-relay: {plan.backend} · {plan.mode} · {plan.tier} · profile {plan.profile} "
-             f"({plan.profile_digest}) · workdir {short_path(plan.workdir, home)}")
+             f"({plan.profile_digest}) · workdir {short_path(plan.workdir, home)} ({plan.workdir_mode})")
     second = (f"hive-relay: {egress_summary(plan)} · limits {human_size(plan.limits.memory)} mem, "
               f"{plan.limits.pids} procs via {plan.limits.method}")
     if plan.log_path:
@@ -48,6 +48,9 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
         lines.append(f"hive-relay: WARNING: host sockets in this box (AF_UNIX allowed): {shown}")
     if plan.ssh:
         lines.append(f"hive-relay: ssh through the proxy to: {', '.join(plan.ssh)}")
+    if plan.staged is not None:
+        lines.append(f"hive-relay: staged: the box's writes stay in {short_path(plan.staged.root, home)} until you "
+                     f"apply them (`hive-relay changes {plan.staged.run}`)")
     return lines
 
 

@@ -8,8 +8,9 @@ import fcntl
 import os
 import stat
 from collections.abc import Mapping
+from functools import partial
 
-from . import janitor, jobctl, limits, procs
+from . import janitor, jobctl, limits, overlay, procs, staged
 from .errors import RefusedError, RelayError
 from .handshake import BoxProcess, box_env, read_child_pid, release, start_proxy
 from .netns import listen_in
@@ -38,10 +39,13 @@ def start(
     # Only 0, 1, 2 and bwrap's own fds reach the box: a directory fd the caller's shell left open
     # would be a key to the host's filesystem.
     closes = [(os.POSIX_SPAWN_CLOSE, fd) for fd in procs.inheritable_fds() if fd not in targets]
+    spawn = os.posix_spawn
+    if plan.staged is not None:  # the same spawn, with the overlay mounted between fork and exec
+        layer = staged.create(plan.staged, plan.workdir, staged.launch_meta(plan))
+        spawn = partial(overlay.spawn, layer=layer)  # type: ignore[assignment]
     try:
-        pid = os.posix_spawn(plan.command[0], list(plan.command), box_env(plan, caller_env),
-                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high] + closes,
-                             setpgroup=0)
+        pid = spawn(plan.command[0], list(plan.command), box_env(plan, caller_env),
+                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high] + closes, setpgroup=0)
     except OSError as err:
         raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
     finally:

@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 from .banner import emit, note_lines
 from .config import get_backend, load_matrix
@@ -499,8 +500,51 @@ def _ask_main(argv: Sequence[str]) -> int:
     return ask(ns.run)
 
 
+# `changes`, `diff`, `apply`, `discard`: review a --staged run's layer and land it (relay/changes.py).
+STAGED_HELP = {
+    "run": "the staged run: its id (the exit line names it), a unique part of it, or `last`",
+    "list_run": "the staged run to show (id, unique part, or `last`); without it, the staged runs are listed",
+    "path": "only these paths (relative to the workdir; a directory means everything below it)",
+    "skip_flagged": "leave the flagged entries (what runs on the host later: scripts, hooks, executables, "
+                    "links out of the workdir...) staged; apply the rest",
+    "json": "print it as JSON (for `changes RUN`: the run's receipt)",
+}
+CHANGES_DOC = ("List the staged runs, or show one run's changes (added, modified, deleted, mode changes, symlinks), "
+               "each risky entry flagged and each host edit made during the run shown as a conflict.")
+DIFF_DOC = "Show a staged run's changes as a unified diff (paged and coloured on a terminal; binaries named only)."
+APPLY_DOC = ("Apply a staged run's changes to the checkout (all, or the PATHs named; the rest stays staged). A path "
+             "the host changed during the run is a conflict and keeps the host's version; links are recreated as "
+             "links, never followed; special files are refused; modes are cut to rwx.")
+DISCARD_DOC = "Drop a staged run's changes: the whole layer, or only the PATHs named."
+
+
+def _staged_main(op: str, argv: Sequence[str]) -> int:
+    from . import changes
+
+    doc = {"changes": CHANGES_DOC, "diff": DIFF_DOC, "apply": APPLY_DOC, "discard": DISCARD_DOC}[op]
+    parser = _argument_parser(prog=f"hive-relay {op}", description=doc)
+    if op == "changes":
+        parser.add_argument("run", nargs="?", metavar="RUN", help=STAGED_HELP["list_run"])
+    else:
+        parser.add_argument("run", metavar="RUN", help=STAGED_HELP["run"])
+        parser.add_argument("paths", nargs="*", metavar="PATH", help=STAGED_HELP["path"])
+    if op == "apply":
+        parser.add_argument("-s", "--skip-flagged", action="store_true", help=STAGED_HELP["skip_flagged"])
+    if op != "diff":
+        parser.add_argument("-j", "--json", action="store_true", help=STAGED_HELP["json"])
+    ns = parser.parse_args(argv)
+    if op == "changes":
+        return changes.changes_main(ns.run, ns.json)
+    if op == "diff":
+        return changes.diff_main(ns.run, ns.paths)
+    if op == "apply":
+        return changes.apply_main(ns.run, ns.paths, ns.skip_flagged, ns.json)
+    return changes.discard_main(ns.run, ns.paths, ns.json)
+
+
 SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main, "ask": _ask_main,
-               "allow": lambda argv: _change_main("allow", argv), "deny": lambda argv: _change_main("deny", argv)}
+               "allow": lambda argv: _change_main("allow", argv), "deny": lambda argv: _change_main("deny", argv),
+               **{op: partial(_staged_main, op) for op in ("changes", "diff", "apply", "discard")}}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -525,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns.backend_pos, ns.mode_pos, ns.backend, ns.mode, profile=ns.profile, isolation=ns.isolation,
             prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
             command=command, allow_sockets=tuple(ns.allow_socket), allow_ssh=tuple(ns.allow_ssh),
-            allow_presets=tuple(ns.allow_preset), ask=ns.ask, no_grants=ns.no_grants,
+            allow_presets=tuple(ns.allow_preset), ask=ns.ask, no_grants=ns.no_grants, staged=ns.staged,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet, count=count(ns.count, "--count"),
                           parallel=count(ns.parallel, "--parallel"))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-SUBCOMMANDS = ("build-image", "completion", "logs", "clean", "allow", "deny", "ask")
+SUBCOMMANDS = ("build-image", "completion", "logs", "clean", "allow", "deny", "ask", "changes", "diff", "apply",
+               "discard")
 
 BASH = """\
 # bash completion for hive relay: contribute-hive (bin/) and hive-relay (console script).
@@ -45,7 +46,7 @@ _hive_relay_complete() {{
         COMPREPLY=($(compgen -W "$backends {subcommands}" -- "$cur"))
     elif [[ $first == completion ]]; then
         ((n == 1)) && COMPREPLY=($(compgen -W "bash zsh" -- "$cur"))
-    elif ((n == 1)) && [[ $first != build-image && $first != logs && $first != clean && $first != allow && $first != deny && $first != ask ]]; then
+    elif ((n == 1)) && [[ $first != build-image && $first != logs && $first != clean && $first != allow && $first != deny && $first != ask && $first != changes && $first != diff && $first != apply && $first != discard ]]; then
         COMPREPLY=($(compgen -W "$modes" -- "$cur"))
     fi
     return 0

@@ -148,6 +148,7 @@ class Matrix:
     sources: tuple[str, ...]
     presets: Mapping[str, tuple[str, ...]] = _field(default_factory=dict)  # the user config's named presets
     grants: tuple[CredentialRoute, ...] = ()  # the user config's `auth:` (never a repo's)
+    workdir_mode: str = "live"  # `workdir: staged | live` (user config; a repo may only force staged)
 
 
 class _Where:
@@ -713,7 +714,7 @@ def apply_user(
     `data` is the already-read YAML (else the file is read). Its `auth:` grants: `user_grants`."""
     where = _Where(str(path))
     data = _top(read_yaml(path, USER) if data is ABSENT else data, where,
-                {"version", "backends", "profiles", "allow_unsandboxed", "auth", "presets"})
+                {"version", "backends", "profiles", "allow_unsandboxed", "auth", "presets", "workdir"})
     merged = dict(backends)
     for name, entry in _mapping(data.get("backends") or {}, where, "backends").items():
         merged[name] = _backend_from(str(name), entry, where, merged.get(name))
@@ -813,7 +814,7 @@ def apply_repo(backends: dict[str, Backend], path: Path, data: Any = ABSENT) -> 
     """Apply the workspace repo's `.hive-relay.yaml`, which may only narrow existing backends.
     `data` is the already-read YAML (else the file is read, as a repo config: no link, no FIFO)."""
     where = _Where(str(path))
-    data = _top(read_yaml(path, REPO) if data is ABSENT else data, where, {"version", "backends"})
+    data = _top(read_yaml(path, REPO) if data is ABSENT else data, where, {"version", "backends", "workdir"})
     raw = data.get("backends") or {}
     merged = dict(backends)
     for name, entry in _mapping(raw, where, "backends").items():
@@ -828,6 +829,19 @@ def apply_repo(backends: dict[str, Backend], path: Path, data: Any = ABSENT) -> 
     return merged
 
 
+def workdir_mode(data: Any, path: Path, repo: bool) -> str | None:
+    """The `workdir:` key: `staged` or `live`; a repo's may only say `staged` (it narrows the box,
+    never widens it)."""
+    value = data.get("workdir") if isinstance(data, dict) else None
+    if value is None:
+        return None
+    allowed = ("staged",) if repo else ("staged", "live")
+    if value not in allowed:
+        raise _Where(str(path)).fail("workdir", f"{value!r} is not allowed here",
+                                     "write `workdir: staged`" + ("" if repo else " or `workdir: live`"))
+    return str(value)
+
+
 def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SHIPPED_CONFIG) -> Matrix:
     """All three layers, strictly; a missing optional layer is simply absent (a named user config
     must exist). Each file is read once, bounded, without blocking; nothing comes from a cache."""
@@ -837,21 +851,24 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
     opt_ins: frozenset[str] = frozenset()
     presets: dict[str, tuple[str, ...]] = {}
     grants: tuple[CredentialRoute, ...] = ()
+    mode = "live"
     user_path = user_config_path(env)
     data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")))
     if data is not ABSENT:
         backends, profiles, opt_ins = apply_user(backends, user_path, data)
         presets = user_presets(user_path, data, backends)
         grants = user_grants(backends, user_path, data)
+        mode = workdir_mode(data, user_path, repo=False) or mode
         sources.append(str(user_path))
     if workdir is not None:
         repo_path = workdir / REPO_CONFIG_NAME
         data = read_yaml(repo_path, REPO, required=False)
         if data is not ABSENT:
             backends = apply_repo(backends, repo_path, data)
+            mode = workdir_mode(data, repo_path, repo=True) or mode
             sources.append(str(repo_path))
     return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources),
-                  grants=grants, presets=presets)
+                  grants=grants, presets=presets, workdir_mode=mode)
 
 
 def backend_names(matrix: Matrix) -> list[str]:

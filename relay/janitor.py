@@ -39,6 +39,7 @@ class RunState:
     git_before: dict[str, str | None] = field(default_factory=dict)  # their state files at copy-in
     workdir: str = ""
     agent: agentstate.AgentState | None = None  # private copies of the agent's state dirs
+    staged_root: str | None = None  # --staged: the run's layer (relay/staged.py); git state is kept there
 
 
 # The files synced back (e.g. ~/.claude.json) hold settings and project history, never bulk data.
@@ -148,6 +149,18 @@ def _sync_git(state: RunState, messages: list[str]) -> None:
     messages += result.messages
 
 
+def _stage_git(state: RunState, messages: list[str]) -> None:
+    """--staged: the box's git state files go into its layer, never into the host's .git (its
+    objects and refs are in the layer already: their binds stack on the overlay)."""
+    from .staged import keep_git_state
+
+    assert state.run_dir is not None and state.git is not None and state.staged_root is not None
+    try:
+        keep_git_state(state.git, state.run_dir, state.staged_root)
+    except OSError as err:
+        messages.append(f"could not keep the box's git state in its layer: {err.strerror or err}")
+
+
 def teardown(state: RunState) -> list[str]:
     """Undo everything the run created on the host; returns messages for the user."""
     messages: list[str] = []
@@ -166,7 +179,9 @@ def teardown(state: RunState) -> list[str]:
         _sync_back(state, messages)
         if state.agent is not None:
             agentstate.sync_back(state.agent, os.path.join(state.run_dir, "home"), messages)
-        if state.git is not None:
+        if state.git is not None and state.staged_root is not None:
+            _stage_git(state, messages)
+        elif state.git is not None:
             _sync_git(state, messages)
         shutil.rmtree(state.run_dir, ignore_errors=True)
     return messages

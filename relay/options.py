@@ -33,6 +33,8 @@ HELP = {
     "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
     "no_grants": ("use none of the `auth:` grants of your user config in this run (their secrets are not "
                   "read); --dry-run lists which grants apply and why the others do not"),
+    "staged": ("the box's writes to the workdir land in a private copy-on-write layer, never in the checkout; "
+               "review and apply them from the host: `hive-relay changes|diff|apply|discard RUN`"),
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
     "quiet": "no banner (notes and refusals are still printed)",
@@ -60,6 +62,7 @@ OPTIONS = (
     ("allow_preset", "e", "PRESET"),
     ("ask", "s", None),
     ("no_grants", "g", None),
+    ("staged", "z", None),
 )
 SHORT_FLAGS = {dest: short for dest, short, _ in OPTIONS}  # invoke's task takes them from here too (tasks.py)
 REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")

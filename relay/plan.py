@@ -25,6 +25,7 @@ from .gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from .hosts import HostRule, explain
 from .native import render as render_native
 from .nodeproxy import node_options
+from .overlay import unsafe_path
 from .paths import config_home, own_paths, state_dir, tool_dir
 from .planlimits import Limits, limit_method
 from .presets import expand as expand_presets
@@ -32,6 +33,8 @@ from .probe import HostFacts
 from .profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from .seccomp_policy import SeccompPolicy, policy_for
 from .sockets import CONNECT_ENV, BoxSocket, connect_script, parse_ssh_hosts, resolve_sockets, socket_homes, ssh_command
+from .staged import StagedLayer
+from .staged import for_run as staged_for_run
 from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
 from .vocab import MountKind, Tier
 from .workdir import refusal as workdir_refusal
@@ -69,6 +72,7 @@ class Request:
     allow_sockets: tuple[str, ...] = ()  # --allow-socket: ssh-agent, gpg-agent or PATH (relay/sockets.py)
     allow_ssh: tuple[str, ...] = ()  # --allow-ssh HOST[:PORT]
     no_grants: bool = False  # --no-grants: no `auth:` grant of the user config applies to this run
+    staged: bool = False  # --staged: the box's workdir writes land in a private layer (relay/staged.py)
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
 
@@ -122,9 +126,13 @@ class Plan:
     ssh: tuple[str, ...] = ()  # --allow-ssh: HOST:PORT reached by ssh through the proxy
     # The user config's `auth:` grants: (name, "" when it applies to this run, else why it does not).
     auth_grants: tuple[tuple[str, str], ...] = ()
+    workdir_mode: str = "live"  # "staged": the workdir's writes go to `staged`'s layer, reviewed on the host
+    staged: StagedLayer | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
+        if self.staged is None:
+            data.pop("staged")
         del data["rules"]  # shown as `egress` and `egress_rules`
         data["env_set"] = dict(self.env_set)
         data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
@@ -285,6 +293,7 @@ class _Draft:
     fs_rules: tuple[tuple[str, str], ...] = ()
     container: ContainerRun | None = None
     sockets: tuple[BoxSocket, ...] = ()
+    staged: StagedLayer | None = None
 
     @property
     def home(self) -> str:
@@ -331,6 +340,7 @@ def resolve(
     d = _Draft(backend, matrix, request, facts, caller_env, fs, workdir, choice.tier, profile, shell,
                list(choice.notes), allowed_rules(backend, profile, extra_rules), now, presets=presets)
     _refuse_workdir(d)
+    _workdir_mode(d)
     _home_grants(d)
     _agent(d)
     _credentials(d)
@@ -370,6 +380,25 @@ def _refuse_workdir(d: _Draft) -> None:
         raise RefusedError(reason)
     request = d.request
     d.run_dir = os.path.join(env.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
+
+
+def _workdir_mode(d: _Draft) -> None:
+    """--staged: the box writes into a copy-on-write layer of its own (relay/overlay.py), mounted by
+    the launcher; only the supervised tier has the mount namespace for it."""
+    if not (d.request.staged or d.matrix.workdir_mode == "staged"):
+        return
+    why = None
+    if d.request.mode != "local":
+        why = f"{d.request.mode} mode has no staged workdir yet; fix: use local mode, or drop --staged"
+    elif d.tier != Tier.SUPERVISED:
+        why = (f"the {d.tier} tier has no mount namespace to stage the workdir in; fix: install bubblewrap "
+               "(the supervised tier), or drop --staged")
+    elif unsafe_path(d.workdir):
+        why = (f"the workdir {d.workdir} holds {unsafe_path(d.workdir)!r}, which an overlay mount cannot name; "
+               "fix: rename the directory, or drop --staged")
+    if why:
+        raise RefusedError(f"--staged: {why}")
+    d.staged = staged_for_run(d.env, d.request.run_id or "dry")
 
 
 def _home_grants(d: _Draft) -> None:
@@ -760,6 +789,8 @@ def _plan(d: _Draft) -> Plan:
         policy["credentials"] = [route_json(r) for r in d.routes]
     if d.sockets:
         policy["sockets"] = [asdict(s) for s in d.sockets]
+    if d.staged:
+        policy["workdir"] = "staged"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(d.now))
     log_path = os.path.join(state_dir(d.env), "logs", f"{stamp}-{d.backend.name}-{d.request.run_id or 'dry'}.jsonl")
     return Plan(
@@ -778,7 +809,7 @@ def _plan(d: _Draft) -> Plan:
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
         ssh=tuple(r.render() for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
-        auth_grants=d.auth_grants,
+        auth_grants=d.auth_grants, workdir_mode="staged" if d.staged else "live", staged=d.staged,
     )
 
 

@@ -140,6 +140,10 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if box.proxy is not None and box.proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({box.proxy.log.write_errors} errors): {plan.log_path}")
     messages += exitreport.end(box.watch, plan, caller_env, run_id)
+    if plan.staged is not None:
+        from .changes import exit_line
+
+        messages.append(exit_line(plan.staged))
     emit([f"hive-relay: {line}" for line in summary + messages])
     return _finish(box.outcome, box.rc, plan)
 
@@ -157,7 +161,8 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> tuple[janitor.RunStat
                      or plan.proxy_listen is not None  # the `invoke allow` socket (relay/control.py)
                      or container is not None or plan.git is not None or own_passwd)
     state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
-                             placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir)
+                             placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir,
+                             staged_root=plan.staged.root if plan.staged else None)
     if plan.placeholders or plan.protected or plan.denied:
         state.registry = Registry(state_dir(dict(caller_env)))
         try:

@@ -1,0 +1,196 @@
+"""A staged run's layer on the host: where it lives, what it records at launch, and which runs exist.
+
+Layout, under hive relay's state dir (owner-only, beyond every box's reach):
+
+    staged/RUN/meta.json   written once at launch: run id, backend, workdir, profile digest, the
+                           protected paths, and `base_ctime_ns`, the change time of `stamp`
+    staged/RUN/stamp       made just before the overlay is mounted: its ctime is the run's start on
+                           the kernel's own clock
+    staged/RUN/upper/      the overlay's upper layer: only what the box changed
+    staged/RUN/work/       overlayfs's scratch dir
+    staged/RUN/git/        the box's git state files (HEAD, index, ...), kept at exit, never synced
+    staged/RUN/receipt.json  what was reviewed and applied, when and by whom (relay/changes.py)
+
+The base state costs nothing at launch. A host file whose ctime is older than the stamp is the
+file the box started from (ctime cannot be set back by any tool); a newer ctime means the user
+changed it during the run, and apply calls that a conflict. So launch stays O(1) in the size of
+the checkout, and review pays only for what changed.
+
+A layer belongs to its run until `apply` or `discard` empties it: the sweep of dead launchers'
+run dirs (relay/sweep.py) and `invoke clean` never touch this tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from . import safefs
+from .overlay import Layer
+from .paths import state_dir
+
+META = "meta.json"
+RECEIPT = "receipt.json"
+STAMP = "stamp"
+
+
+@dataclass(frozen=True)
+class StagedLayer:
+    """The plan's part: which run, and where its layer lives."""
+
+    run: str
+    root: str  # staged/RUN
+
+    @property
+    def upper(self) -> str:
+        return os.path.join(self.root, "upper")
+
+    @property
+    def work(self) -> str:
+        return os.path.join(self.root, "work")
+
+
+def staged_root(env: Mapping[str, str]) -> str:
+    return os.path.join(state_dir(dict(env)), "staged")
+
+
+def for_run(env: Mapping[str, str], run_id: str) -> StagedLayer:
+    """Pure: where run `run_id`'s layer lives."""
+    return StagedLayer(run_id, os.path.join(staged_root(env), run_id))
+
+
+def _mkdir_private(path: str) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.mkdir(path, 0o700)  # a fresh run id: never there before (EEXIST is a refusal)
+
+
+def create(layer: StagedLayer, workdir: str, meta: Mapping[str, object]) -> Layer:
+    """Make the run's layer dirs and its meta.json; returns the overlay to mount. The upper dir
+    takes the workdir's own mode and owner: it becomes the merged root the box sees."""
+    base = os.path.dirname(layer.root)
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    os.chmod(base, 0o700)
+    _mkdir_private(layer.root)
+    st = os.stat(workdir)
+    os.mkdir(layer.upper, 0o700)
+    os.mkdir(layer.work, 0o700)
+    os.chmod(layer.upper, st.st_mode & 0o7777)
+    if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
+        os.chown(layer.upper, st.st_uid, st.st_gid)
+    with safefs.base_dir(layer.root) as rfd:
+        safefs.create_new(rfd, STAMP, b"", 0o600, durable=False)
+        base_ctime = os.stat(STAMP, dir_fd=rfd).st_ctime_ns
+        record = {**meta, "run": layer.run, "workdir": workdir, "base_ctime_ns": base_ctime,
+                  "started": time.time(), "uid": os.getuid()}
+        safefs.create_new(rfd, META, json.dumps(record, indent=1, sort_keys=True).encode(), 0o600)
+    return Layer(workdir, layer.upper, layer.work)
+
+
+def read_json(root: str, name: str) -> dict | None:
+    try:
+        data = safefs.read_file(os.path.join(root, name), 16 << 20, base=root)
+    except OSError:
+        return None
+    if data is None:
+        return None
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write_json(root: str, name: str, value: Mapping[str, object]) -> None:
+    safefs.write_file(os.path.join(root, name), json.dumps(value, indent=1, sort_keys=True).encode(), 0o600,
+                      base=root)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One staged run as listed: its layer and meta."""
+
+    layer: StagedLayer
+    meta: dict
+
+    @property
+    def workdir(self) -> str:
+        return str(self.meta.get("workdir", ""))
+
+    @property
+    def base_ctime_ns(self) -> int:
+        value = self.meta.get("base_ctime_ns")
+        return value if isinstance(value, int) else 0
+
+    def running(self) -> bool:
+        """True while the launcher that owns the run is alive (its box may still be writing)."""
+        from .sweep import alive, parse_run_id
+
+        owner = parse_run_id(self.layer.run)
+        return owner is not None and alive(owner)
+
+    def to_json(self) -> dict:
+        return {"run": self.layer.run, **asdict(self.layer), "meta": self.meta}
+
+
+def runs(env: Mapping[str, str]) -> list[Run]:
+    """Every staged run of this user with a readable meta.json, oldest first."""
+    root = staged_root(env)
+    try:
+        entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        meta = read_json(entry.path, META)
+        if meta is not None:
+            out.append(Run(StagedLayer(entry.name, entry.path), meta))
+    return sorted(out, key=lambda r: float(r.meta.get("started") or 0))
+
+
+def find(env: Mapping[str, str], spec: str) -> Run:
+    """The run `spec` names: its id, a unique part of it, or `last`."""
+    from .errors import UsageError
+
+    found = runs(env)
+    if not found:
+        raise UsageError("no staged runs; fix: launch a box with --staged")
+    if spec == "last":
+        return found[-1]
+    exact = [r for r in found if r.layer.run == spec]
+    hits = exact or [r for r in found if spec and spec in r.layer.run]
+    if len(hits) != 1:
+        what = "no staged run matches" if not hits else "more than one staged run matches"
+        raise UsageError(f"{what} {spec!r}; fix: `hive-relay changes` lists them")
+    return hits[0]
+
+
+def keep_git_state(git, run_dir: str, layer_root: str) -> list[str]:  # noqa: ANN001 - gitdir.GitPlan
+    """At exit (the box is dead), the box's git state files (HEAD, index, ...) from its private git
+    dir into the layer, as they are: data for a later apply, never written to the host's .git."""
+    kept: list[str] = []
+    dest = os.path.join(layer_root, "git")
+    os.makedirs(dest, mode=0o700, exist_ok=True)
+    with safefs.base_dir(run_dir) as rfd, safefs.base_dir(dest) as dfd:
+        for g in git.dirs:
+            for name in g.state:
+                key = os.path.join(g.private, name)
+                try:
+                    data = safefs.read_beneath(rfd, key, 256 << 20)
+                except OSError:
+                    continue
+                if data is None:
+                    continue
+                with safefs.parent_of(dfd, key, create=True) as (pfd, leaf):
+                    safefs.replace_in(pfd, leaf, data, 0o600, durable=False)
+                kept.append(key)
+    return kept
+
+
+def launch_meta(plan) -> dict:  # noqa: ANN001 - plan.Plan (plan imports this module)
+    """What meta.json records from the plan: enough to list, review and apply without it."""
+    return {"backend": plan.backend, "mode": plan.mode, "tier": str(plan.tier), "profile": plan.profile,
+            "profile_digest": plan.profile_digest, "protected": list(plan.protected), "denied": list(plan.denied),
+            "interactive": plan.interactive}
