@@ -30,7 +30,7 @@ def policy_key(plan: Plan) -> str:
     run_id = os.path.basename(plan.run_dir or "")
     command = [c.replace(run_id, "RUN") if run_id else c for c in plan.command[: len(plan.command) - len(plan.argv)]]
     data = [plan.tier, command, plan.limits.memory, plan.limits.pids, plan.limits.method, sorted(plan.fs_rules),
-            list(plan.seccomp)]
+            list(plan.seccomp)] + (["staged"] if plan.staged else [])
     return sha256(json.dumps(data).encode()).hexdigest()[:24]
 
 
@@ -81,6 +81,9 @@ def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
         notes=(),
         run_dir=run_dir,
         credentials=(),  # `true` sends nothing: a grant's host command runs for the real run only
+        # --staged: the probe mounts a layer of its own (the overlay is part of what must start), dropped after
+        staged=replace(plan.staged, run=plan.staged.run + "-verify", root=plan.staged.root + "-verify")
+        if plan.staged else None,
     )
     with tempfile.TemporaryFile() as err, open(os.devnull, "wb") as devnull:
         try:
@@ -90,6 +93,10 @@ def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
             code, reason = -1, str(exc)
         else:
             reason = ""
+        if probe_plan.staged is not None:
+            import shutil
+
+            shutil.rmtree(probe_plan.staged.root, ignore_errors=True)
         err.seek(0)
         lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
     if code == 0:
