@@ -257,6 +257,8 @@ def _judge_kind(run: staged.Run, ufd: int, wfd: int, rel: str, st: os.stat_resul
                                 ce.conflict = _tree_conflict(run, wfd, child, applied)
                             out.entries.append(ce)
             return None
+        if host is None and os.listdir(dfd):
+            return None  # made on the way by what lands inside it (and only then)
         e = Entry(rel, "dir", st.st_mode, before, flags=_flags(rel, st.st_mode))
         if host is not None:
             e.refused = "a directory where the host has a file: apply it by hand"
