@@ -361,6 +361,11 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
             started.append(time.perf_counter() - start)
         results["ten_boxes"] = {"all_done_s": max(started), "single_box_s": launch["relay entry (python -m relay)"][0],
                                 "failures": failures}
+
+        # 6. The staged workdir: launch against live, review and apply, and the peers' cp -a (relay/bench_staged.py).
+        from . import bench_staged
+
+        results["staged"] = bench_staged.measure(runs, quick, env)
     finally:
         if server is not None:
             server.kill()
@@ -608,6 +613,12 @@ def report(r: dict) -> int:
         for name, v in ctp.items():
             lines.append(f"| container throughput ({c['blob_mb']} MB): {name} | {v:.0f} MB/s | "
                          f"{v / ctp['direct curl']:.2f}× direct curl |")
+    if r.get("staged"):
+        from .bench_staged import rows as staged_rows
+
+        more, more_targets = staged_rows(r["staged"])
+        lines += more
+        targets.update(more_targets)
     return _write(r, lines, targets)
 
 
