@@ -71,7 +71,7 @@ def _drop_all(env: dict[str, str], workdir: str) -> None:
 
     for run in staged.runs(env):
         if run.workdir == workdir:
-            shutil.rmtree(run.layer.root, ignore_errors=True)
+            staged.remove_layer(run.layer.root)
 
 
 def measure(runs: int = 15, quick: bool = False, env: dict[str, str] | None = None) -> dict:

@@ -353,21 +353,7 @@ def _drop_upper(ufd: int, rel: str) -> None:
 
 
 def _rmtree_at(pfd: int, name: str) -> None:
-    try:
-        os.chmod(name, 0o700, dir_fd=pfd, follow_symlinks=False)
-    except OSError:
-        pass
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
-    try:
-        for child in os.listdir(fd):
-            st = os.stat(child, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                _rmtree_at(fd, child)
-            else:
-                os.unlink(child, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=pfd)
+    staged.remove_tree(pfd, name)
 
 
 def _prune_empty_dirs(ufd: int) -> None:
@@ -504,7 +490,7 @@ def discard(run: staged.Run, paths: Sequence[str] = ()) -> list[str]:
             raise RelayError(f"run {run.layer.run} is still running; fix: end the box first, or name PATHs")
         lock = _lock(run.layer.root)
         try:
-            shutil.rmtree(run.layer.root, onerror=_rm_error)
+            staged.remove_layer(run.layer.root)
         finally:
             os.close(lock)
         return ["(all)"]
@@ -534,14 +520,6 @@ def _exists(ufd: int, rel: str) -> bool:
         return safefs.lstat_beneath(ufd, rel) is not None
     except OSError:
         return False
-
-
-def _rm_error(func, path, exc_info) -> None:  # noqa: ANN001 - shutil's callback
-    try:
-        os.chmod(os.path.dirname(path), 0o700)
-        func(path)
-    except OSError:
-        pass
 
 
 # ---- receipt ----------------------------------------------------------------------------------

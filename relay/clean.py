@@ -217,6 +217,12 @@ def plan_clean(env: Mapping[str, str], everything: bool) -> tuple[list[Item], li
     logs_dir = logs_mod.logs_dir(env)
     for f in _doomed_logs(logs_dir, everything):
         items.append(Item("egress log", os.path.join(logs_dir, f.name), f.size))
+    from .staged import runs as staged_runs
+
+    layers = staged_runs(env)
+    if layers:  # a layer is the box's unapplied work: never removed here, only by `discard`
+        notes.append(f"{len(layers)} staged run(s) kept (their changes are not applied): `hive-relay changes` lists "
+                     "them, `hive-relay discard RUN` drops one")
     engine = None
     if not boxes:
         engine, images, skipped = image_items(env, everything)

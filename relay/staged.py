@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -194,3 +195,32 @@ def launch_meta(plan) -> dict:  # noqa: ANN001 - plan.Plan (plan imports this mo
     return {"backend": plan.backend, "mode": plan.mode, "tier": str(plan.tier), "profile": plan.profile,
             "profile_digest": plan.profile_digest, "protected": list(plan.protected), "denied": list(plan.denied),
             "interactive": plan.interactive}
+
+
+def remove_tree(pfd: int, name: str) -> None:
+    """Remove `name` under the dir fd and all below it, no link followed. Each directory is made
+    ours to read first: overlayfs leaves its `work/work` at mode 000, and a box can chmod 000 its own."""
+    try:
+        os.chmod(name, 0o700, dir_fd=pfd, follow_symlinks=False)
+    except OSError:
+        pass
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+    try:
+        for child in os.listdir(fd):
+            st = os.stat(child, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                remove_tree(fd, child)
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=pfd)
+
+
+def remove_layer(root: str) -> None:
+    """Drop a whole layer dir (discard, the verify probe's, the bench's); gone already is fine."""
+    try:
+        with safefs.base_dir(os.path.dirname(root)) as pfd:
+            remove_tree(pfd, os.path.basename(root))
+    except FileNotFoundError:
+        pass

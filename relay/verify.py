@@ -94,9 +94,12 @@ def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
         else:
             reason = ""
         if probe_plan.staged is not None:
-            import shutil
+            from .staged import remove_layer
 
-            shutil.rmtree(probe_plan.staged.root, ignore_errors=True)
+            try:
+                remove_layer(probe_plan.staged.root)
+            except OSError:
+                pass
         err.seek(0)
         lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
     if code == 0:

@@ -198,9 +198,11 @@ def test_bash_completion_offers_backends_modes_and_options(sandbox: Sandbox, tmp
     path.write_text(proc.stdout)
     backends = ["claude", "codex", "gemini", "opencode", "shell"]
     assert complete(path, "contribute-hive", "") == backends + ["build-image", "completion", "logs", "clean", "allow",
-                                                               "deny", "ask"]
+                                                               "deny", "ask", "changes", "diff", "apply",
+                                                               "discard"]
     assert complete(path, "hive-relay", "allow", "") == []
-    assert complete(path, "contribute-hive", "c") == ["claude", "codex", "completion", "clean"]
+    assert complete(path, "contribute-hive", "c") == ["claude", "codex", "completion", "clean", "changes"]
+    assert complete(path, "hive-relay", "apply", "") == []
     assert complete(path, "hive-relay", "logs", "") == []
     assert complete(path, "hive-relay", "shell", "") == ["local", "container", "kube"]
     assert complete(path, "contribute-hive", "--backend", "") == backends
