@@ -173,7 +173,7 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
 
     data = plan.to_json()
     lines = [f"backend  {plan.backend}   mode {plan.mode}   tier {plan.tier}   profile {plan.profile} ({plan.profile_digest})",
-             f"workdir  {plan.workdir}",
+             f"workdir  {plan.workdir} ({plan.workdir_mode}" + (f": layer {plan.staged.root})" if plan.staged else ")"),
              f"argv     {' '.join(plan.argv)}",
              f"limits   {human_size(plan.limits.memory)} memory, {plan.limits.pids} processes via {plan.limits.method}",
              *([f"engine   {c.kind} {'rootless' if c.rootless else 'rootful'} ({c.engine}), image {c.image}, "
