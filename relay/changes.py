@@ -61,6 +61,7 @@ class Entry:
     conflict: str | None = None
     refused: str | None = None
     base: dict | None = None  # the host's version now: ino, size, mtime_ns, ctime_ns, sha256
+    note: str | None = None  # git results: what was done with the box's objects, refs, HEAD, index
 
     @property
     def flagged(self) -> bool:
@@ -80,6 +81,7 @@ class Review:
     entries: list[Entry]
     git: int = 0  # entries under .git (objects, refs): staged, applied by a later version
     opaque: list[str] = field(default_factory=list)  # dirs the box removed and made again
+    notes: list[str] = field(default_factory=list)  # what the git apply did
 
 
 def _is_whiteout(st: os.stat_result) -> bool:
@@ -474,6 +476,19 @@ def apply(run: staged.Run, paths: Sequence[str] = (), skip_flagged: bool = False
                 _prune_empty_dirs(ufd)
         finally:
             os.close(ufd)
+        if not paths or any(p.strip("/") in (GIT, "") for p in paths):  # then git: its refs name the tree's state
+            from . import stagedgit
+
+            try:
+                lines, _ = stagedgit.apply(run)
+            except OSError as err:
+                lines = [f"git: not applied: {err.strerror or err}"]
+            for ln in lines:  # a ref or state file kept staged asks for the user's hand, like a conflict
+                if "kept staged" in ln or "during the run" in ln or "not applied" in ln:
+                    held.append((Entry(GIT, "git", note=ln), f"conflict: {ln}"))
+                else:
+                    done.append(Entry(GIT, "git", note=ln))
+            receipt.setdefault("git_applied", []).extend({"line": ln, "at": time.time(), "by": _by()} for ln in lines)
         now = time.time()
         receipt.setdefault("applied", []).extend(
             {**e.to_json(), "at": now, "by": _by()} for e in done)
@@ -551,7 +566,7 @@ def _write_receipt(run: staged.Run, rec: dict, rv: Review) -> None:
 
 # ---- text -------------------------------------------------------------------------------------
 
-LETTER = {"added": "A", "modified": "M", "deleted": "D", "mode": "X", "symlink": "L", "dir": "A", "special": "!"}
+LETTER = {"git": "G", "added": "A", "modified": "M", "deleted": "D", "mode": "X", "symlink": "L", "dir": "A", "special": "!"}
 
 
 def _age(started: object) -> str:
@@ -562,6 +577,8 @@ def _age(started: object) -> str:
 
 
 def entry_line(e: Entry) -> str:
+    if e.note:
+        return f"  G {e.note}"
     name = e.path + ("/" if e.kind == "dir" else "") + (f" -> {e.link}" if e.link is not None else "")
     bits = []
     if e.kind == "mode" and e.before_mode is not None and e.mode is not None:
@@ -621,7 +638,7 @@ def changes_main(spec: str | None, as_json: bool, env: Mapping[str, str] | None 
     print(f"hive-relay: run {run.layer.run} · {run.meta.get('backend')} · {run.workdir} · "
           f"{_age(run.meta.get('started'))} ago · {'running' if run.running() else 'ended'}")
     print(f"hive-relay: {s['files']} change(s), {s['flagged']} flagged, {s['conflicts']} conflict(s), "
-          f"{s['refused']} refused" + (f"; {s['git']} git object/ref file(s) staged (not applied by this version)"
+          f"{s['refused']} refused" + (f"; {s['git']} git object/ref file(s) staged (applied with the whole run)"
                                         if s["git"] else ""))
     for e in rv.entries:
         print(entry_line(e))

@@ -194,7 +194,8 @@ def launch_meta(plan) -> dict:  # noqa: ANN001 - plan.Plan (plan imports this mo
     """What meta.json records from the plan: enough to list, review and apply without it."""
     return {"backend": plan.backend, "mode": plan.mode, "tier": str(plan.tier), "profile": plan.profile,
             "profile_digest": plan.profile_digest, "protected": list(plan.protected), "denied": list(plan.denied),
-            "interactive": plan.interactive}
+            "interactive": plan.interactive,
+            "git": [{"host": g.host, "private": g.private} for g in plan.git.dirs] if plan.git else []}
 
 
 def remove_tree(pfd: int, name: str) -> None:

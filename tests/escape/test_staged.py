@@ -275,9 +275,41 @@ def test_git_in_a_staged_box_leaves_the_host_repository_as_it_was(box: Sandbox, 
     assert subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout == head
     rec = receipt(s, run)
     assert rec["git_entries"] > 0 and set(by_path(rec)) == {"README.md"}
-    assert s.relay("apply", run).returncode == 0
-    assert snapshot(s.workdir / ".git") == before  # apply of the work tree never writes .git
+    assert s.relay("apply", run, "README.md").returncode == 0
+    assert snapshot(s.workdir / ".git") == before  # applying a path of the work tree never writes .git
     report.attack(True)
+    applied = s.relay("apply", run)  # the whole run: its objects, its branch, its index
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert subprocess.run(git + ["log", "--format=%s"], capture_output=True, text=True).stdout == "box\ninit\n"
+    assert subprocess.run(git + ["status", "--short"], capture_output=True, text=True).stdout == ""
+    assert subprocess.run(git + ["fsck", "--no-dangling"], capture_output=True).returncode == 0
+    report.legit(True)
+
+
+def test_a_host_commit_during_the_run_puts_the_box_branch_aside(box: Sandbox, report) -> None:
+    s = box
+    git = ["git", "-C", str(s.workdir), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q", "-b", "main"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "init"], check=True)
+    s.relay("shell", "--staged", "--prompt", "true", "--quiet")
+    known = {p["run"] for p in runs(s)}
+    proc = _start(s, "echo box > box.txt && git add box.txt && git -c user.email=b@b -c user.name=b commit -qm box "
+                     f"&& touch committed; {WAIT_GO}")
+    run = _new_run(s, known)
+    _wait_for(_layer(s, run) / "upper" / "committed")
+    (s.workdir / "host.txt").write_text("host\n")
+    subprocess.run(git + ["add", "host.txt"], check=True)
+    subprocess.run(git + ["commit", "-qm", "host"], check=True)  # the user commits meanwhile
+    host_head = subprocess.run(git + ["rev-parse", "main"], capture_output=True, text=True).stdout.strip()
+    (s.workdir / "go").write_text("")
+    assert proc.wait(timeout=300) == 0
+    applied = s.relay("apply", run)
+    assert f"refs/heads/hive-relay/{run}/main" in applied.stdout, applied.stdout + applied.stderr
+    assert subprocess.run(git + ["rev-parse", "main"], capture_output=True, text=True).stdout.strip() == host_head
+    aside = subprocess.run(git + ["log", "--format=%s", f"hive-relay/{run}/main"], capture_output=True, text=True)
+    assert aside.stdout == "box\ninit\n"  # the box's work, whole, on its own branch
+    report.fault(True)
 
 
 def test_tiers_and_modes_without_a_staged_workdir_refuse(box: Sandbox, report) -> None:
