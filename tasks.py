@@ -243,6 +243,7 @@ def _contribute_hive(
     parallel: str | None = None,
     no_grants: bool = False,
     staged: bool = False,
+    apply: bool = False,
 ) -> None:
     if version:
         print(version_line())
@@ -257,6 +258,7 @@ def _contribute_hive(
             workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
             allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
             allow_presets=tuple(allow_preset or ()), ask=ask, no_grants=no_grants, staged=staged,
+            apply=apply,
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet, count=count_arg(count, "--count"),
                           parallel=count_arg(parallel, "--parallel"))

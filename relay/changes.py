@@ -606,8 +606,18 @@ def exit_line(layer: staged.StagedLayer) -> str:
         return f"staged: the box's changes are in {layer.root}; review: hive-relay changes {layer.run}"
     if not s["files"] and not s["git"]:
         return f"staged: the box changed nothing in the workdir (run {layer.run})"
-    return (f"staged: {s['files']} change(s), {s['flagged']} flagged, nothing applied yet; review: hive-relay changes "
+    return (f"staged: {s['files']} change(s) in the layer, {s['flagged']} flagged, not applied; review: hive-relay changes "
             f"{layer.run} (diff: hive-relay diff {layer.run}); apply: hive-relay apply {layer.run} --skip-flagged")
+
+
+def apply_at_exit(layer: staged.StagedLayer) -> list[str]:
+    """--apply: what is not flagged lands now; conflicts and flagged entries stay staged."""
+    try:
+        done, held = apply(staged.find(dict(os.environ), layer.run), skip_flagged=True)
+    except (RelayError, OSError) as err:
+        return [f"staged: --apply did not run: {getattr(err, 'message', None) or err}; nothing was applied"]
+    return [f"staged: applied {len(done)} change(s) at exit (--apply)" + (
+        f"; kept staged: {', '.join(sorted({e.path for e, _ in held}))}" if held else "")]
 
 
 def changes_main(spec: str | None, as_json: bool, env: Mapping[str, str] | None = None) -> int:

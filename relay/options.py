@@ -35,6 +35,8 @@ HELP = {
                   "read); --dry-run lists which grants apply and why the others do not"),
     "staged": ("the box's writes to the workdir land in a private copy-on-write layer, never in the checkout; "
                "review and apply them from the host: `hive-relay changes|diff|apply|discard RUN`"),
+    "apply": ("with --staged: when the box ends, apply its changes that are not flagged (conflicts and flagged "
+              "entries stay staged for review)"),
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
     "quiet": "no banner (notes and refusals are still printed)",
@@ -63,6 +65,7 @@ OPTIONS = (
     ("ask", "s", None),
     ("no_grants", "g", None),
     ("staged", "z", None),
+    ("apply", "y", None),
 )
 SHORT_FLAGS = {dest: short for dest, short, _ in OPTIONS}  # invoke's task takes them from here too (tasks.py)
 REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")

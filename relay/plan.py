@@ -73,6 +73,7 @@ class Request:
     allow_ssh: tuple[str, ...] = ()  # --allow-ssh HOST[:PORT]
     no_grants: bool = False  # --no-grants: no `auth:` grant of the user config applies to this run
     staged: bool = False  # --staged: the box's workdir writes land in a private layer (relay/staged.py)
+    apply: bool = False  # --apply: at exit, apply what is not flagged; the flagged stay staged
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
 
@@ -386,6 +387,8 @@ def _workdir_mode(d: _Draft) -> None:
     """--staged: the box writes into a copy-on-write layer of its own (relay/overlay.py), mounted by
     the launcher; only the supervised tier has the mount namespace for it."""
     if not (d.request.staged or d.matrix.workdir_mode == "staged"):
+        if d.request.apply:
+            raise UsageError("--apply applies a staged run's changes at exit; fix: add --staged (or drop --apply)")
         return
     why = None
     if d.request.mode != "local":
@@ -398,7 +401,7 @@ def _workdir_mode(d: _Draft) -> None:
                "fix: rename the directory, or drop --staged")
     if why:
         raise RefusedError(f"--staged: {why}")
-    d.staged = staged_for_run(d.env, d.request.run_id or "dry")
+    d.staged = replace(staged_for_run(d.env, d.request.run_id or "dry"), apply_at_exit=d.request.apply)
 
 
 def _home_grants(d: _Draft) -> None:

@@ -44,6 +44,7 @@ class StagedLayer:
 
     run: str
     root: str  # staged/RUN
+    apply_at_exit: bool = False  # --apply: what is not flagged is applied when the box ends
 
     @property
     def upper(self) -> str:

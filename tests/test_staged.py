@@ -173,3 +173,11 @@ def test_diff_is_plain_off_a_terminal_and_names_binaries(tmp_path: Path, capsys:
     env = {"HOME": str(tmp_path / "home")}
     assert changes.changes_main(run.layer.run, as_json=True, env=env) == 0
     assert {c["path"] for c in json.loads(capsys.readouterr().out)["changes"]} == {"t.txt", "b.bin"}
+
+
+def test_apply_at_exit_needs_a_staged_run(fake_checkout: None) -> None:  # noqa: F811
+    from relay.errors import UsageError
+
+    with pytest.raises(UsageError):
+        _resolve(Request("", apply=True))
+    assert _resolve(Request("", staged=True, apply=True)).to_json()["staged"]["apply_at_exit"] is True

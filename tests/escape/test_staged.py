@@ -322,3 +322,17 @@ def test_tiers_and_modes_without_a_staged_workdir_refuse(box: Sandbox, report) -
     line = r.stderr.strip().splitlines()[-1]
     assert "--staged" in line and "fix:" in line
     report.attack(True)
+
+
+def test_apply_at_exit_lands_source_edits_and_keeps_the_flagged_staged(box: Sandbox, report) -> None:
+    s = box
+    (s.workdir / "Makefile").write_text("all:\n\t@echo ok\n")
+    r = s.box("echo edited >> README.md; printf 'all:\\n\\ttouch /tmp/never\\n' > Makefile", "shell", "--staged", "--apply")
+    assert r.returncode == 0, r.stderr
+    assert "applied 1 change(s) at exit" in r.stderr and "kept staged: Makefile" in r.stderr
+    assert (s.workdir / "README.md").read_text().endswith("edited\n")
+    assert (s.workdir / "Makefile").read_text() == "all:\n\t@echo ok\n"  # flagged: still only in the layer
+    run = runs(s)[-1]["run"]
+    assert set(by_path(receipt(s, run))) == {"Makefile"}
+    report.attack(True)
+    report.legit(True)
