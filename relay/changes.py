@@ -231,6 +231,9 @@ def _judge(run: staged.Run, ufd: int, wfd: int, rel: str, st: os.stat_result, df
 def _judge_kind(run: staged.Run, ufd: int, wfd: int, rel: str, st: os.stat_result, dfd: int | None,
                 applied: Mapping[str, dict], out: Review, host: os.stat_result | None, conflict: str | None,
                 before: int | None) -> Entry | None:
+    if GIT in rel.split("/"):  # a repository the box made inside the checkout: its config and hooks run code
+        return Entry(rel, "special", st.st_mode, before, flags=_flags(rel, st.st_mode),
+                     refused="inside a .git directory (a repository's config and hooks run code)")
     if _is_whiteout(st):
         if host is None:
             return None  # gone on the host too
@@ -600,8 +603,7 @@ def summary(rv: Review) -> dict:
 def exit_line(layer: staged.StagedLayer) -> str:
     """The launcher's last line for a staged run: counts and the exact commands."""
     try:
-        run = staged.find(dict(os.environ), layer.run)
-        s = summary(review(run))
+        s = summary(review(staged.load(layer)))
     except (RelayError, OSError):
         return f"staged: the box's changes are in {layer.root}; review: hive-relay changes {layer.run}"
     if not s["files"] and not s["git"]:
@@ -613,7 +615,7 @@ def exit_line(layer: staged.StagedLayer) -> str:
 def apply_at_exit(layer: staged.StagedLayer) -> list[str]:
     """--apply: what is not flagged lands now; conflicts and flagged entries stay staged."""
     try:
-        done, held = apply(staged.find(dict(os.environ), layer.run), skip_flagged=True)
+        done, held = apply(staged.load(layer), skip_flagged=True)
     except (RelayError, OSError) as err:
         return [f"staged: --apply did not run: {getattr(err, 'message', None) or err}; nothing was applied"]
     return [f"staged: applied {len(done)} change(s) at exit (--apply)" + (

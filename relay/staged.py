@@ -137,6 +137,16 @@ class Run:
         return {"run": self.layer.run, **asdict(self.layer), "meta": self.meta}
 
 
+def load(layer: StagedLayer) -> Run:
+    """The run of a layer the caller already knows (the launcher's own, at exit)."""
+    from .errors import RelayError
+
+    meta = read_json(layer.root, META)
+    if meta is None:
+        raise RelayError(f"the staged run's record {layer.root}/{META} is missing or unreadable")
+    return Run(layer, meta)
+
+
 def runs(env: Mapping[str, str]) -> list[Run]:
     """Every staged run of this user with a readable meta.json, oldest first."""
     root = staged_root(env)

@@ -181,3 +181,14 @@ def test_apply_at_exit_needs_a_staged_run(fake_checkout: None) -> None:  # noqa:
     with pytest.raises(UsageError):
         _resolve(Request("", apply=True))
     assert _resolve(Request("", staged=True, apply=True)).to_json()["staged"]["apply_at_exit"] is True
+
+
+def test_a_nested_git_dir_the_box_made_is_refused(tmp_path: Path) -> None:
+    run, work, upper = _run(tmp_path)
+    (upper / "vendor" / "lib" / ".git" / "hooks").mkdir(parents=True)
+    (upper / "vendor" / "lib" / ".git" / "config").write_text("[core]\n\tfsmonitor = touch /tmp/x\n")
+    (upper / "vendor" / "lib" / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+    (upper / "vendor" / "lib" / "code.py").write_text("x = 1\n")
+    done, held = changes.apply(run)
+    assert [e.path for e in done] == ["vendor/lib/code.py"]
+    assert not (work / "vendor" / "lib" / ".git").exists() and held
