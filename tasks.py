@@ -358,25 +358,25 @@ def _staged_help(op: str) -> dict[str, str]:
 
 
 def _changes(c: Context, run: str | None = None, json: bool = False) -> None:
-    from relay.changes import changes_main
+    from relay.changes_text import changes_main
 
     _exit(guarded(changes_main, run or None, json))
 
 
 def _diff(c: Context, run: str, path: list[str] | None = None) -> None:
-    from relay.changes import diff_main
+    from relay.changes_text import diff_main
 
     _exit(guarded(diff_main, run, tuple(path or ())))
 
 
 def _apply(c: Context, run: str, path: list[str] | None = None, skip_flagged: bool = False, json: bool = False) -> None:
-    from relay.changes import apply_main
+    from relay.changes_text import apply_main
 
     _exit(guarded(apply_main, run, tuple(path or ()), skip_flagged, json))
 
 
 def _discard(c: Context, run: str, path: list[str] | None = None, json: bool = False) -> None:
-    from relay.changes import discard_main
+    from relay.changes_text import discard_main
 
     _exit(guarded(discard_main, run, tuple(path or ()), json))
 

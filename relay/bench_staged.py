@@ -84,7 +84,7 @@ def _drop_all(env: dict[str, str], workdir: str) -> None:
 
 
 def measure(runs: int = 15, quick: bool = False, env: dict[str, str] | None = None) -> dict:
-    from . import changes
+    from . import changes, changes_text
 
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +125,7 @@ def measure(runs: int = 15, quick: bool = False, env: dict[str, str] | None = No
             _box(env, work, edit, True)
             run = _newest_run(env)
             row["changes_ms"] = _timed(lambda run=run: changes.review(run), runs) * 1000
-            row["diff_ms"] = _timed(lambda run=run: changes.diff_text(run), runs) * 1000
+            row["diff_ms"] = _timed(lambda run=run: changes_text.diff_text(run), runs) * 1000
             start = time.perf_counter()
             subprocess.run(_relay("changes", run.layer.run), env=env, capture_output=True, check=True)
             row["changes_cli_ms"] = (time.perf_counter() - start) * 1000

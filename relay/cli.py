@@ -519,7 +519,7 @@ DISCARD_DOC = "Drop a staged run's changes: the whole layer, or only the PATHs n
 
 
 def _staged_main(op: str, argv: Sequence[str]) -> int:
-    from . import changes
+    from . import changes_text as changes
 
     doc = {"changes": CHANGES_DOC, "diff": DIFF_DOC, "apply": APPLY_DOC, "discard": DISCARD_DOC}[op]
     parser = _argument_parser(prog=f"hive-relay {op}", description=doc)

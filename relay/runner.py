@@ -141,7 +141,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         summary.append(f"the egress log could not be fully written ({box.proxy.log.write_errors} errors): {plan.log_path}")
     messages += exitreport.end(box.watch, plan, caller_env, run_id)
     if plan.staged is not None:
-        from .changes import apply_at_exit, exit_line
+        from .changes_text import apply_at_exit, exit_line
 
         if plan.staged.apply_at_exit:
             messages += apply_at_exit(plan.staged)

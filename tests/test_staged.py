@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import changes, staged
+from relay import changes, changes_text, staged
 from relay.config import Matrix, load_matrix, load_shipped
 from relay.errors import ConfigError, RefusedError
 from relay.plan import Request, resolve
@@ -168,10 +168,10 @@ def test_diff_is_plain_off_a_terminal_and_names_binaries(tmp_path: Path, capsys:
     run, work, upper = _run(tmp_path)
     (upper / "t.txt").write_text("two\n")
     (upper / "b.bin").write_bytes(b"\0\1\2")
-    text = "".join(changes.diff_text(run))
+    text = "".join(changes_text.diff_text(run))
     assert "-one\n+two\n" in text and "Binary files a/b.bin and b/b.bin differ" in text and "\x1b[" not in text
     env = {"HOME": str(tmp_path / "home")}
-    assert changes.changes_main(run.layer.run, as_json=True, env=env) == 0
+    assert changes_text.changes_main(run.layer.run, as_json=True, env=env) == 0
     assert {c["path"] for c in json.loads(capsys.readouterr().out)["changes"]} == {"t.txt", "b.bin"}
 
 
