@@ -87,7 +87,8 @@ def create(layer: StagedLayer, workdir: str, meta: Mapping[str, object]) -> Laye
         base_ctime = os.stat(STAMP, dir_fd=rfd).st_ctime_ns
         record = {**meta, "run": layer.run, "workdir": workdir, "base_ctime_ns": base_ctime,
                   "started": time.time(), "uid": os.getuid()}
-        safefs.create_new(rfd, META, json.dumps(record, indent=1, sort_keys=True).encode(), 0o600)
+        # Not fsynced: the layer it describes is page cache too until the kernel writes it back.
+        safefs.create_new(rfd, META, json.dumps(record, indent=1, sort_keys=True).encode(), 0o600, durable=False)
     return Layer(workdir, layer.upper, layer.work)
 
 
