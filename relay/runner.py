@@ -207,7 +207,7 @@ class _Box:
         self.plan, self.caller_env, self.state, self.go_fd = plan, caller_env, state, go_fd
         self.use_rlimits = state.cgroup is None
         self.nofile = limits.raise_nofile()
-        self.watch = exitreport.begin(plan)
+        self.watch = exitreport.begin(plan, caller_env)
         self.jpid, self.lifeline = janitor.spawn(state)
         # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
         # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
