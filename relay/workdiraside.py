@@ -42,6 +42,7 @@ def kept_dir(state_dir: str, run_id: str) -> str:
 @dataclass
 class Settled:
     moved: list[tuple[str, str]] = field(default_factory=list)  # (rel, what the box did)
+    restored: list[str] = field(default_factory=list)  # deleted by the box, put back
     failed: list[tuple[str, str]] = field(default_factory=list)  # (rel, why it could not be handled)
     kept: str = ""
 
@@ -148,7 +149,7 @@ def settle(root_fd: int, workdir: str, changed: list[tuple[str, str]], deleted: 
                 continue
             try:
                 _put_back(root_fd, rel, original, mode | 0o600)
-                out.moved.append((rel, "deleted by the box, put back"))
+                out.restored.append(rel)
             except OSError as err:
                 out.failed.append((rel, f"deleted by the box; could not put it back: {err.strerror or err}"))
         if files:
@@ -167,6 +168,9 @@ def summary(settled: Settled, run_id: str, shown) -> list[str]:  # noqa: ANN001 
         lines.append(f"moved aside {len(settled.moved)} agent config file(s) the box created or changed in the "
                      f"workdir: {names}; nothing of them runs until you review {settled.kept} and accept with "
                      f"`invoke accept-state {run_id}`")
+    if settled.restored:
+        names = ", ".join(shown(rel) for rel in settled.restored[:3]) + (", …" if len(settled.restored) > 3 else "")
+        lines.append(f"put back {len(settled.restored)} agent config file(s) the box deleted in the workdir: {names}")
     for rel, why in settled.failed[:5]:
         lines.append(f"agent config {shown(rel)}: {why}; remove it by hand before running an agent CLI there")
     return lines
