@@ -167,7 +167,7 @@ def test_ordinary_source_edits_stay_in_place_unflagged_and_quiet(mode_box: tuple
 
 # --- hive relay's own checkout as the workdir --------------------------------------------------------------
 
-OWN_PARTS = ("relay", "bin", "config", "completions", "tasks.py", "pyproject.toml", "README.md")
+OWN_PARTS = ("relay", "bin", "config", "completions", "tasks.py", "pyproject.toml", "README.md", "Dockerfile.contributor")
 
 
 def _own_checkout(s: Sandbox) -> Path:
