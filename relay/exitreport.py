@@ -178,6 +178,8 @@ def _entries(root_fd: int, rel: str, d: _Dir, w: Walk, before: Walk | None, star
     # A directory with an entry created, renamed or removed since the start (or new itself): its ctime
     # moved, whatever the box did to its mtime. Its new and re-written executables count.
     fresh = before is not None and before.dirs.get(rel) != w.dirs.get(rel)
+    # Once per directory: does a component above put its files in a class (`.claude/`, `.husky/`)?
+    context = bool(rel) and any(runs_later.watched_component(p) for p in rel.split("/"))
     for e in d.entries:
         sub = _join(rel, e.name)
         try:
@@ -191,7 +193,7 @@ def _entries(root_fd: int, rel: str, d: _Dir, w: Walk, before: Walk | None, star
                 else:
                     stack.append(sub)
                 continue
-            kind = _kind_of(sub)
+            kind = _kind_of(sub) if context or runs_later.name_may_match(e.name) else None
             if kind is not None:
                 _watch(w, sub, kind, d.lstat(e.name))
             elif fresh and not site:

@@ -104,6 +104,12 @@ class _Index:
 _INDEX = _Index(TABLE)
 
 
+def name_may_match(name: str) -> bool:
+    """False when a file of this name is in no class unless a directory above it puts it in one
+    (see watched_component): the walk's fast path."""
+    return name in _INDEX.names or name.endswith(_INDEX.suffixes) or name.startswith(".env.")
+
+
 def watched_component(name: str) -> bool:
     """True when a directory of this name puts what lies below it in some class (`.claude`, `.husky`,
     `node_modules`...): a walk must enter it to see its files."""
