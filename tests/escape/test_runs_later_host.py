@@ -237,3 +237,20 @@ def test_own_checkout_is_read_only_and_host_tools_run_nothing_planted(mode_box: 
     (own / "invoke.py").write_text('import os\nopen(os.environ["MARK"], "a").write("control\\n")\n')
     _host_tools(s, own, mark)
     assert mark.exists() and "control" in mark.read_text()
+
+
+def test_a_module_the_box_leaves_in_the_workdir_does_not_run_at_the_next_launch_from_there(
+        mode_box: tuple[Sandbox, str], report) -> None:
+    """`python -m relay` puts the cwd first on sys.path: bin/contribute-hive must not, or a `relay.py` or
+    `yaml.py` the box wrote would run at the next `contribute-hive` typed in that directory."""
+    s, mode = mode_box
+    mark = s.root / "ran"
+    plant = "; ".join(f"printf 'open(\"{mark}\", \"a\").write(\"{m}\\\\n\")\\n' > {m}.py" for m in ("relay", "yaml", "json"))
+    proc = _box(s, mode, plant + "; echo planted", "shell")
+    assert proc.returncode == 0 and "planted" in proc.stdout, proc.stderr[-2000:]
+    assert (s.workdir / "relay.py").exists()  # an ordinary workdir: the box may write .py files
+    host = subprocess.run([str(REPO / "bin" / "contribute-hive"), "shell", "--dry-run"], cwd=s.workdir, env=s.env,
+                          capture_output=True, text=True, timeout=300)
+    ok = host.returncode == 0 and "workdir" in host.stdout and not mark.exists()
+    report.attack(ok)
+    assert ok, f"{host.stdout}\n{host.stderr[-2000:]}\n{mark.read_text() if mark.exists() else ''}"
