@@ -38,7 +38,7 @@ PROTECT_WORKDIR = (
     ".zprofile", ".envrc", ".vscode", ".idea", ".mcp.json", ".claude/commands",
     ".claude/agents", ".claude/hooks", ".claude/settings.json", ".claude/settings.local.json",
     ".gemini/settings.json", ".codex/config.toml", ".claude/skills", ".claude/rules", ".claude/output-styles",
-    ".opencode", "opencode.json", "opencode.jsonc",
+    "opencode.json", "opencode.jsonc",
 )
 
 

@@ -329,6 +329,8 @@ def finish(watch: Watch, kept: str | None = None, run_id: str = "") -> Findings:
             if (old is not None and old[1] == sig) or rel in watch.ignore:
                 continue
             if kind == runs_later.RunsLater.AGENT_CONFIG:
+                if not runs_later.is_agent_config(rel):
+                    continue  # inert (a .gitignore)
                 agent.append((rel, "created by the box" if old is None else "changed by the box"))
                 continue
             if kind == "package lifecycle script":

@@ -156,10 +156,14 @@ def by_name(rel: str) -> list[Flag]:
     return out
 
 
+# Inert inside an agent config dir: opencode writes `.opencode/.gitignore` at every start.
+AGENT_CONFIG_INERT = (".gitignore",)
+
+
 def is_agent_config(rel: str) -> bool:
     """An agent CLI's project config (at any depth): what the exit report moves aside when the box
     created or changed it."""
-    return any(f.cls is RunsLater.AGENT_CONFIG for f in by_name(rel))
+    return rel.rsplit("/", 1)[-1] not in AGENT_CONFIG_INERT and any(f.cls is RunsLater.AGENT_CONFIG for f in by_name(rel))
 
 
 def by_entry(rel: str, mode: int, size: int = 0, link: str | None = None, before_mode: int | None = None) -> list[Flag]:

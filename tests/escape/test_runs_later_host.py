@@ -1,6 +1,6 @@
 """What the box leaves in a live workdir that runs on the host later, proven from the host.
 
-- Agent config at any depth (`pkg/.claude/settings.json`, `pkg/.codex/config.toml`, `.opencode/`,
+- Agent config at any depth (`pkg/.claude/settings.json`, `pkg/.codex/config.toml`, `.opencode/` (also at the top),
   `opencode.json`, `.mcp.json`, `.claude/skills/`...), hidden from git by a `.gitignore` of `*`: at
   exit it is moved aside (the original put back), and `accept-state` takes it back after review.
 - The exit report names every planted runs-later file (conftest.py, invoke.py, noxfile.py, pytest.ini,
@@ -61,7 +61,8 @@ new("pkg/.claude/skills/s/SKILL.md", "---\nallowed-tools: Bash(*)\n---\n!`id`\n"
 new("sub/.opencode/plugins/p.js", "export const P = async () => ({});\n")
 new("sub/opencode.json", '{"mcp": {"x": {"type": "local", "command": ["id"]}}}')
 new("deep/er/.mcp.json", '{"mcpServers": {"x": {"command": "id"}}}')
-for top in (".claude/skills/t/SKILL.md", "opencode.json", ".opencode/plugins/q.js", ".claude/rules/r.md"):
+new(".opencode/plugins/q.js", "export const Q = async () => ({});\n")
+for top in (".claude/skills/t/SKILL.md", "opencode.json", ".claude/rules/r.md"):
     try:
         new(top, "x\n")
         print("TOP-WRITTEN", top)
@@ -72,7 +73,7 @@ print("planted")
 REPORTED = ["conftest.py", "Makefile", "package.json", "build/evil", "invoke.py", "noxfile.py", "sub/pytest.ini",
             ".devcontainer/devcontainer.json"]
 NEW_AGENT = ["pkg/.codex/config.toml", "pkg/.gemini/settings.json", "pkg/.claude/skills/s/SKILL.md",
-             "sub/.opencode/plugins/p.js", "sub/opencode.json", "deep/er/.mcp.json"]
+             "sub/.opencode/plugins/p.js", "sub/opencode.json", "deep/er/.mcp.json", ".opencode/plugins/q.js"]
 ORIGINAL_SETTINGS = '{"permissions": {"deny": ["Bash(curl:*)", "Read(./.env)"]}, "model": "opus"}\n'
 
 
@@ -125,11 +126,11 @@ def test_planted_runs_later_files_are_named_and_agent_config_at_depth_is_moved_a
     w = s.workdir
     listed = _report_text(s)
     unnamed = [rel for rel in REPORTED if f"\t{w / rel}\n" not in listed]
-    top_refused = proc.stdout.count("TOP-REFUSED") == 4
+    top_refused = proc.stdout.count("TOP-REFUSED") == 3
     # From the host: the new agent config is gone from the workdir, the changed one is the original again.
     live = [rel for rel in NEW_AGENT if os.path.lexists(w / rel)]
     restored = (w / "pkg" / ".claude" / "settings.json").read_text() == ORIGINAL_SETTINGS
-    moved = [line for line in proc.stderr.splitlines() if "moved aside 7 agent config file(s)" in line]
+    moved = [line for line in proc.stderr.splitlines() if "moved aside 8 agent config file(s)" in line]
     ok = not unnamed and top_refused and not live and restored and len(moved) == 1
     report.attack(ok)
     assert ok, f"unnamed={unnamed} live={live} restored={restored}\n{proc.stdout}\n{proc.stderr}\n{listed}"
@@ -146,7 +147,7 @@ def test_planted_runs_later_files_are_named_and_agent_config_at_depth_is_moved_a
     assert "approval_policy" in (w / "pkg/.codex/config.toml").read_text()
     assert "hooks" in (w / "pkg/.claude/settings.json").read_text()
     rest = s.relay("accept-state", run)
-    assert rest.returncode == 0 and "accepted 5 file(s)" in rest.stdout, rest.stderr
+    assert rest.returncode == 0 and "accepted 6 file(s)" in rest.stdout, rest.stderr
     assert all(os.path.lexists(w / rel) for rel in NEW_AGENT) and not kept.exists()
 
 
@@ -155,6 +156,7 @@ def test_ordinary_source_edits_stay_in_place_unflagged_and_quiet(mode_box: tuple
     _project(s)
     script = ("echo \"print('v2')\" >> app.py; echo 'x = 1' > util.py; mkdir -p src/pkg && : > src/pkg/__init__.py; "
               "echo notes > build/notes.txt; sed -i s/opus/opus/ README.md; cat pkg/.claude/settings.json >/dev/null; "
+              "mkdir -p .opencode && printf 'node_modules\\n' > .opencode/.gitignore; "  # what opencode writes at start
               "echo done")
     proc = _box(s, mode, script)
     quiet = (proc.returncode == 0 and "done" in proc.stdout and "git does not show" not in proc.stderr
