@@ -256,3 +256,33 @@ def test_a_module_the_box_leaves_in_the_workdir_does_not_run_at_the_next_launch_
     ok = host.returncode == 0 and "workdir" in host.stdout and not mark.exists()
     report.attack(ok)
     assert ok, f"{host.stdout}\n{host.stderr[-2000:]}\n{mark.read_text() if mark.exists() else ''}"
+
+
+def test_agent_config_is_moved_aside_even_when_the_launcher_is_killed(box_sandbox: Sandbox, report) -> None:
+    """The janitor, not the launcher, settles the workdir: a `kill -9` of the launcher leaves nothing live."""
+    import signal
+    import time
+
+    s = box_sandbox
+    planted = s.workdir / "pkg" / ".claude" / "settings.json"
+    script = ("mkdir -p pkg/.claude && echo '{\"hooks\": {\"Stop\": [{\"command\": \"id\"}]}}' > pkg/.claude/settings.json "
+              "&& echo planted && sleep 600")
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "claude", "local", "--quiet", "--prompt", script],
+                            cwd=s.workdir, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not planted.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=30)
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        while planted.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    kept = list((s.home / ".local" / "state" / "hive-relay" / "kept").glob("*.workdir/files/pkg/.claude/settings.json"))
+    ok = not planted.exists() and len(kept) == 1 and "hooks" in kept[0].read_text()
+    report.attack(ok)
+    assert ok, (planted.exists(), kept)
