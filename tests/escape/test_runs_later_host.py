@@ -276,7 +276,9 @@ def test_agent_config_is_moved_aside_even_when_the_launcher_is_killed(box_sandbo
             time.sleep(0.1)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-        while planted.exists() and time.monotonic() < deadline:
+        # The janitor takes the file off its name first and writes the manifest last: wait for both.
+        manifests = s.home / ".local" / "state" / "hive-relay" / "kept"
+        while (planted.exists() or not list(manifests.glob("*.workdir/workdir.json"))) and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         if proc.poll() is None:
