@@ -288,3 +288,23 @@ def test_agent_config_is_moved_aside_even_when_the_launcher_is_killed(box_sandbo
     ok = not planted.exists() and len(kept) == 1 and "hooks" in kept[0].read_text()
     report.attack(ok)
     assert ok, (planted.exists(), kept)
+
+
+def test_own_checkout_below_the_workdir_is_bound_read_only_and_the_process_tier_refuses_it(sandbox: Sandbox) -> None:
+    """The plan, for a workdir that holds our checkout one level down: the checkout read-only right
+    after the workdir's bind (masks and protections on top); the process tier cannot do that, so it refuses."""
+    s = sandbox
+    outer = s.root / "outer"
+    outer.mkdir()
+    s.root = outer  # _own_checkout puts the copy at root/hive-relay
+    own = _own_checkout(s)
+    s.workdir = outer
+    proc = s.relay("shell", "local", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    mounts = [(m["kind"], m["dst"]) for m in json.loads(proc.stdout)["mounts"]]
+    at = mounts.index(("bind", str(outer)))
+    assert mounts[at + 1] == ("ro-bind", str(own))
+    assert not [m for m in mounts[at + 2:] if m[0] == "bind" and m[1].startswith(str(own))]
+    refused = s.relay("shell", "local", "--isolation", "process", "--dry-run")
+    # (a root caller's process tier is refused before that, for its own reason)
+    assert refused.returncode == 3 and (os.getuid() == 0 or "process tier cannot keep" in refused.stderr), refused.stderr
