@@ -314,7 +314,7 @@ def build_image(c: Context, base: str | None = None, rebuild: bool = False, base
 
 @task(positional=["run"], iterable=["path"], help={
     "run": "the run id the exit line named (its kept-aside files are in ~/.local/state/hive-relay/kept/RUN/)",
-    "path": "only this kept file (~/.claude/x), repeatable; default: all of the run's",
+    "path": "only this kept file (~/.claude/x, or a workdir file's absolute path), repeatable; default: all of the run's",
 })
 def accept_state(c: Context, run: str, path: list[str] | None = None) -> None:
     """Accept an agent's kept-aside state (plugins, settings, new files...) into ~ after you reviewed it."""

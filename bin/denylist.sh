@@ -4,7 +4,7 @@
 
 HIVE_SECRET_HOME='.ssh .gnupg .aws .azure .config/gcloud .kube .docker .config/gh .git-credentials .netrc .npmrc .pypirc .cargo/credentials .cargo/credentials.toml .password-store .local/share/keyrings'
 HIVE_SECRET_SYSTEM='/etc/shadow /etc/shadow- /etc/gshadow /etc/gshadow- /etc/sudoers /etc/sudoers.d /etc/ssh/ssh_host_rsa_key /etc/ssh/ssh_host_ecdsa_key /etc/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_dsa_key /run/user/{uid} /run/docker.sock /var/run/docker.sock /run/podman /var/run/podman /run/containerd'
-HIVE_PROTECT_WORKDIR='.git/hooks .git/config .bashrc .bash_profile .profile .zshrc .zshenv .zprofile .envrc .vscode .idea .mcp.json .claude/commands .claude/agents .claude/hooks .claude/settings.json .claude/settings.local.json .gemini/settings.json .codex/config.toml'
+HIVE_PROTECT_WORKDIR='.git/hooks .git/config .bashrc .bash_profile .profile .zshrc .zshenv .zprofile .envrc .vscode .idea .mcp.json .claude/commands .claude/agents .claude/hooks .claude/settings.json .claude/settings.local.json .gemini/settings.json .codex/config.toml .claude/skills .claude/rules .claude/output-styles opencode.json opencode.jsonc'
 
 # hive_secret_paths HOME UID BACKEND [SSH_AUTH_SOCK]: one path per line, the Python order, no duplicates.
 # A backend's extra `deny:` entries are not here: the engine masks them (relay/container_argv.py) like

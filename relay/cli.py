@@ -395,17 +395,29 @@ ACCEPT_HELP = (
     "commands, settings, MCP servers, new files, conflicts with the host) are kept aside in "
     "~/.local/state/hive-relay/kept/RUN/ with a kept.json manifest, and the exit line names RUN. Review those "
     "files, then accept them: each is copied to its place under ~ (all of the run's, or the PATHs named). A file "
-    "that changed on the host since the run is refused (merge it by hand); nothing is half-accepted.")
+    "that changed on the host since the run is refused (merge it by hand); nothing is half-accepted. Agent config "
+    "the box created or changed in the workdir (pkg/.claude/, .opencode/, opencode.json, .mcp.json, at any depth) "
+    "is kept in ~/.local/state/hive-relay/kept/RUN.workdir/ and goes back to the workdir the same way.")
 
 
 def accept_state(run: str, paths: Sequence[str] = (), env: Mapping[str, str] | None = None) -> int:
-    """`invoke accept-state RUN`: take kept-aside agent state into $HOME after review."""
+    """`invoke accept-state RUN`: take kept-aside agent state into $HOME, and kept-aside workdir agent
+    config into the workdir (relay/workdiraside.py: paths `workdir:REL` or absolute), after review."""
+    from . import workdiraside
     from .agentstate import accept
     from .paths import state_dir
 
     env = dict(os.environ if env is None else env)
     home = env.get("HOME") or os.path.expanduser("~")
-    done = accept(state_dir(env), home, run, tuple(paths))
+    state = state_dir(env)
+    workdir = workdiraside.pending(state, run)
+    mine = [p for p in paths if workdir is not None and workdiraside.owns(workdir, p) is not None]
+    theirs = tuple(p for p in paths if p not in mine)
+    done: list[str] = []
+    if workdir is not None and (mine or not paths):
+        done += workdiraside.accept(state, run, tuple(mine))
+    if theirs or not paths and (workdir is None or os.path.isdir(os.path.join(state, "kept", run))):
+        done += accept(state, home, run, theirs)
     print(f"hive-relay: accepted {len(done)} file(s) from run {run}: {', '.join(done)}")
     return 0
 
@@ -419,7 +431,8 @@ def _accept_state_main(argv: Sequence[str]) -> int:
 
     parser = Parser(prog="contribute-hive accept-state", description=ACCEPT_HELP)
     parser.add_argument("run", metavar="RUN", help="the run id the exit line named (e.g. 12345-0a1b2c3d)")
-    parser.add_argument("paths", nargs="*", metavar="PATH", help="only these kept files (~/.claude/x or .claude/x)")
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="only these kept files (~/.claude/x or .claude/x; "
+                        "workdir files: their absolute path or workdir:REL)")
 
     def go() -> int:
         ns = parser.parse_args(argv)

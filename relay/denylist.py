@@ -31,12 +31,14 @@ SECRET_SYSTEM = (
 # Inside the workdir: write-protected, because the host runs them later (hooks, rc files,
 # editor tasks, agent settings that can declare hooks or MCP servers). The `.git/` entries only
 # matter where the workdir has no git dir (they mask `.git`, so none is created) or for the process
-# tier; a git dir that exists is private and allowlisted instead (relay/gitdir.py).
+# tier; a git dir that exists is private and allowlisted instead (relay/gitdir.py). Below the top level,
+# agent config is moved aside at exit instead (relay/workdiraside.py).
 PROTECT_WORKDIR = (
     ".git/hooks", ".git/config", ".bashrc", ".bash_profile", ".profile", ".zshrc", ".zshenv",
     ".zprofile", ".envrc", ".vscode", ".idea", ".mcp.json", ".claude/commands",
     ".claude/agents", ".claude/hooks", ".claude/settings.json", ".claude/settings.local.json",
-    ".gemini/settings.json", ".codex/config.toml",
+    ".gemini/settings.json", ".codex/config.toml", ".claude/skills", ".claude/rules", ".claude/output-styles",
+    "opencode.json", "opencode.jsonc",
 )
 
 

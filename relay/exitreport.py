@@ -3,20 +3,30 @@
 `git status` and `git diff` are how a user reviews a box's work, but they do not show ignored files,
 and a new file in an ignored or untracked place can run on the host later: a `.pth` or
 `sitecustomize.py` in a virtualenv runs at every Python start, a `node_modules/.bin` entry runs
-at `npm run`/`npx`, a package's `postinstall` at the next install or rebuild, a `.envrc` under
-direnv, a `.env` or `.npmrc`/`.yarnrc.yml` changes what the next tool loads.
+at `npm run`/`npx`, a package's `postinstall` at the next install or rebuild, a `conftest.py` at
+the next `pytest`, an `invoke.py` at the next `invoke`, a `.devcontainer/` at the next editor start.
+What counts is one table, relay/runs_later.py, shared with the staged workdir's review flags.
+
+The box cannot silence it:
+- files are signed with their ctime as well as mtime, size, mode and inode: `touch -d` sets the
+  mtime back but moves the ctime forward, and nothing but the kernel's clock sets a ctime;
+- new entries are found by the directory's ctime, which every create, rename and unlink moves
+  forward (its mtime the box can set back); a directory's new or re-written executables count;
+- a directory the walk cannot read, or a walk over its budget, makes the report say it is partial.
 
 Cheap by construction. One pruned walk at start and one at exit, of the workdir only:
 - `.git` and `__pycache__` are not entered; `node_modules` is not entered beyond `.bin/` and each
   top-level package's `package.json`; `site-packages` is read one level deep; a virtualenv's
   `bin/` is watched whole;
 - files are stat'ed only where they can matter: watched names everywhere, and at exit, every file
-  of a directory whose mtime changed (a new entry), for a new executable;
+  of a directory whose ctime changed (a new entry), for a new executable;
 - a budget bounds the walk on huge trees (the report then says it is partial).
 Tracked-ness comes from git's index as it was at start (read as bytes, parsed only if needed), so
 the box cannot hide a file by staging it. Nothing here follows a link or reads a special file:
 directories are opened beneath the workdir with no link on any component (safefs), entries are
-lstat'ed, and the only contents read (package.json, the index) are bounded regular-file reads.
+lstat'ed, and the only contents read (package.json, the index, agent config) are bounded
+regular-file reads. Agent config the box created or changed is moved aside (relay/workdiraside.py)
+before the report is made.
 """
 
 from __future__ import annotations
@@ -27,14 +37,8 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from . import safefs
+from . import runs_later, safefs
 
-WATCHED_NAMES = {
-    ".envrc": "direnv", ".env": "env file", "sitecustomize.py": "sitecustomize", "usercustomize.py": "usercustomize",
-    "pyvenv.cfg": "venv config", ".npmrc": "package manager config", ".yarnrc": "package manager config",
-    ".yarnrc.yml": "package manager config", ".pnpmfile.cjs": "package manager hook",
-    ".pre-commit-config.yaml": "pre-commit config", "pip.conf": "package manager config",
-}
 SKIP_DIRS = {".git", "__pycache__"}
 SITE_DIRS = {"site-packages", "dist-packages"}
 LIFECYCLE = ("preinstall", "install", "postinstall", "prepare", "preprepare", "postprepare")
@@ -42,32 +46,35 @@ MAX_ENTRIES = 400_000  # directory entries looked at per walk
 MAX_INDEX = 64 << 20
 MAX_PACKAGE_JSON = 1 << 20
 MAX_LISTED = 500
+# Agent config is snapshotted at start, so a changed or deleted file can be put back as it was.
+MAX_ORIGINAL = 1 << 20
+ORIGINALS_BUDGET = 16 << 20
 
-Sig = tuple[int, int, int, int]  # mtime_ns, size, mode, inode
+Sig = tuple[int, int, int, int, int]  # mtime_ns, ctime_ns, size, mode, inode
 
 
 def _sig(st: os.stat_result) -> Sig:
-    return st.st_mtime_ns, st.st_size, st.st_mode, st.st_ino
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_mode, st.st_ino
 
 
-def _kind_of(name: str) -> str | None:
-    if name in WATCHED_NAMES:
-        return WATCHED_NAMES[name]
-    if name.endswith(".pth"):
-        return ".pth"
-    if name.startswith(".env."):
-        return "env file"
-    return None
+def _kind_of(rel: str) -> str | None:
+    flags = runs_later.by_name(rel)
+    return flags[0].cls.value if flags else None
 
 
 @dataclass
 class Walk:
-    dirs: dict[str, int] = field(default_factory=dict)  # rel dir -> mtime_ns
+    dirs: dict[str, int] = field(default_factory=dict)  # rel dir -> ctime_ns
     names: dict[str, frozenset[str]] = field(default_factory=dict)  # rel dir -> its entry names
     watched: dict[str, tuple[str, Sig]] = field(default_factory=dict)  # rel file -> (kind, signature)
-    new_exec: list[str] = field(default_factory=list)
+    new_exec: list[tuple[str, str]] = field(default_factory=list)  # (rel, kind)
+    unreadable: list[str] = field(default_factory=list)  # dirs that could not be opened or listed
     entries: int = 0
-    partial: bool = False
+    over_budget: bool = False
+
+    @property
+    def partial(self) -> bool:
+        return self.over_budget or bool(self.unreadable)
 
 
 @dataclass
@@ -77,6 +84,10 @@ class Watch:
     before: Walk
     index: bytes | None  # git's index at start; None: no usable index (everything counts as untracked)
     ms_start: float = 0.0
+    originals: dict[str, bytes] = field(default_factory=dict)  # agent config at start: rel -> content
+    # Placeholders (ours and other boxes'): empty mount points the host made, never the box's work. One
+    # that is another box's mount point must not be touched: renaming it detaches that box's mask.
+    ignore: set[str] = field(default_factory=set)
 
 
 class _Dir:
@@ -86,7 +97,7 @@ class _Dir:
     def __init__(self, dfd: int, rel: str, w: Walk) -> None:
         self.fd = os.dup(dfd) if not rel else safefs.open_beneath(dfd, rel, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            w.dirs[rel] = os.fstat(self.fd).st_mtime_ns
+            w.dirs[rel] = os.fstat(self.fd).st_ctime_ns
             self.entries = list(os.scandir(self.fd))
             w.names[rel] = frozenset(e.name for e in self.entries)
         except BaseException:
@@ -147,12 +158,13 @@ def walk(root_fd: int, before: Walk | None = None, started_ns: int = 0, budget: 
     while stack:
         rel = stack.pop()
         if w.entries > budget:
-            w.partial = True
+            w.over_budget = True
             break
         try:
             d = _Dir(root_fd, rel, w)
         except OSError:
-            continue  # unreadable, or replaced by a link meanwhile: not entered
+            w.unreadable.append(rel)  # e.g. a dir the box made unreadable: its files are unseen
+            continue
         with d:
             _entries(root_fd, rel, d, w, before, started_ns, stack)
     return w
@@ -163,8 +175,11 @@ def _entries(root_fd: int, rel: str, d: _Dir, w: Walk, before: Walk | None, star
     name = rel.rsplit("/", 1)[-1]
     site = name in SITE_DIRS
     venv = any(e.name == "pyvenv.cfg" for e in d.entries)
-    # a directory with a new entry (or new itself): its new executables count
+    # A directory with an entry created, renamed or removed since the start (or new itself): its ctime
+    # moved, whatever the box did to its mtime. Its new and re-written executables count.
     fresh = before is not None and before.dirs.get(rel) != w.dirs.get(rel)
+    # Once per directory: does a component above put its files in a class (`.claude/`, `.husky/`)?
+    context = bool(rel) and any(runs_later.watched_component(p) for p in rel.split("/"))
     for e in d.entries:
         sub = _join(rel, e.name)
         try:
@@ -178,7 +193,7 @@ def _entries(root_fd: int, rel: str, d: _Dir, w: Walk, before: Walk | None, star
                 else:
                     stack.append(sub)
                 continue
-            kind = _kind_of(e.name)
+            kind = _kind_of(sub) if context or runs_later.name_may_match(e.name) else None
             if kind is not None:
                 _watch(w, sub, kind, d.lstat(e.name))
             elif fresh and not site:
@@ -186,10 +201,13 @@ def _entries(root_fd: int, rel: str, d: _Dir, w: Walk, before: Walk | None, star
                 # New by name since the start, or written/chmod'ed during the run (ctime): a file the
                 # host itself put there just before the launch is neither.
                 new = before is not None and e.name not in before.names.get(rel, frozenset())
-                if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111 and (new or st.st_ctime_ns >= started_ns):
-                    w.new_exec.append(sub)
+                if new or st.st_ctime_ns >= started_ns:
+                    link = os.readlink(e.name, dir_fd=d.fd) if stat.S_ISLNK(st.st_mode) else None
+                    flags = runs_later.by_entry(sub, st.st_mode, st.st_size, link)
+                    if flags:
+                        w.new_exec.append((sub, flags[0].cls.value))
         except OSError:
-            continue
+            w.unreadable.append(sub)
 
 
 def _read_index(root_fd: int) -> bytes | None:
@@ -238,8 +256,9 @@ def tracked_paths(index: bytes) -> set[str] | None:
     return paths
 
 
-def start(workdir: str) -> Watch | None:
-    """Snapshot the watched places of the workdir before the box runs; None when it cannot be read."""
+def start(workdir: str, ignore: set[str] | None = None) -> Watch | None:
+    """Snapshot the watched places of the workdir before the box runs; None when it cannot be read.
+    `ignore`: paths (relative to the workdir) that are placeholders."""
     t0 = time.perf_counter()
     # File times use the kernel's coarse clock, a jiffy or so behind time_ns(): 20 ms of margin.
     started = time.time_ns() - 20_000_000
@@ -247,9 +266,27 @@ def start(workdir: str) -> Watch | None:
         with safefs.base_dir(workdir) as fd:
             before = walk(fd)
             index = _read_index(fd)
+            originals = _originals(fd, before, ignore or set())
     except OSError:
         return None
-    return Watch(workdir, started, before, index, (time.perf_counter() - t0) * 1000)
+    return Watch(workdir, started, before, index, (time.perf_counter() - t0) * 1000, originals, set(ignore or ()))
+
+
+def _originals(root_fd: int, w: Walk, ignore: set[str]) -> dict[str, bytes]:
+    """The agent config files as they are at start (bounded), to put back what the box changes."""
+    out: dict[str, bytes] = {}
+    budget = ORIGINALS_BUDGET
+    for rel, (kind, sig) in sorted(w.watched.items()):
+        if rel in ignore or kind != runs_later.RunsLater.AGENT_CONFIG or not stat.S_ISREG(sig[3]) or sig[2] > min(MAX_ORIGINAL, budget):
+            continue
+        try:
+            data = safefs.read_beneath(root_fd, rel, MAX_ORIGINAL)
+        except OSError:
+            continue
+        if data is not None:
+            out[rel] = data
+            budget -= len(data)
+    return out
 
 
 def _lifecycle(root_fd: int, rel: str) -> str | None:
@@ -270,18 +307,31 @@ class Findings:
     partial: bool
     ms_start: float
     ms_exit: float
+    unreadable: list[str] = field(default_factory=list)
+    over_budget: bool = False
+    aside: list[str] = field(default_factory=list)  # summary lines of what was moved aside
 
 
-def finish(watch: Watch) -> Findings:
+def finish(watch: Watch, kept: str | None = None, run_id: str = "") -> Findings:
     """Walk again and compare: new or changed watched files, new executables, minus what git tracked
-    at start."""
+    at start. With `kept` (the run's kept-aside dir), agent config the box created, changed or deleted
+    is settled first (relay/workdiraside.py): moved aside, the original put back."""
+    from . import workdiraside
+
     t0 = time.perf_counter()
     found: dict[str, str] = {}
+    aside: list[str] = []
     with safefs.base_dir(watch.root) as fd:
         after = walk(fd, watch.before, watch.started_ns)
+        agent: list[tuple[str, str]] = []
         for rel, (kind, sig) in after.watched.items():
             old = watch.before.watched.get(rel)
-            if old is not None and old[1] == sig:
+            if (old is not None and old[1] == sig) or rel in watch.ignore:
+                continue
+            if kind == runs_later.RunsLater.AGENT_CONFIG:
+                if not runs_later.is_agent_config(rel):
+                    continue  # inert (a .gitignore)
+                agent.append((rel, "created by the box" if old is None else "changed by the box"))
                 continue
             if kind == "package lifecycle script":
                 scripts = _lifecycle(fd, rel)
@@ -289,13 +339,25 @@ def finish(watch: Watch) -> Findings:
                     continue
                 kind = f"package lifecycle script ({scripts})"
             found[rel] = kind
-        for rel in after.new_exec:
-            found.setdefault(rel, "new executable")
+        deleted = [(rel, sig[3]) for rel, (kind, sig) in watch.before.watched.items()
+                   if kind == runs_later.RunsLater.AGENT_CONFIG and rel not in after.watched and rel not in watch.ignore]
+        for rel, kind in after.new_exec:
+            if rel not in watch.ignore:
+                    found.setdefault(rel, "new executable" if kind == runs_later.RunsLater.EXECUTABLE else kind)
+        if kept is not None and (agent or deleted):
+            settled = workdiraside.settle(fd, watch.root, sorted(agent), deleted, watch.originals, kept, run_id)
+            aside = workdiraside.summary(settled, run_id, _shown)
+            for rel, why in settled.failed:
+                found[rel] = f"agent-config ({why})"
+        else:
+            found.update((rel, f"agent-config ({what})") for rel, what in agent)
     if found and watch.index is not None:
         tracked = tracked_paths(watch.index) or set()
-        found = {rel: why for rel, why in found.items() if rel not in tracked}
+        found = {rel: why for rel, why in found.items() if rel not in tracked or why.startswith("agent-config")}
     files = sorted(found.items())
-    return Findings(files, watch.before.partial or after.partial, watch.ms_start, (time.perf_counter() - t0) * 1000)
+    unreadable = watch.before.unreadable + [u for u in after.unreadable if u not in watch.before.unreadable]
+    return Findings(files, watch.before.partial or after.partial, watch.ms_start, (time.perf_counter() - t0) * 1000,
+                    unreadable, watch.before.over_budget or after.over_budget, aside)
 
 
 def _shown(text: str) -> str:
@@ -306,9 +368,14 @@ def _shown(text: str) -> str:
 def publish(findings: Findings, workdir: str, state: str, run_id: str, log_path: str | None) -> list[str]:
     """Write the full list under our state dir, add a record to the run's JSON log, and return the
     summary lines for the user (none when there is nothing to say)."""
-    lines: list[str] = []
-    if findings.partial:
-        lines.append(f"exit report: the workdir has more than {MAX_ENTRIES} entries; only part of it was checked")
+    lines: list[str] = list(findings.aside)
+    if findings.over_budget:
+        lines.append(f"exit report: partial: the workdir has more than {MAX_ENTRIES} entries; only part of it "
+                     "was checked")
+    if findings.unreadable:
+        shown = ", ".join(_shown(u or ".") for u in findings.unreadable[:3]) + (", …" if len(findings.unreadable) > 3 else "")
+        lines.append(f"exit report: partial: {len(findings.unreadable)} entries of the workdir could not be read "
+                     f"({shown}); what lies in them was not checked, so review them before running tools there")
     if not findings.files:
         return lines
     report_path = os.path.join(state, "reports", f"{run_id}.txt")
@@ -336,7 +403,7 @@ def publish(findings: Findings, workdir: str, state: str, run_id: str, log_path:
 def _log(log_path: str, state: str, findings: Findings, report_path: str) -> None:
     """One more JSON line in the run's log (a file in our own state dir, appended with no link followed)."""
     record = {"time": round(time.time(), 3), "event": "exit-report", "count": len(findings.files),
-              "report": report_path, "partial": findings.partial,
+              "report": report_path, "partial": findings.partial, "unreadable": findings.unreadable[:MAX_LISTED],
               "files": [{"path": rel, "why": why} for rel, why in findings.files[:MAX_LISTED]]}
     try:
         base = state if safefs.beneath(log_path, state) else os.path.dirname(log_path)
@@ -353,12 +420,28 @@ def _log(log_path: str, state: str, findings: Findings, report_path: str) -> Non
         pass
 
 
-def begin(plan) -> Watch | None:  # noqa: ANN001 - a plan.Plan (kept import-free of plan)
-    """The runner's hook before the box starts."""
+def _registered(state: str, workdir: str) -> set[str]:
+    """Every box's placeholders in this workdir, from the shared registry (relay/placeholders.py)."""
+    try:
+        data = json.loads(safefs.read_file(os.path.join(state, "placeholders.json"), 1 << 20, base=state) or b"{}")
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(data, dict):
+        return set()
+    return {os.path.relpath(p, workdir) for p in data if isinstance(p, str) and safefs.beneath(p, workdir)}
+
+
+def begin(plan, caller_env=None) -> Watch | None:  # noqa: ANN001 - a plan.Plan (kept import-free of plan)
+    """The runner's hook before the box starts (after the placeholders are made)."""
     if not plan.workdir:
         return None
     try:
-        return start(plan.workdir)
+        ignore = {os.path.relpath(p, plan.workdir) for p in plan.placeholders if safefs.beneath(p, plan.workdir)}
+        if caller_env is not None:
+            from .paths import state_dir
+
+            ignore |= _registered(state_dir(dict(caller_env)), plan.workdir)
+        return start(plan.workdir, ignore)
     except Exception:  # noqa: BLE001 - the report is advice; it never stops a box
         return None
 
@@ -368,8 +451,11 @@ def end(watch: Watch | None, plan, caller_env, run_id: str) -> list[str]:  # noq
     if watch is None:
         return []
     from .paths import state_dir
+    from .workdiraside import kept_dir
 
+    state = state_dir(dict(caller_env))
     try:
-        return publish(finish(watch), plan.workdir, state_dir(dict(caller_env)), run_id, plan.log_path)
+        watch.ignore |= _registered(state, watch.root)
+        return publish(finish(watch, kept_dir(state, run_id), run_id), plan.workdir, state, run_id, plan.log_path)
     except Exception as err:  # noqa: BLE001 - never lose the box's exit code to the report
         return [f"exit report failed: {err}"]

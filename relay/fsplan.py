@@ -126,7 +126,7 @@ class FsPlan:
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/run")
 DIR_LIKE = frozenset({".git", ".vscode", ".idea", ".claude", ".gemini", ".codex", "hooks", "commands", "agents",
                       "modules", "worktrees", "hive-relay", ".venv", ".cache", "node_modules", "relay", "bin",
-                      "config", ".ci", "npm"})
+                      "config", ".ci", "npm", ".opencode", "skills", "rules", "output-styles"})
 # Mount kinds that show the box nothing of the host's persistent files.
 PRIVATE_KINDS = (MountKind.TMPFS, MountKind.PRIVATE_BIND, MountKind.DEV, MountKind.PROC, MountKind.MASK_FILE, MountKind.MASK_DIR)
 

@@ -15,6 +15,7 @@ import shutil
 import signal
 import stat
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -40,6 +41,9 @@ class RunState:
     workdir: str = ""
     agent: agentstate.AgentState | None = None  # private copies of the agent's state dirs
     staged_root: str | None = None  # --staged: the run's layer (relay/staged.py); git state is kept there
+    # The exit report (relay/exitreport.py), last: it moves aside workdir agent config, so it runs here,
+    # where a launcher killed with `kill -9` cannot skip it.
+    exit_report: Callable[[], list[str]] | None = None
 
 
 # The files synced back (e.g. ~/.claude.json) hold settings and project history, never bulk data.
@@ -184,6 +188,8 @@ def teardown(state: RunState) -> list[str]:
         elif state.git is not None:
             _sync_git(state, messages)
         shutil.rmtree(state.run_dir, ignore_errors=True)
+    if state.exit_report is not None:
+        messages += state.exit_report()
     return messages
 
 

@@ -26,7 +26,7 @@ from .hosts import HostRule, explain
 from .native import render as render_native
 from .nodeproxy import node_options
 from .overlay import unsafe_path
-from .paths import config_home, own_paths, state_dir, tool_dir
+from .paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, own_paths, state_dir, tool_dir
 from .planlimits import Limits, limit_method
 from .presets import expand as expand_presets
 from .probe import HostFacts
@@ -37,6 +37,7 @@ from .staged import StagedLayer
 from .staged import for_run as staged_for_run
 from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
 from .vocab import MountKind, Tier
+from .workdir import own_checkout_in
 from .workdir import refusal as workdir_refusal
 
 PROXY_LISTEN = "127.0.0.1:3128"
@@ -590,6 +591,38 @@ def _git(d: _Draft) -> None:
                     for m in d.git.mounts]
 
 
+def _own_checkout(d: _Draft) -> str | None:
+    """hive relay's own checkout, when the workdir holds it (relay/workdir.py own_checkout_in)."""
+    return own_checkout_in(d.workdir, d.fs.realpath(str(PACKAGE_ROOT)) if IN_CHECKOUT else None)
+
+
+def _read_only_checkout(d: _Draft, fsplan: FsPlan) -> FsPlan:
+    """Our checkout in the workdir is read-only as a whole: the workdir's bind (and every writable
+    bind below it that is not the git plan's) becomes read-only; a checkout below the workdir is
+    bound read-only onto itself (right after the workdir's bind, masks and protections on top)."""
+    own = _own_checkout(d)
+    if own is None:
+        return fsplan
+    d.notes.append(f"the workdir holds hive relay's own checkout ({own}): it is read-only in the box, since "
+                   "invoke, pytest and python -m relay there load whatever lies at its top; fix: give the box a "
+                   "clone (git worktree add ../hive-relay-work) and run hive relay from this checkout")
+    ours = set(d.git_mounts)
+    # A missing path in a read-only tree cannot be created: its mask (and the placeholder it needs) goes.
+    moot = {p for p in fsplan.placeholders if _lies_in(p, own)}
+    mounts = [replace(m, kind=MountKind.RO_BIND, src=m.src or m.dst)
+              if m.kind == MountKind.BIND and m not in ours and _lies_in(m.dst, own) else m for m in fsplan.mounts
+              if not (m.dst in moot and m.kind in (MountKind.MASK_FILE, MountKind.MASK_DIR))]
+    if own != d.workdir:  # right after the workdir's bind, so that the masks and protections still go on top
+        at = next(i for i, m in enumerate(mounts) if m.kind == MountKind.BIND and m.dst == d.workdir) + 1
+        mounts.insert(at, Mount(MountKind.RO_BIND, own, own))
+    return replace(fsplan, mounts=tuple(mounts), protected=(own,) + tuple(p for p in fsplan.protected if p not in moot),
+                   placeholders=tuple(p for p in fsplan.placeholders if p not in moot))
+
+
+def _lies_in(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def _filesystem(d: _Draft) -> None:
     """The box's mounts (relay/fsplan.py), then what the git plan adds to them."""
     secrets = secret_paths(d.home, d.uid, d.backend.deny, d.env.get("SSH_AUTH_SOCK"))
@@ -607,6 +640,7 @@ def _filesystem(d: _Draft) -> None:
         tmpfs_size=d.profile.memory // 4,
     )
     d.notes += fsplan.notes
+    fsplan = _read_only_checkout(d, fsplan)
     if d.git is not None and d.run_dir:
         # A missing objects/info/alternates reads as empty in the box, not as EACCES.
         redirects = {os.path.join(g.host, r) for g in d.git.dirs if g.kind == "common" for r in OBJECT_REDIRECTS}
@@ -724,8 +758,14 @@ def _process_tier(d: _Draft) -> None:
 
     d.command = list(d.argv)
     d.env_set["TMPDIR"] = os.path.join(d.run_dir, "tmp")
+    own = _own_checkout(d)
+    if own is not None and own != d.workdir:
+        raise RefusedError(f"the workdir {d.workdir} holds hive relay's own checkout ({own}), which the process tier "
+                           "cannot keep read-only; fix: install bubblewrap, or pick a workdir that does not hold it")
     rw = [d.workdir, d.env_set["TMPDIR"], "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
-    ro = read_roots(d.home, d.fs.listdir("/")) + ["/dev/urandom", "/dev/random"]
+    if own is not None:
+        rw.remove(d.workdir)  # our own checkout: read-only (see _read_only_checkout)
+    ro = read_roots(d.home, d.fs.listdir("/")) + ["/dev/urandom", "/dev/random"] + ([own] if own else [])
     ro += [g.path for g in d.grants if not g.writable]
     rw += [g.path for g in d.grants if g.writable]
     d.fs_rules = tuple((p, "ro") for p in ro) + tuple((p, "rw") for p in rw)

@@ -3,6 +3,7 @@ Everything it does was decided by resolve()."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -139,7 +140,6 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     summary = box.proxy.log.summary_lines() if box.proxy is not None else []
     if box.proxy is not None and box.proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({box.proxy.log.write_errors} errors): {plan.log_path}")
-    messages += exitreport.end(box.watch, plan, caller_env, run_id)
     if plan.staged is not None:
         from .changes_text import apply_at_exit, exit_line
 
@@ -215,7 +215,10 @@ class _Box:
         self.use_rlimits = state.cgroup is None
         self.nofile = limits.raise_nofile()
         # Staged: the host checkout does not change, so there is nothing to watch (the review lists it all).
-        self.watch = None if plan.staged else exitreport.begin(plan)
+        self.watch = None if plan.staged else exitreport.begin(plan, caller_env)
+        if self.watch is not None:  # judged by the janitor, after everything else it does (relay/janitor.py)
+            run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+            state.exit_report = functools.partial(exitreport.end, self.watch, plan, dict(caller_env), run_id)
         self.jpid, self.lifeline = janitor.spawn(state)
         # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
         # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)

@@ -52,13 +52,16 @@ AGENT_CONFIG_NAMES = (".claude", ".codex", ".gemini", ".opencode", "opencode.jso
 
 TABLE: tuple[Rule, ...] = (
     Rule(RunsLater.PACKAGE_SCRIPTS, "npm/yarn/pnpm run its scripts at install, test and build",
-         names=("package.json", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs")),
+         names=("package.json", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", "bunfig.toml")),
     Rule(RunsLater.PACKAGE_SCRIPTS, "Python builds run its build backend and hooks",
          names=("pyproject.toml", "setup.py", "setup.cfg", "pip.conf")),
     Rule(RunsLater.PACKAGE_SCRIPTS, "make/just/task run its recipes",
          names=("Makefile", "makefile", "GNUmakefile", "justfile", "Justfile", ".justfile"),
          suffixes=(".mk",)),
     Rule(RunsLater.PACKAGE_SCRIPTS, "task runs its tasks", names=("Taskfile.yml", "Taskfile.yaml", "Taskfile.dist.yml")),
+    Rule(RunsLater.PACKAGE_SCRIPTS, "cargo, rake, bundler and gradle run it at build",
+         names=("build.rs", "Rakefile", "Gemfile", "build.gradle", "build.gradle.kts", "settings.gradle",
+                "settings.gradle.kts", "gradlew"), prefixes=(".cargo",)),
     Rule(RunsLater.HOOK_FRAMEWORK, "git hook managers run it at commit",
          names=(".pre-commit-config.yaml", "lefthook.yml", "lefthook.yaml", ".lefthook.yml"), under=(".husky",)),
     Rule(RunsLater.CI_EDITOR, "CI runs it with the project's secrets", prefixes=(".github/workflows",),
@@ -66,19 +69,52 @@ TABLE: tuple[Rule, ...] = (
     Rule(RunsLater.CI_EDITOR, "the editor runs its tasks and launch configs", under=(".vscode", ".idea"),
          names=(".vscode", ".idea")),
     Rule(RunsLater.TASK_RUNNER, "the devcontainer's initializeCommand runs on the host", under=(".devcontainer",),
-         names=(".devcontainer",)),
+         names=(".devcontainer", ".devcontainer.json")),
     Rule(RunsLater.ENVIRONMENT, "direnv and dotenv loaders apply it in the user's shell and tools",
          names=(".envrc", ".env")),
+    Rule(RunsLater.ENVIRONMENT, "mise and asdf pick the tools, env and hooks of every command here",
+         names=("mise.toml", ".mise.toml", ".tool-versions")),
     Rule(RunsLater.ENVIRONMENT, "Python runs it at every start", names=("sitecustomize.py", "usercustomize.py",
                                                                       "pyvenv.cfg"), suffixes=(".pth",)),
     Rule(RunsLater.ENVIRONMENT, "npm run and npx put it first on PATH", under=("node_modules/.bin",)),
-    Rule(RunsLater.TASK_RUNNER, "pytest, nox and invoke load it by name",
-         names=("conftest.py", "noxfile.py", "tasks.py", "invoke.py", "invoke.yaml", "invoke.yml", "fabfile.py")),
+    Rule(RunsLater.TASK_RUNNER, "pytest, tox, nox and invoke load it by name",
+         names=("conftest.py", "noxfile.py", "tasks.py", "invoke.py", "invoke.yaml", "invoke.yml", "invoke.json",
+                "fabfile.py", "pytest.ini", ".pytest.ini", "tox.ini")),
     Rule(RunsLater.AGENT_CONFIG, "an agent CLI loads hooks, MCP servers and permissions from it",
          names=AGENT_CONFIG_NAMES, under=AGENT_CONFIG_NAMES),
     Rule(RunsLater.GIT_STEERING, "git runs its filter and diff drivers, and fetches its submodules",
-         names=(".gitattributes", ".gitmodules")),
+         names=(".gitattributes", ".gitmodules", ".lfsconfig")),
 )
+
+
+class _Index:
+    """The table compiled for the walk's hot loop: by_name() is asked once per file of the workdir,
+    so most paths must be turned away by a set lookup or two."""
+
+    def __init__(self, table: tuple[Rule, ...]) -> None:
+        self.names: dict[str, list[Rule]] = {}
+        for rule in table:
+            for name in rule.names:
+                self.names.setdefault(name, []).append(rule)
+        self.suffixes = tuple(s for rule in table for s in rule.suffixes)
+        # Any component here may put a path in a prefix or under rule.
+        self.components = frozenset(p.split("/")[0] for rule in table for p in rule.prefixes + rule.under)
+
+
+_INDEX = _Index(TABLE)
+
+
+def name_may_match(name: str) -> bool:
+    """False when a file of this name is in no class unless a directory above it puts it in one
+    (see watched_component): the walk's fast path."""
+    return name in _INDEX.names or name.endswith(_INDEX.suffixes) or name.startswith(".env.")
+
+
+def watched_component(name: str) -> bool:
+    """True when a directory of this name puts what lies below it in some class (`.claude`, `.husky`,
+    `node_modules`...): a walk must enter it to see its files."""
+    return name in _INDEX.components
+
 
 # A file this large is not source to review in a diff.
 MAX_REVIEW_BYTES = 16 << 20
@@ -106,6 +142,9 @@ def by_name(rel: str) -> list[Flag]:
     if not parts:
         return []
     last = parts[-1]
+    if (last not in _INDEX.names and not last.endswith(_INDEX.suffixes) and not last.startswith(".env.")
+            and _INDEX.components.isdisjoint(parts)):
+        return []
     out: list[Flag] = []
     for rule in TABLE:
         hit = last in rule.names or any(last.endswith(s) for s in rule.suffixes) \
@@ -115,6 +154,16 @@ def by_name(rel: str) -> list[Flag]:
         if hit and all(f.cls is not rule.cls for f in out):
             out.append(Flag(rule.cls, rule.why))
     return out
+
+
+# Inert inside an agent config dir: opencode writes `.opencode/.gitignore` at every start.
+AGENT_CONFIG_INERT = (".gitignore",)
+
+
+def is_agent_config(rel: str) -> bool:
+    """An agent CLI's project config (at any depth): what the exit report moves aside when the box
+    created or changed it."""
+    return rel.rsplit("/", 1)[-1] not in AGENT_CONFIG_INERT and any(f.cls is RunsLater.AGENT_CONFIG for f in by_name(rel))
 
 
 def by_entry(rel: str, mode: int, size: int = 0, link: str | None = None, before_mode: int | None = None) -> list[Flag]:

@@ -59,3 +59,17 @@ def refusal(workdir: str, home: str, denied: Iterable[str], own: Iterable[str], 
         if _inside(workdir, os.path.normpath(path)):
             return f"the workdir {workdir} lies in hive relay's own {path}; fix: {cd_fix}"
     return None
+
+
+def own_checkout_in(workdir: str, checkout: str | None) -> str | None:
+    """hive relay's own checkout (a real path) when it lies in the workdir, else None.
+
+    Everything at the top of our checkout is something our entries or tools load: `invoke` runs
+    `tasks.py` and any `invoke.py`/`invoke.yaml` beside it, `pytest` every `conftest.py` and
+    `pytest.ini` from the top down, `python -m relay` (cwd first on sys.path) any `yaml.py` there,
+    and the README tells you to `source completions/`. A list of such names is never complete, so
+    the checkout is read-only as a whole in the box: nothing in it can be changed and no new name
+    can appear at its top (the staged workdir, issue 25, is the other way)."""
+    if checkout and _inside(checkout, workdir):
+        return checkout
+    return None
