@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -287,3 +288,48 @@ def test_container_mode_refuses_a_link_it_cannot_pin_and_starts_without_one(sand
     report.legit(code == 0)
     assert code == 0, err
     assert not any(os.path.islink(m["dst"]) for m in plan["mounts"] if m["kind"] != "private-bind")
+
+
+# --- rename(2) into the private .git: EXDEV, which git itself never meets ----------------------------------
+
+GIT_OPS = ("set -e; echo a >> README.md; git add README.md; git commit -qm edit; echo b >> README.md; "
+           "git stash -q; git stash pop -q; git commit -qam second; git checkout -qb topic HEAD~1; echo c > c.txt; "
+           "git add c.txt; git commit -qm topic; git rebase -q main; git worktree add -q wt-inside -b wtb main; "
+           "git -C wt-inside commit -q --allow-empty -m in-worktree; git tag -a v1 -m v1; git log --oneline topic | wc -l; "
+           "echo GIT-OPS-OK; ")
+
+
+def test_a_rename_into_dotgit_fails_with_exdev_and_git_never_renames_across(box: Sandbox, report) -> None:
+    """.git in the box is a private copy (relay/gitdir.py), a mount of its own: rename(2) from the
+    workdir into it is a cross-device rename. `mv` (and shutil.move) fall back to copying; git only
+    renames within .git (lock files, objects), which strace from the host shows."""
+    from ..conftest import require_tool
+
+    require_tool("strace")
+    wd = box.workdir
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(wd), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    git("init", "-q", "-b", "main")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    script = ("export GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@t GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@t; " + GIT_OPS +
+              "set +e; cp README.md mv-me; mv mv-me .git/mv-me && echo MV-OK; "
+              "python3 -c 'import os; os.rename(\"c.txt\", \".git/rename-me\")' 2>&1 | tail -1")
+    log = box.root / "strace.log"
+    proc = subprocess.run(["strace", "-f", "-qq", "-e", "trace=rename,renameat,renameat2", "-o", str(log),
+                           sys.executable, "-m", "relay", "shell", "local", "--quiet", "--prompt", script],
+                          cwd=wd, env=box.env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert "GIT-OPS-OK" in out, out + proc.stderr[-3000:]
+    lines = log.read_text().splitlines()
+    exdev = [line for line in lines if "EXDEV" in line]
+    git_renames = [line for line in lines if ".lock" in line and "= 0" in line]
+    deliberate = all("mv-me" in line or "rename-me" in line for line in exdev)
+    report.attack(deliberate and "Invalid cross-device link" in out)  # a clear error, for our own calls only
+    assert exdev and deliberate, exdev
+    assert "[Errno 18] Invalid cross-device link" in out
+    report.legit("MV-OK" in out and len(git_renames) > 10)
+    assert "MV-OK" in out and len(git_renames) > 10, (out, len(git_renames))
