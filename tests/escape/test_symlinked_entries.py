@@ -333,3 +333,34 @@ def test_a_rename_into_dotgit_fails_with_exdev_and_git_never_renames_across(box:
     assert "[Errno 18] Invalid cross-device link" in out
     report.legit("MV-OK" in out and len(git_renames) > 10)
     assert "MV-OK" in out and len(git_renames) > 10, (out, len(git_renames))
+
+
+def test_container_mode_a_secret_link_into_the_workdir_and_git_in_the_box(csandbox: Sandbox, report) -> None:
+    """Container mode: ~/.aws -> WORKDIR/aws-real starts the box, the target is masked in the
+    workdir volume; git's own operations in the container's private .git all succeed (git fails on
+    a cross-device rename instead of copying, so success is the proof) and a rename into .git is EXDEV."""
+    s = csandbox
+    wd = s.workdir
+    shutil.rmtree(s.home / ".aws")
+    (wd / "aws-real").mkdir()
+    (wd / "aws-real" / "credentials").write_text(TOKEN + "\n")
+    (s.home / ".aws").symlink_to(wd / "aws-real")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(wd), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    (wd / ".gitignore").write_text("aws-real/\n")
+    git("init", "-q", "-b", "main")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    script = ("cat aws-real/credentials 2>/dev/null; cat ~/.aws/credentials 2>/dev/null; "
+              "export GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@t GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@t; "
+              + GIT_OPS + "set +e; python3 -c 'import os; os.rename(\"c.txt\", \".git/rename-me\")' 2>&1 | tail -1")
+    proc = s.relay("shell", "container", "--quiet", "--prompt", script)
+    out = proc.stdout
+    report.attack(proc.returncode == 0 and TOKEN not in out)
+    assert proc.returncode == 0 and TOKEN not in out, out + proc.stderr[-3000:]
+    legit = "GIT-OPS-OK" in out and "[Errno 18] Invalid cross-device link" in out
+    report.legit(legit)
+    assert legit, out
