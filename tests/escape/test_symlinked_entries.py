@@ -212,6 +212,9 @@ def test_a_symlinked_protected_dir_is_pinned_like_a_dir(box: Sandbox, outside: P
     legit = all(w in out for w in ("project memory", "extensions.json", "CFG-WRITE-OK", "EDIT-OK", "MV-OK"))
     report.legit(legit)
     assert legit, out
+    # The pins lived in the box's own mount namespace: the host has none left.
+    with open("/proc/self/mountinfo") as f:
+        assert str(box.workdir) not in f.read()
 
 
 # --- the proof from the host: the real claude runs no hook the box planted ---------------------------------
