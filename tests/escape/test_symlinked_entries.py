@@ -367,3 +367,24 @@ def test_container_mode_a_secret_link_into_the_workdir_and_git_in_the_box(csandb
     legit = "GIT-OPS-OK" in out and "[Errno 18] Invalid cross-device link" in out
     report.legit(legit)
     assert legit, out
+
+
+def test_the_pin_stage_refuses_a_link_that_changed_since_planning(tmp_path: Path, report) -> None:
+    """relay/linkpin.py pins only what the plan saw: a link swapped for a dir, or pointing elsewhere,
+    is one line and exit 3, not a box planned for another filesystem; an unchanged one execs the box."""
+    from relay import linkpin
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "link").symlink_to("t")
+    (tmp_path / "dir").mkdir()
+    script = [sys.executable, "-I", "-S", linkpin.__file__]
+    moved = subprocess.run([*script, str(tmp_path / "link"), "elsewhere", "--", "true"], capture_output=True, text=True)
+    swapped = subprocess.run([*script, str(tmp_path / "dir"), "t", "--", "true"], capture_output=True, text=True)
+    refused = all(p.returncode == 3 and len(p.stderr.strip().splitlines()) == 1 and "fix:" in p.stderr
+                  for p in (moved, swapped))
+    report.attack(refused)
+    assert refused, (moved.stderr, swapped.stderr)
+    ok = subprocess.run([*script, str(tmp_path / "link"), "t", "--", "sh", "-c", "rm link; echo RC=$?"],
+                        cwd=tmp_path, capture_output=True, text=True)
+    report.legit(ok.returncode == 0 and "RC=1" in ok.stdout and (tmp_path / "link").is_symlink())
+    assert "RC=1" in ok.stdout and (tmp_path / "link").is_symlink(), ok.stdout + ok.stderr
