@@ -282,6 +282,9 @@ def test_container_mode_refuses_a_link_it_cannot_pin_and_starts_without_one(sand
     refused = code == 3 and ".claude is a symbolic link" in err and "fix: --mode local" in err and len(err.strip().splitlines()) == 1
     report.attack(refused)
     assert refused, (code, err)
+    code, _, err = _plan(sandbox, "claude", "kube")
+    report.attack(code == 3 and "--mode kube cannot pin a link" in err)
+    assert code == 3 and "--mode kube cannot pin a link" in err, (code, err)
     (sandbox.workdir / ".claude").unlink()
     (sandbox.workdir / ".claude").mkdir()
     # A secret link that only the container's own view could reach needs no pin: the box starts.
