@@ -64,6 +64,8 @@ def _open_link(path: str, target: str) -> int:
     try:
         if not stat.S_ISLNK(os.fstat(fd).st_mode):
             raise PinError(f"{path} is no longer a symbolic link")
+        if os.readlink(f"/proc/self/fd/{fd}") != path:  # a parent became a link: the plan's path is not this one
+            raise PinError(f"a directory above {path} is now a symbolic link")
         if os.readlink(path) != target:
             raise PinError(f"{path} now points elsewhere")
     except BaseException:

@@ -383,10 +383,13 @@ def test_the_pin_stage_refuses_a_link_that_changed_since_planning(tmp_path: Path
     script = [sys.executable, "-I", "-S", linkpin.__file__]
     moved = subprocess.run([*script, str(tmp_path / "link"), "elsewhere", "--", "true"], capture_output=True, text=True)
     swapped = subprocess.run([*script, str(tmp_path / "dir"), "t", "--", "true"], capture_output=True, text=True)
+    (tmp_path / "parent-link").symlink_to(tmp_path)
+    above = subprocess.run([*script, str(tmp_path / "parent-link" / "link"), "t", "--", "true"], capture_output=True,
+                           text=True)
     refused = all(p.returncode == 3 and len(p.stderr.strip().splitlines()) == 1 and "fix:" in p.stderr
-                  for p in (moved, swapped))
+                  for p in (moved, swapped, above))
     report.attack(refused)
-    assert refused, (moved.stderr, swapped.stderr)
+    assert refused, (moved.stderr, swapped.stderr, above.stderr)
     ok = subprocess.run([*script, str(tmp_path / "link"), "t", "--", "sh", "-c", "rm link; echo RC=$?"],
                         cwd=tmp_path, capture_output=True, text=True)
     report.legit(ok.returncode == 0 and "RC=1" in ok.stdout and (tmp_path / "link").is_symlink())
