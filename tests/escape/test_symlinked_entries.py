@@ -118,7 +118,7 @@ def test_a_symlinked_secret_starts_the_box_and_stays_hidden(box: Sandbox, outsid
               'mv ~/dots/$l ~/dots/$l.x 2>/dev/null && echo "MOVED $l"; done; '
               'echo planted > ~/dots/gone 2>/dev/null && echo "WROTE gone"; '
               'cat ~/dots/ok.txt && echo more >> ~/dots/ok.txt && echo GRANT-WRITE-OK; cat README.md')
-    proc = box.box(script, "shell", *DOTS)
+    proc = box.box(script, "shell", *DOTS, timeout=300)
     out = proc.stdout
     blocked = (proc.returncode == 0 and KEY not in out and TOKEN not in out and "UNLINKED" not in out
                and "MOVED" not in out and "WROTE" not in out and _links(box.home / "dots") == before
@@ -202,7 +202,7 @@ def _links_intact(s: Sandbox, outside: Path) -> bool:
 def test_a_symlinked_protected_dir_is_pinned_like_a_dir(box: Sandbox, outside: Path, backend: str, report) -> None:
     _protected_links(box, outside)
     marker = box.root / "MARKER"
-    proc = box.box(_attack(marker) + TWIN, backend)
+    proc = box.box(_attack(marker) + TWIN, backend, timeout=300)
     out = proc.stdout
     planted = _planted(box, outside)
     blocked = proc.returncode == 0 and "REPLACED" not in out and "MOVED" not in out and "WROTE" not in out \
@@ -244,7 +244,7 @@ def test_real_claude_on_the_host_runs_no_hook_planted_through_a_symlinked_claude
         box.env["HIVE_RELAY_TOOLS"] = claude_tools
         _protected_links(box, outside)
         marker = box.root / "MARKER"
-        proc = box.box(_attack(marker) + "echo ATTEMPTED", "claude")
+        proc = box.box(_attack(marker) + "echo ATTEMPTED", "claude", timeout=300)
         assert "ATTEMPTED" in proc.stdout, proc.stderr[-2000:]
         env = {"HOME": str(box.home), "PATH": f"{claude_tools}/node_modules/.bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                "ANTHROPIC_API_KEY": "sk-ant-fake", "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
@@ -363,7 +363,7 @@ def test_container_mode_a_secret_link_into_the_workdir_and_git_in_the_box(csandb
     script = ("cat aws-real/credentials 2>/dev/null; cat ~/.aws/credentials 2>/dev/null; "
               "export GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@t GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@t; "
               + GIT_OPS + "set +e; python3 -c 'import os; os.rename(\"c.txt\", \".git/rename-me\")' 2>&1 | tail -1")
-    proc = s.relay("shell", "container", "--quiet", "--prompt", script)
+    proc = s.relay("shell", "container", "--quiet", "--prompt", script, timeout=900)  # a busy rootless engine is slow
     out = proc.stdout
     report.attack(proc.returncode == 0 and TOKEN not in out)
     assert proc.returncode == 0 and TOKEN not in out, out + proc.stderr[-3000:]
