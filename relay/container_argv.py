@@ -78,7 +78,10 @@ def volume_args(mounts: Iterable[Mount], home: str, kind: str = "podman") -> lis
         elif m.kind == MountKind.MASK_FILE:
             args += ["--volume", f"/dev/null:{m.dst}:ro"]
         elif m.kind == MountKind.MASK_DIR:
-            args += ["--tmpfs", f"{m.dst}:ro,nosuid,nodev,size=4k,mode=0555"]
+            # podman's tmpfs copies up what lies beneath it (tmpcopyup) unless told not to: a mask
+            # over a dir of a volume would show the very files it hides. docker never copies up.
+            copyup = ",notmpcopyup" if kind == "podman" else ""
+            args += ["--tmpfs", f"{m.dst}:ro,nosuid,nodev,size=4k,mode=0555{copyup}"]
     return args
 
 

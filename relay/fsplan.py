@@ -6,6 +6,13 @@ then the deny list, which always wins. The workdir's git dir is planned by relay
 private copy with an allowlist of writable parts) and enters here as `git_mounts`. Symlinks are resolved first so that a link cannot
 carry a denied path into the box, and a missing denied path that could be created under a
 writable bind is masked at its first missing component.
+
+A deny or protect entry that is (or passes through) a symbolic link is applied where its target
+shows in the box, never at the link: bwrap and the engines follow a link at a mount's destination
+(an absolute one against their own root, so the box failed to start), and a directory cannot be
+mounted on a link at all. The links themselves, where the box could unlink and replace them (a
+writable bind), are listed in `pinned_links`: relay/linkpin.py binds each onto itself before the
+box starts, so unlink and rename get EBUSY, as for a pinned directory.
 """
 
 from __future__ import annotations
@@ -121,6 +128,9 @@ class FsPlan:
     denied: tuple[str, ...]
     protected: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    # Host paths of symbolic links (met on a deny or protect entry) that lie under a writable bind:
+    # each is pinned by a bind onto itself before the box starts (relay/linkpin.py).
+    pinned_links: tuple[str, ...] = field(default=())
 
 
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/run")
@@ -158,18 +168,57 @@ def _between(root: str, path: str) -> list[str]:
     return out
 
 
-def _first_missing(path: str, root: str, fs: FsView) -> str | None:
-    """The shallowest component of `path` below `root` that does not exist, if its parent is a dir."""
+def _host(box: str, cover: Mount) -> str:
+    """The host path shown at box path `box`, which lies under `cover` (a host bind)."""
+    src = cover.src or cover.dst
+    rel = box[len(cover.dst.rstrip("/")):] if cover.dst != "/" else box
+    return os.path.normpath(src.rstrip("/") + rel) if src != "/" else (rel or "/")
+
+
+def _first_missing(path: str, cover: Mount, fs: FsView) -> str | None:
+    """The shallowest component of box path `path` below `cover` that does not exist, if its parent
+    is a dir (asked of the host at the paths `cover` shows there)."""
+    root = cover.dst
     parts = path[len(root.rstrip("/")) + 1 :].split("/")
     current = root.rstrip("/")
     for part in parts:
         parent, current = current or "/", f"{current}/{part}"
-        kind = fs.kind(current)
+        kind = fs.kind(_host(current, cover))
         if kind == "missing":
-            return current if fs.kind(parent) == "dir" else None
+            return current if fs.kind(_host(parent, cover)) == "dir" else None
         if kind != "dir":
             return None
     return None
+
+
+def links_on(path: str, fs: FsView, limit: int = 40) -> list[str]:
+    """Every symbolic link met while resolving `path`, each named by its own link-free host path (a
+    link to a link, a relative link, a link in a parent: all of them), asked through `fs` only.
+    Dangling and looping links end the walk; nothing beyond the links' own text is read."""
+    found: list[str] = []
+    pending = [p for p in reversed(os.path.normpath(path).split("/")) if p]
+    current, hops = "/", 0
+    while pending:
+        part = pending.pop()
+        if part in (".", ""):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        nxt = os.path.join(current, part)
+        if fs.lkind(nxt) != "link":
+            current = nxt
+            continue
+        hops += 1
+        target = fs.readlink(nxt)
+        if hops > limit or target is None:
+            break
+        if nxt not in found:
+            found.append(nxt)
+        if target.startswith("/"):
+            current = "/"
+        pending.extend(p for p in reversed(target.split("/")) if p)
+    return found
 
 
 def plan_filesystem(
@@ -209,6 +258,7 @@ def plan_filesystem(
         denied=tuple(dict.fromkeys(denied)),
         protected=tuple(dict.fromkeys(protected_out)),
         notes=tuple(notes),
+        pinned_links=tuple(masker.pinned_links),
     )
 
 
@@ -248,15 +298,31 @@ def _binds(grants: Iterable[Grant], workdir: str, extra_binds: Iterable[Mount], 
 
 class _Masker:
     """Write protections and the deny list, laid over the binds: what lies under a writable bind is
-    bound read-only or masked, and a missing path is masked at its first missing component."""
+    bound read-only or masked, and a missing path is masked at its first missing component.
+
+    Every entry is applied at each box path where its resolved host path shows (a host path can
+    show at more than one: the root's read-only view, a grant, the workdir), never at a link."""
 
     def __init__(self, mounts: list[Mount], fs: FsView) -> None:
         self.mounts, self.fs = mounts, fs
         self.start = len(mounts)
         self.masked: set[str] = set()
         self.placeholders: list[str] = []
-        # (writable bind root, protected/masked path): the dirs between them must not be renamable.
-        self.anchors: list[tuple[str, str]] = []
+        self.pinned_links: list[str] = []
+        # (writable bind, protected/masked box path): the dirs between them must not be renamable.
+        self.anchors: list[tuple[Mount, str]] = []
+
+    def locations(self, real: str) -> list[tuple[str, Mount]]:
+        """(box path, the host bind it shows through) for each place host path `real` is seen."""
+        out: list[tuple[str, Mount]] = []
+        for m in self.mounts:
+            if m.kind not in (MountKind.BIND, MountKind.RO_BIND) or not m.src or not _under(real, m.src):
+                continue
+            rel = real[len(m.src.rstrip("/")):] if m.src != "/" else real
+            box = os.path.normpath(m.dst.rstrip("/") + rel) if m.dst != "/" else rel
+            if _innermost(box, self.mounts) is m and box not in (b for b, _ in out):
+                out.append((box, m))
+        return out
 
     def mask(self, path: str, kind: str) -> None:
         if path in self.masked:
@@ -267,59 +333,68 @@ class _Masker:
     def mask_missing(self, target: str, cover: Mount) -> str | None:
         """Keep a missing path from being created under a writable bind: mask its first missing
         component (bwrap leaves an empty placeholder file there for the box's lifetime)."""
-        first = _first_missing(target, cover.dst, self.fs)
+        first = _first_missing(target, cover, self.fs)
         if first:
             # An ancestor (or a dir by nature) is masked as an empty read-only dir, so tools that
             # look inside it see "no such file" rather than "not a directory".
             is_dir = first != target or os.path.basename(first) in DIR_LIKE
             self.mask(first, "dir" if is_dir else "file")
             self.placeholders.append(first)
-            self.anchors.append((cover.dst, first))
+            self.anchors.append((cover, first))
         return first
+
+    def pin_links(self, path: str) -> list[str]:
+        """The links on `path` that the box could unlink and replace (they lie under a writable
+        bind) are pinned; returns their box paths."""
+        out: list[str] = []
+        for link in links_on(path, self.fs):
+            for box, cover in self.locations(link):
+                if cover.kind != MountKind.BIND:
+                    continue
+                if link not in self.pinned_links:
+                    self.pinned_links.append(link)
+                out.append(box)
+                self.anchors.append((cover, box))
+        return out
 
     def protect(self, protected: Iterable[str]) -> list[str]:
         """Bind read-only what the host runs later; returns what ended up protected."""
         out: list[str] = []
         for path in protected:
-            # bwrap follows a link at a mount's destination, so a protected link is protected at its
-            # target (where it lies under a writable bind); binding onto the link itself fails to start
-            # the box when its target is outside it.
-            target = self.fs.realpath(path) if self.fs.is_symlink(path) else path
-            cover = _innermost(target, self.mounts)
-            if cover is None or cover.kind != MountKind.BIND:
-                continue  # read-only or private already
-            if self.fs.kind(target) != "missing":
-                if target not in self.masked:
-                    self.masked.add(target)
-                    self.mounts.append(Mount(MountKind.RO_BIND, target, target))
-                out.append(target)
-                self.anchors.append((cover.dst, target))
-                continue
-            first = self.mask_missing(target, cover)
-            if first:
-                out.append(first)
+            out += self.pin_links(path)
+            real = self.fs.realpath(path)
+            exists = self.fs.kind(real) != "missing"
+            for box, cover in self.locations(real):
+                if cover.kind != MountKind.BIND:
+                    continue  # read-only already
+                if exists:
+                    if box not in self.masked:
+                        self.masked.add(box)
+                        self.mounts.append(Mount(MountKind.RO_BIND, box, real))
+                    out.append(box)
+                    self.anchors.append((cover, box))
+                    continue
+                first = self.mask_missing(box, cover)
+                if first:
+                    out.append(first)
         return out
 
     def deny(self, secrets: Iterable[str]) -> list[str]:
-        """Mask every deny-listed path the box could otherwise see (by its name and its target)."""
+        """Mask every deny-listed path the box could otherwise see, wherever its target shows; the
+        links on the way are pinned where the box could replace them."""
         denied: list[str] = []
         for path in secrets:
-            candidates = [os.path.normpath(path)]
+            self.pin_links(path)
             real = self.fs.realpath(path)
-            if real != candidates[0]:
-                candidates.append(real)
-            for target in candidates:
-                cover = _innermost(target, self.mounts)
-                if cover is None or cover.kind in PRIVATE_KINDS:
-                    continue  # the box sees nothing of the host there
-                kind = self.fs.kind(target)
+            kind = self.fs.kind(real)
+            for box, cover in self.locations(real):
                 if kind != "missing":
-                    self.mask(target, kind)
-                    denied.append(target)
+                    self.mask(box, kind)
+                    denied.append(box)
                     if cover.kind == MountKind.BIND:
-                        self.anchors.append((cover.dst, target))
+                        self.anchors.append((cover, box))
                 elif cover.kind == MountKind.BIND:
-                    first = self.mask_missing(target, cover)
+                    first = self.mask_missing(box, cover)
                     if first:
                         denied.append(first)
         return denied
@@ -328,6 +403,11 @@ class _Masker:
         """A protected path's parents inside a writable bind become mount points of their own (bound
         onto themselves), so `mv .git .git2 && mkdir -p .git/hooks` cannot sidestep the protection:
         rename and rmdir of a mount point fail with EBUSY. They go before the protections."""
-        pinned = sorted({d for root, target in self.anchors for d in _between(root, target)
-                         if self.fs.kind(d) == "dir"}, key=lambda d: (_depth(d), d))
-        self.mounts[self.start:self.start] = [Mount(MountKind.BIND, d, d) for d in pinned]
+        pinned: dict[str, str] = {}
+        for cover, target in self.anchors:
+            for d in _between(cover.dst, target):
+                host = _host(d, cover)
+                if d not in pinned and self.fs.kind(host) == "dir":
+                    pinned[d] = host
+        order = sorted(pinned, key=lambda d: (_depth(d), d))
+        self.mounts[self.start:self.start] = [Mount(MountKind.BIND, d, pinned[d]) for d in order]

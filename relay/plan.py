@@ -775,9 +775,20 @@ def _process_tier(d: _Draft) -> None:
         raise RefusedError("the process tier cannot enforce egress; internal error in profile choice")
 
 
+def _refuse_unpinned_links(d: _Draft) -> None:
+    """An engine cannot pin a link (its mounts follow it; relay/linkpin.py runs before bwrap only)."""
+    assert d.fsplan is not None
+    if d.fsplan.pinned_links:
+        link = d.fsplan.pinned_links[0]
+        raise RefusedError(f"{link} is a symbolic link the box could replace (with its own hooks or settings), and "
+                           f"--mode {d.request.mode} cannot pin a link; fix: --mode local, or replace the link with "
+                           "the directory or file it points to")
+
+
 def _container_tier(d: _Draft) -> None:
     """podman/docker run: the same mounts as engine flags, limits as the engine enforces them."""
     assert d.fsplan is not None and d.limits is not None
+    _refuse_unpinned_links(d)
     if d.request.mode == "kube":  # rendered as Kubernetes objects by relay/kube_render.py, not run here
         d.limits = replace(d.limits, method="kubernetes (pod resources.limits)")
         d.command = list(d.argv)
@@ -805,6 +816,13 @@ def _supervised_tier(d: _Draft) -> None:
         block_fd=BLOCK_FD,
         fd_binds={(sock.box, sock.host): SOCKET_FD + i for i, sock in enumerate(d.sockets)},
     ) + d.argv
+    if d.fsplan.pinned_links:  # links the box must not replace: pinned by a pre-stage that then execs bwrap
+        import sys
+
+        from . import linkpin
+
+        pairs = [x for link in d.fsplan.pinned_links for x in (link, d.fs.readlink(link) or "")]
+        d.command = [sys.executable, "-I", "-S", os.path.abspath(linkpin.__file__), *pairs, "--", *d.command]
 
 
 _TIERS = {Tier.PROCESS: _process_tier, Tier.CONTAINER: _container_tier, Tier.SUPERVISED: _supervised_tier}

@@ -403,10 +403,11 @@ def test_dotgit_as_a_link_is_put_back(box: Sandbox, report) -> None:
     (wd / ".git").symlink_to(store)
     out = run(box, f"""
         echo more >> README.md && git {' '.join(ID)} commit -qam via-link && echo COMMIT-OK
-        rm .git && git init -q && git config core.fsmonitor "touch {m}" && echo REPLACED
+        rm .git 2>/dev/null && git init -q && git config core.fsmonitor "touch {m}" && echo REPLACED || echo RM-REFUSED
     """)
-    blocked = ("REPLACED" in out and (wd / ".git").is_symlink() and os.readlink(wd / ".git") == str(store)
-               and "the link is back" in out and host_git_runs_nothing(box))
+    # The link is pinned in the box (relay/linkpin.py: rm gets EBUSY); were it not, the exit puts it back.
+    blocked = (("RM-REFUSED" in out or ("REPLACED" in out and "the link is back" in out))
+               and (wd / ".git").is_symlink() and os.readlink(wd / ".git") == str(store) and host_git_runs_nothing(box))
     report.attack(blocked)
     works = "COMMIT-OK" in out and "via-link" in git(wd, "log", "--format=%s").stdout
     report.legit(works)
