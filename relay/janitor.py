@@ -224,8 +224,8 @@ def spawn(state: RunState) -> tuple[int, int]:
             if b"done" not in said.split():
                 # The launcher died without tearing its box down: kill what it told us it started.
                 words = said.split()
-                clients = [int(words[i + 1]) for i, w in enumerate(words[:-1]) if w == b"client" and words[i + 1].isdigit()]
-                _kill_box([int(w) for i, w in enumerate(words) if w.isdigit() and (i == 0 or words[i - 1] != b"client")])
+                clients = [p for i, w in enumerate(words[:-1]) if w == b"client" and (p := _told(words[i + 1]))]
+                _kill_box([p for i, w in enumerate(words) if (p := _told(w)) and (i == 0 or words[i - 1] != b"client")])
                 if state.container_rm:
                     _remove_container(state.container_rm, clients)
             messages = teardown(state)
@@ -244,13 +244,28 @@ def spawn(state: RunState) -> tuple[int, int]:
 _JANITOR_MESSAGES: dict[int, int] = {}
 
 
-def _kill_box(pids: list[int]) -> None:
+def _told(word: bytes) -> tuple[int, bytes | None] | None:
+    """A pid the launcher told us, as `PID@STARTTIME` (or a bare PID): the start time tells the box's
+    process from another that took its pid since (pid_max is 32768 here; a busy host recycles fast)."""
+    pid, _, start = word.partition(b"@")
+    return (int(pid), start or None) if pid.isdigit() else None
+
+
+def _same(pid: int, start: bytes | None) -> bool:
+    """`pid` is still the process we were told about (or we were told no start time)."""
+    fields = procs.stat_fields(pid)
+    return start is None or fields is None or fields[19] == start
+
+
+def _kill_box(told: list[tuple[int, bytes | None]]) -> None:
     """SIGKILL the box's bwrap processes (checked by cmdline: a pid may have been reused), and the
     process group each one leads: bwrap is spawned as a group leader, and the box's init stays in
     that group. So even when we were told only bwrap's own pid (the launcher died before it could
     name the init) and bwrap is already gone, the init goes too, and with it the pid namespace.
     A group is only killed while a bwrap is still in it, so a recycled pid is never hit."""
-    for pid in pids:
+    for pid, start in told:
+        if not _same(pid, start):
+            continue  # that pid is someone else's now: neither it nor the group it leads is ours
         try:
             if _argv0(pid) == b"bwrap":
                 os.kill(pid, signal.SIGKILL)
@@ -271,7 +286,7 @@ def _argv0(pid: int) -> bytes | None:
         return None
 
 
-def _remove_container(rm_argv: list[str], clients: list[int], patience: float = 60.0) -> None:
+def _remove_container(rm_argv: list[str], clients: list[tuple[int, bytes | None]], patience: float = 60.0) -> None:
     """Force-remove the run's container until its engine client is gone: a launcher killed while
     the engine was still creating the container must not leave one behind a moment later."""
     import subprocess
@@ -283,10 +298,12 @@ def _remove_container(rm_argv: list[str], clients: list[int], patience: float = 
                            timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             pass
-        if not any(_running(pid) for pid in clients) or time.monotonic() > deadline:
+        if not any(_running(pid) and _same(pid, start) for pid, start in clients) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    for pid in clients:
+    for pid, start in clients:
+        if not _same(pid, start):
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -301,8 +318,14 @@ def _running(pid: int) -> bool:
 
 def tell(lifeline: int, *words: object) -> None:
     """Tell the janitor about the box (its pids) or that teardown is orderly ("done")."""
+    def word(w: object) -> str:
+        if isinstance(w, int) and not isinstance(w, bool):
+            fields = procs.stat_fields(w)  # read now, while it is surely the box's process
+            return f"{w}@{fields[19].decode()}" if fields is not None else str(w)
+        return str(w)
+
     try:
-        os.write(lifeline, (" ".join(str(w) for w in words) + "\n").encode())
+        os.write(lifeline, (" ".join(word(w) for w in words) + "\n").encode())
     except OSError:
         pass
 
