@@ -740,8 +740,8 @@ def _judge_index(box: bytes, start: bytes | None, tree: str | None, workdir: str
     if tree is None:
         return gitindex.sanitize(box, start, None, mtime_ns)
     try:
-        with _tree_fd(tree, workdir) as tfd:
-            return gitindex.sanitize(box, start, gitindex.WorkTree(tfd), mtime_ns)
+        with _tree_fd(tree, workdir) as tfd, gitindex.WorkTree(tfd) as files:
+            return gitindex.sanitize(box, start, files, mtime_ns)
     except OSError:
         return gitindex.sanitize(box, start, None, mtime_ns)  # no worktree to look at: smudge all it changed
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -188,7 +189,8 @@ def _check_name(name: bytes, mode: int) -> None:
 def _parse(data: bytes, version: int, hash_len: int) -> Index:
     count = _u32(data, 8)
     end = len(data) - hash_len
-    fixed = STAT_FIELDS * 4 + hash_len + 2
+    head = struct.Struct(f">{STAT_FIELDS}I{hash_len}sH")
+    fixed = head.size
     if count > (end - 12) // (fixed + 1 if version == 4 else fixed + 2):
         raise BadIndex(f"{count} entries cannot fit in {len(data)} bytes")
     pos, prev = 12, b""
@@ -197,12 +199,8 @@ def _parse(data: bytes, version: int, hash_len: int) -> Index:
         start = pos
         if pos + fixed > end:
             raise BadIndex("truncated entry")
-        fields = [_u32(data, pos + 4 * i) for i in range(STAT_FIELDS)]
-        pos += STAT_FIELDS * 4
-        oid = data[pos:pos + hash_len]
-        pos += hash_len
-        flags = int.from_bytes(data[pos:pos + 2], "big")
-        pos += 2
+        *fields, oid, flags = head.unpack_from(data, pos)
+        pos += fixed
         xflags = 0
         if flags & EXTENDED:
             if version < 3 or pos + 2 > end:
@@ -270,14 +268,14 @@ def serialize(index: Index) -> bytes:
     if version == 2 and any(e.xflags for e in index.entries):
         version = 3
     out = [SIGNATURE, version.to_bytes(4, "big"), len(index.entries).to_bytes(4, "big")]
+    pack = struct.Struct(f">{STAT_FIELDS}I{index.hash_len}sH").pack
     prev = b""
     for e in index.entries:
         flags = (e.flags & (ASSUME_VALID | STAGE_MASK)) | min(len(e.name), NAME_MASK)
         if e.xflags:
             flags |= EXTENDED
-        head = b"".join(v.to_bytes(4, "big") for v in (e.ctime_s, e.ctime_ns, e.mtime_s, e.mtime_ns, e.dev, e.ino,
-                                                       e.mode, e.uid, e.gid, e.size))
-        head += e.oid + flags.to_bytes(2, "big") + (e.xflags.to_bytes(2, "big") if e.xflags else b"")
+        head = pack(e.ctime_s, e.ctime_ns, e.mtime_s, e.mtime_ns, e.dev, e.ino, e.mode, e.uid, e.gid, e.size, e.oid,
+                    flags) + (e.xflags.to_bytes(2, "big") if e.xflags else b"")
         if version == 4:
             common = len(os.path.commonprefix([prev, e.name]))
             out.append(head + _encode_varint(len(prev) - common) + e.name[common:] + b"\0")
@@ -322,16 +320,51 @@ class FileFacts:
 
 
 class WorkTree:
-    """A checkout's files, reached from a directory fd with no link followed on any component."""
+    """A checkout's files, reached from a directory fd with no link followed on any component.
+    Each directory is opened once (openat2 beneath the root) and its entries stat'ed from there."""
+
+    MAX_OPEN = 256
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self._dirs: dict[str, int | None] = {}
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            if fd is not None:
+                os.close(fd)
+        self._dirs.clear()
+
+    def __enter__(self) -> WorkTree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _dir(self, rel: str) -> int | None:
+        if not rel:
+            return self.fd
+        if rel not in self._dirs:
+            if len(self._dirs) >= self.MAX_OPEN:
+                self.close()
+            try:
+                self._dirs[rel] = safefs.open_beneath(self.fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                self._dirs[rel] = None  # missing, or a link on the way: git stops there too
+        return self._dirs[rel]
+
+    def _lstat(self, name: bytes) -> os.stat_result | None:
+        parent, _, leaf = os.fsdecode(name).rpartition("/")
+        dfd = self._dir(parent)
+        if dfd is None:
+            return None
+        try:
+            return os.stat(leaf, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return None
 
     def facts(self, name: bytes) -> FileFacts | None:
-        try:
-            st = safefs.lstat_beneath(self.fd, os.fsdecode(name))
-        except OSError:
-            return None  # a link on the way: git itself stops there ("beyond a symbolic link")
+        st = self._lstat(name)
         if st is None:
             return None
         kind = ("file" if stat.S_ISREG(st.st_mode) else "link" if stat.S_ISLNK(st.st_mode)
@@ -466,7 +499,7 @@ def sanitize(box_data: bytes, start_data: bytes | None, files: Files | None = No
                 if not (old and old.xflags & SKIP_WORKTREE):
                     out.cleared.append(f"{e.path} (skip-worktree)")
         changed = old is None or old != e
-        clean = replace(e, flags=flags, xflags=xflags)
+        clean = e if (flags, xflags) == (e.flags, e.xflags) else replace(e, flags=flags, xflags=xflags)
         if e.mode == GITLINK or e.stage != 0:
             entries.append(clean)  # a gitlink's stat is not consulted; unmerged entries are never clean
             continue
