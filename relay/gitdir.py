@@ -19,7 +19,8 @@ list of those is never complete, so the box gets an allowlist instead:
 
 At exit (the box is dead by then) the janitor syncs back ONLY the allowlisted state files, each
 read through safefs (no link on any component, regular, bounded) and validated (HEAD is a ref or an
-object id, packed-refs is well formed, the index carries git's checksum, ...). A state file that
+object id, packed-refs is well formed, the index is judged and rewritten by relay/gitindex.py so
+no flag, cache or stat data in it hides an edit, ...). A state file that
 the host changed during the session is a conflict: the box's copy is kept aside, never written
 over the host's. Everything else the box created or changed in its private git dir (a config,
 a hook, `commondir`, a rebase todo list, a worktree whose `commondir`/`gitdir` points elsewhere) is
