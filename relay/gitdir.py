@@ -778,7 +778,7 @@ def _sync_index(rfd: int, hfd: int, g: GitDir, key: str, before: str | None, kee
     if outcome.refused:
         if untouched:
             return  # the host's own (a split index, say): nothing of the box's to refuse
-        keep(key, box, "the index lies")
+        keep(key, box, "refused, see the line above")
         result.messages.append(f"git: the box's index was not synced back: {outcome.refused}. It is kept for "
                                "review with the rest the box left in .git; the host keeps its own index, so what "
                                "the box staged is not staged on the host (its commits are there)")
