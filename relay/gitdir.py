@@ -19,7 +19,8 @@ list of those is never complete, so the box gets an allowlist instead:
 
 At exit (the box is dead by then) the janitor syncs back ONLY the allowlisted state files, each
 read through safefs (no link on any component, regular, bounded) and validated (HEAD is a ref or an
-object id, packed-refs is well formed, the index carries git's checksum, ...). A state file that
+object id, packed-refs is well formed, the index is judged and rewritten by relay/gitindex.py so
+no flag, cache or stat data in it hides an edit, ...). A state file that
 the host changed during the session is a conflict: the box's copy is kept aside, never written
 over the host's. Everything else the box created or changed in its private git dir (a config,
 a hook, `commondir`, a rebase todo list, a worktree whose `commondir`/`gitdir` points elsewhere) is
@@ -51,7 +52,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import safefs
+from . import gitindex, safefs
 from .fsplan import FsView, Mount
 from .vocab import MountKind
 
@@ -309,47 +310,9 @@ def plan_git(workdir: str, fs: FsView) -> GitPlan | None:
 
 
 def gitlinks_in(data: bytes) -> list[str]:
-    """The paths of the gitlink entries (mode 160000: submodules) of an index (v2, v3, v4; SHA-1).
+    """The paths of the gitlink entries (mode 160000: submodules) of an index (relay/gitindex.py).
     An index we cannot parse has none that we know of."""
-    out: list[str] = []
-    if len(data) < 12 or data[:4] != b"DIRC":
-        return out
-    version = int.from_bytes(data[4:8], "big")
-    count = int.from_bytes(data[8:12], "big")
-    pos, prev = 12, b""
-    try:
-        for _ in range(count):
-            start = pos
-            mode = int.from_bytes(data[pos + 24:pos + 28], "big")
-            flags = int.from_bytes(data[pos + 60:pos + 62], "big")
-            pos += 62
-            if version >= 3 and flags & 0x4000:
-                pos += 2
-            if version == 4:
-                strip, shift = 0, 0
-                while True:  # git's offset varint
-                    byte = data[pos]
-                    pos += 1
-                    strip = (strip << 7) | (byte & 0x7F) if shift else byte & 0x7F
-                    if not byte & 0x80:
-                        break
-                    strip += 1
-                    shift += 1
-                end = data.index(b"\0", pos)
-                name = prev[: len(prev) - strip] + data[pos:end]
-                pos = end + 1
-            else:
-                end = data.index(b"\0", pos)
-                name = data[pos:end]
-                pos = start + ((end - start + 8) // 8) * 8
-            prev = name
-            if mode == 0o160000:
-                out.append(name.decode("utf-8", errors="surrogateescape"))
-            if pos > len(data):
-                return out
-    except (IndexError, ValueError):
-        return out
-    return out
+    return [path for path, mode in gitindex.paths(data) if mode == gitindex.GITLINK]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,8 +377,9 @@ def prepare(plan: GitPlan, run_dir: str, workdir: str) -> dict[str, str | None]:
                     if data is not None:
                         with safefs.parent_of(rfd, key, create=True, mode=0o755) as (pfd, leaf):
                             safefs.create_new(pfd, leaf, data, 0o644)
-                    if name == "packed-refs":
-                        # The host's packed-refs as the box found it, outside the box's reach.
+                    if name in ("packed-refs", "index"):
+                        # The host's copy as the box found it, outside the box's reach (the index
+                        # that comes back is judged against it, relay/gitindex.py).
                         with safefs.parent_of(rfd, os.path.join(ORIG, key), create=True) as (pfd, leaf):
                             safefs.create_new(pfd, leaf, data or b"", 0o600)
     return before
@@ -435,18 +399,15 @@ def _lines(data: bytes) -> list[bytes] | None:
     return data[:-1].split(b"\n")
 
 
-def _valid_index(data: bytes) -> bool:
-    if len(data) < 32 or data[:4] != b"DIRC" or int.from_bytes(data[4:8], "big") not in (2, 3, 4):
-        return False
-    trailer = data[-20:]
-    return trailer == b"\0" * 20 or hashlib.sha1(data[:-20]).digest() == trailer  # noqa: S324 - git's own checksum
-
-
 def validate(name: str, data: bytes) -> str | None:
     """None when `data` is a well-formed NAME; else why not."""
     base = os.path.basename(name)
     if name == "index" or base == "index":
-        return None if _valid_index(data) else "not an index with git's checksum"
+        try:
+            gitindex.parse(data)
+        except gitindex.BadIndex as err:
+            return f"not an index git writes ({err})"
+        return None
     if base in ("COMMIT_EDITMSG", "MERGE_MSG", "SQUASH_MSG", "TAG_EDITMSG", "MERGE_MODE", "MERGE_RR"):
         return None
     lines = _lines(data)
@@ -586,7 +547,11 @@ def sync_back(plan: GitPlan, run_dir: str, before: dict[str, str | None], aside_
                     for name in g.state:
                         key = os.path.join(g.private, name)
                         known.add(key)
-                        _sync_one(rfd, hfd, g, name, key, before.get(key), keep, result)
+                        if name == "index":
+                            _sync_index(rfd, hfd, g, key, before.get(key), keep, result, _worktree_of(g, plan, workdir),
+                                        workdir)
+                        else:
+                            _sync_one(rfd, hfd, g, name, key, before.get(key), keep, result)
             except OSError as err:
                 result.messages.append(f"could not sync {g.host} back: {err.strerror or err}")
             if g.kind == "common":
@@ -747,6 +712,104 @@ def _sync_one(rfd: int, hfd: int, g: GitDir, name: str, key: str, before: str | 
             _restore_packed(hfd, box, g, result, _orig_packed(rfd, key))
 
 
+def _worktree_of(g: GitDir, plan: GitPlan, workdir: str) -> str | None:
+    """The checkout whose files this git dir's index describes, when the host can reach it here:
+    the workdir's own, or an embedded submodule's (`<workdir>/<path>/.git`)."""
+    if plan.index and os.path.dirname(plan.index) == g.host:
+        return workdir
+    if os.path.basename(g.host) == ".git" and safefs.beneath(g.host, workdir):
+        return os.path.dirname(g.host)
+    return None
+
+
+@contextmanager
+def _tree_fd(tree: str, workdir: str) -> Iterator[int]:
+    """The worktree's fd: beneath the workdir with no link followed, or the workdir itself."""
+    with safefs.base_dir(workdir) as wfd:
+        if os.path.normpath(tree) == os.path.normpath(workdir):
+            yield wfd
+            return
+        fd = safefs.open_beneath(wfd, os.path.relpath(tree, workdir), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+
+def _judge_index(box: bytes, start: bytes | None, tree: str | None, workdir: str,
+                 mtime_ns: int) -> gitindex.Outcome:
+    if tree is None:
+        return gitindex.sanitize(box, start, None, mtime_ns)
+    try:
+        with _tree_fd(tree, workdir) as tfd, gitindex.WorkTree(tfd) as files:
+            return gitindex.sanitize(box, start, files, mtime_ns)
+    except OSError:
+        return gitindex.sanitize(box, start, None, mtime_ns)  # no worktree to look at: smudge all it changed
+
+
+def _shown_paths(paths: list[str], n: int = 3) -> str:
+    more = f" and {len(paths) - n} more" if len(paths) > n else ""
+    return ", ".join(paths[:n]) + more
+
+
+def _sync_index(rfd: int, hfd: int, g: GitDir, key: str, before: str | None, keep, result: SyncResult,  # noqa: ANN001
+                tree: str | None, workdir: str) -> None:
+    """The box's index, judged and rewritten by relay/gitindex.py before it reaches the host:
+    hiding bits cleared, hiding extensions dropped, every entry it changed re-read by host git,
+    and an index that lies about a file's content refused (the host keeps a safe one)."""
+    host_name = os.path.join(g.host, "index")
+    try:
+        box = safefs.read_beneath(rfd, key, INDEX_LIMIT)
+        st = safefs.lstat_beneath(rfd, key)
+    except OSError as err:
+        keep(key + ".not-a-file", f"{err.strerror or err}\n".encode(), "not a regular file")
+        return
+    if before == UNSAFE:
+        return
+    try:
+        start = safefs.read_beneath(rfd, os.path.join(ORIG, key), INDEX_LIMIT)
+    except OSError:
+        start = None
+    untouched = _digest(box) == before
+    if box is None:
+        _sync_one(rfd, hfd, g, "index", key, before, keep, result)  # removed in the box: removed on the host
+        return
+    outcome = _judge_index(box, start, tree, workdir, st.st_mtime_ns if st is not None else 0)
+    if outcome.refused:
+        if untouched:
+            return  # the host's own (a split index, say): nothing of the box's to refuse
+        keep(key, box, "refused, see the line above")
+        result.messages.append(f"git: the box's index was not synced back: {outcome.refused}. It is kept for "
+                               "review with the rest the box left in .git; the host keeps its own index, so what "
+                               "the box staged is not staged on the host (its commits are there)")
+        # The host's own index, made safe against the files as they are now.
+        if start is not None:
+            safe = _judge_index(start, start, tree, workdir, 0)
+            if safe.data is not None and safe.data != start:
+                try:
+                    _write_host(hfd, "index", safe.data, before)
+                except OSError:
+                    pass
+        return
+    data = outcome.data
+    assert data is not None
+    if outcome.cleared:
+        result.messages.append(f"git: the box's index marked {_shown_paths(outcome.cleared)}, which hides "
+                               "edits from git status and git diff on the host; the marks were cleared")
+    if data == box and untouched:
+        return
+    try:
+        ok = _write_host(hfd, "index", data, before)
+    except OSError as err:
+        ok = False
+        result.messages.append(f"could not sync {host_name} back: {err.strerror or err}")
+    if ok:
+        if not untouched:
+            result.synced.append(host_name)
+    elif not untouched:
+        keep(key, box, "changed on the host during the session")
+
+
 def _orig_packed(rfd: int, key: str) -> bytes:
     try:
         return safefs.read_beneath(rfd, os.path.join(ORIG, key), STATE_LIMIT) or b""
@@ -838,6 +901,11 @@ def _new_worktrees(rfd: int, g: GitDir, plan: GitPlan, known: set[str], before: 
                     data = safefs.read_beneath(rfd, os.path.join(rel, name), _limit(name))
                     if data is not None and validate(name, data):
                         raise ValueError(name)
+                    if data is not None and name == "index":
+                        # No start and no checkout looked at: every entry is re-read by host git.
+                        data = gitindex.sanitize(data, None).data
+                        if data is None:
+                            raise ValueError(name)
                     datas[name] = data
                 if datas.get("HEAD") is None:
                     continue
