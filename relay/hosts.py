@@ -6,15 +6,14 @@ address tables) that `egress.decide` and `egress.allowed_rules` build the one po
 
 from __future__ import annotations
 
-import re
 import socket
 from dataclasses import dataclass
 
 from .errors import RelayError, UsageError
+from .hostname import HostError, canonical_host
 
 DEFAULT_PORT = 443
 MAX_ENTRY_LEN = 300
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
 @dataclass(frozen=True)
@@ -86,25 +85,13 @@ def _is_ip(text: str) -> bool:
 
 
 def normalize_host(raw: str) -> str:
-    """Lower-case, strip one trailing dot and IPv6 brackets; raise on anything not a hostname or IP."""
-    host = raw.strip()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    host = host.lower()
-    if host.endswith("."):
-        host = host[:-1]
-    if not host or len(host) > 253:
-        raise ValueError(f"invalid host {raw!r}")
-    if _is_ip(host):
-        return _canonical_ip(host) or host
-    labels = host.split(".")
-    if not all(_LABEL.match(label) for label in labels):
-        raise ValueError(f"invalid host {raw!r}")
-    return host
+    """The canonical host (`hostname.canonical_host`: the one parser every target and rule goes
+    through); raises ValueError (a `HostError`, its text the reason) on anything not a host name or IP."""
+    return canonical_host(raw)
 
 
 def _parse_port(text: str, entry: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not text.isascii() or not text.isdigit() or len(text) > 5 or not 0 < int(text) < 65536:
         raise UsageError(f"--allow-host {entry!r}: port {text!r} must be a number from 1 to 65535")
     return int(text)
 
@@ -181,10 +168,8 @@ def parse_rule(entry: str) -> HostRule:
     name, port = split_hostport(target, entry)
     try:
         name = normalize_host(name)
-    except ValueError:
-        raise UsageError(
-            f"--allow-host {entry!r}: {name!r} is not a host name or IP address"
-        ) from None
+    except HostError as err:
+        raise UsageError(f"--allow-host {entry!r}: not a host name or IP address: {err}") from None
     if wildcard and _is_ip(name):
         raise UsageError(f"--allow-host {entry!r}: a wildcard needs a domain, not an IP address")
     if _is_loopback(name):
@@ -199,11 +184,15 @@ def parse_rule(entry: str) -> HostRule:
         pin_host, pin_port = split_hostport(pin, entry)
         if pin_port is None:
             raise UsageError(f"--allow-host {entry!r}: a pin needs ADDR:PORT, e.g. {name}=127.0.0.1:8443")
-        if not _is_ip(pin_host.strip("[]")):
+        try:
+            pin_canon = canonical_host(pin_host)
+        except HostError:
+            pin_canon = ""
+        if not _is_ip(pin_canon):
             raise UsageError(f"--allow-host {entry!r}: the pinned address {pin_host!r} must be an IP address")
         if wildcard:
             raise UsageError(f"--allow-host {entry!r}: a wildcard entry cannot be pinned")
-        pin_addr = _canonical_ip(pin_host.strip("[]"))
+        pin_addr = pin_canon
     return HostRule(name=name, port=port, wildcard=wildcard, pin_addr=pin_addr, pin_port=pin_port)
 
 

@@ -308,8 +308,8 @@ class Body:
 def _norm(host: str) -> str:
     try:
         return normalize_host(host)
-    except ValueError:
-        raise RequestError(f"invalid host {host[:80]!r}") from None
+    except ValueError as err:  # hostname.HostError: the reason in words
+        raise RequestError(f"invalid host: {err}") from None
 
 
 def decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver) -> Decision:
