@@ -18,13 +18,22 @@ MAX_ENTRY_LEN = 300
 
 @dataclass(frozen=True)
 class HostRule:
-    """One allowlist entry. `wildcard` means `*.name`: subdomains only, never the apex."""
+    """One allowlist entry. `wildcard` means `*.name`: subdomains only, never the apex.
+
+    `tls`: a CONNECT tunnel under this rule must open with a TLS ClientHello naming the host
+    (relay/tlspeek.py); False (`,tls=false`, and every `--allow-ssh` rule) lets any protocol through.
+    `methods`/`paths`: the HTTP methods and paths (relay/httprules.py) a plain-HTTP request under
+    this rule may use; empty allows any. The proxy cannot see them inside TLS, so a CONNECT under a
+    rule that limits them is refused."""
 
     name: str
     port: int | None
     wildcard: bool = False
     pin_addr: str | None = None
     pin_port: int | None = None
+    tls: bool = True
+    methods: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
 
     @property
     def is_ip(self) -> bool:
@@ -58,11 +67,24 @@ class HostRule:
             return "this IP address, listed explicitly"
         return "DNS, public addresses only"
 
+    def tunnel(self) -> str:
+        """What a CONNECT under this rule must carry (relay/tlspeek.py), in words."""
+        if self.methods or self.paths:
+            return "plain HTTP only (its methods/paths cannot be seen in a tunnel)"
+        if not self.tls:
+            return "any protocol (tls=false)"
+        return "TLS only, its SNI absent (an IP)" if self.is_ip else f"TLS only, SNI {self.name if not self.wildcard else 'the CONNECT host'}"
+
     def render(self) -> str:
         text = ("*." if self.wildcard else "") + _fmt_hostport(self.name, self.port)
         if self.pin_addr is not None:
             text += "=" + _fmt_hostport(self.pin_addr, self.pin_port)
-        return text
+        return text + self.options()
+
+    def options(self) -> str:
+        """The rule's options as its entry spells them: `,tls=false`, `,method=GET`, `,path=/v1/`."""
+        return ("" if self.tls else ",tls=false") + "".join(f",method={m}" for m in self.methods) + "".join(
+            f",path={p}" for p in self.paths)
 
 
 def _fmt_hostport(host: str, port: int | None) -> str:
@@ -161,7 +183,9 @@ def parse_rule(entry: str) -> HostRule:
         raise UsageError("--allow-host: empty entry; use NAME[:PORT] or NAME[:PORT]=ADDR:PORT")
     if len(entry) > MAX_ENTRY_LEN or any(ord(c) < 33 or ord(c) > 126 for c in entry):
         raise UsageError(f"--allow-host {entry[:60]!r}: not a printable host entry; use NAME[:PORT]")
-    target, _, pin = entry.partition("=")
+    entry_text, *opts = entry.split(",")
+    tls, methods, paths = _rule_options(entry, opts)
+    target, _, pin = entry_text.partition("=")
     wildcard = target.startswith("*.")
     if wildcard:
         target = target[2:]
@@ -193,7 +217,29 @@ def parse_rule(entry: str) -> HostRule:
         if wildcard:
             raise UsageError(f"--allow-host {entry!r}: a wildcard entry cannot be pinned")
         pin_addr = pin_canon
-    return HostRule(name=name, port=port, wildcard=wildcard, pin_addr=pin_addr, pin_port=pin_port)
+    return HostRule(name=name, port=port, wildcard=wildcard, pin_addr=pin_addr, pin_port=pin_port,
+                    tls=tls, methods=methods, paths=paths)
+
+
+def _rule_options(entry: str, opts: list[str]) -> tuple[bool, tuple[str, ...], tuple[str, ...]]:
+    """`,tls=false`, `,method=M` and `,path=P` (each repeatable but tls) after an entry."""
+    from .httprules import check_method, check_path_rule
+
+    tls, methods, paths = True, [], []
+    for opt in opts:
+        key, eq, value = opt.partition("=")
+        try:
+            if key == "tls" and eq and value in ("false", "true"):
+                tls = value == "true"
+            elif key == "method" and eq:
+                methods.append(check_method(value))
+            elif key == "path" and eq:
+                paths.append(check_path_rule(value))
+            else:
+                raise ValueError(f"unknown option {opt[:40]!r}; options are ,tls=false ,method=M ,path=/P")
+        except ValueError as err:
+            raise UsageError(f"--allow-host {entry!r}: {err}") from None
+    return tls, tuple(dict.fromkeys(methods)), tuple(dict.fromkeys(paths))
 
 
 def find_rule(rules: tuple[HostRule, ...], host: str, port: int) -> HostRule | None:
@@ -221,7 +267,7 @@ def explain(rules: tuple[HostRule, ...]) -> list[dict[str, object]]:
         overrides = [r.render() for r in rules if r.target == target and r is not winner
                      and r.render() != winner.render()]
         out[target] = {"host": target, "rule": winner.render(), "action": winner.action(),
-                       "overrides": list(dict.fromkeys(overrides))}
+                       "overrides": list(dict.fromkeys(overrides)), "tunnel": winner.tunnel()}
     return list(out.values())
 
 
@@ -230,7 +276,7 @@ def render_rules(rules: tuple[HostRule, ...]) -> list[str]:
     lines = []
     for item in explain(rules):
         over = f"; overrides {', '.join(item['overrides'])}" if item["overrides"] else ""  # type: ignore[arg-type]
-        lines.append(f"{item['host']} ← {item['rule']} ({item['action']}{over})")
+        lines.append(f"{item['host']} ← {item['rule']} ({item['action']}{over}; {item['tunnel']})")
     return lines
 
 

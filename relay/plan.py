@@ -146,7 +146,8 @@ def route_json(route: CredentialRoute) -> dict:
     never its value."""
     shown = {"route": route.name, "upstream": f"{route.upstream_host}:{route.upstream_port}", "send": route.send,
              "from": [route.login.file] if route.login else list(route.secret_env),
-             "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
+             "box_url": f"http://{PROXY_LISTEN}/{route.name}",
+             "allows": {**route.http_rules().as_json(), "summary": route.http_rules().describe()}}
     if route.grant:
         shown["grant"] = True
         shown["secret"] = ({"env": list(route.secret_env)} if route.secret_env else
