@@ -782,6 +782,12 @@ class _Tunnel:
     route: CredentialRoute | None = None  # a credential route's request: judged by its route's rules
 
 
+def _tls_required(rules: tuple[HostRule, ...], host: str, port: int) -> bool:
+    """Whether a tunnel to host:port must open with a TLS ClientHello naming it: unless some rule that
+    covers it says `tls=false` (an `--allow-ssh` rule, whose pin may be another, more specific, rule)."""
+    return not any(not rule.tls and rule.matches(host, port) for rule in rules)
+
+
 def still_allowed(rules: tuple[HostRule, ...], host: str, port: int, peer: tuple[str, int]) -> bool:
     """Would `rules` let a connection for host:port go to `peer` (the address it is connected to)? The
     peer stands in for DNS (no lookup: the verdict is on where the bytes flow now), so a pin that changed,
@@ -1287,7 +1293,7 @@ class EgressProxy:
                     decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
                 else:
                     self.watch.ok(host, port)
-            peek = body is None and decision.allowed and rule is not None and rule.tls
+            peek = body is None and decision.allowed and rule is not None and _tls_required(self.rules, host, port)
             if not peek:  # a tunnel that is peeked at is logged once its first flight is judged
                 self.log.record(decision, method, self._logged(decision, rule))
             if not decision.allowed:
@@ -1395,6 +1401,9 @@ class EgressProxy:
         `opaque-tunnel` for bytes that are not TLS at all; the client told why, as far as it can hear)."""
         host, port = decision.host, decision.port
         data, hello = tlspeek.read_client_hello(client, first)
+        if not data and hello.kind == "bad":  # closed before its first byte: nothing to judge or forward
+            self.log.record(decision, "CONNECT", self._logged(decision, rule, sni="-", closed="before the first byte"))
+            return None
         problem = tlspeek.sni_problem(hello, host)
         if not problem:
             self.log.record(decision, "CONNECT", self._logged(decision, rule, sni=hello.sni or "-"))
