@@ -679,7 +679,7 @@ def _agent_sockets(d: _Draft) -> None:
             d.env_set["SSH_AUTH_SOCK"] = agent.box
         d.env_pass = tuple(n for n in d.env_pass if n != "SSH_AUTH_SOCK")
     if request.allow_ssh:
-        hosts = ", ".join(r.render() for r in parse_ssh_hosts(request.allow_ssh))
+        hosts = ", ".join(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(request.allow_ssh))
         d.notes.append(f"ssh through the egress proxy to {hosts} (git uses GIT_SSH_COMMAND, plain ssh: "
                        "$GIT_SSH_COMMAND HOST; a host key is accepted on first use in the box)" + ("" if agent else "; the box has no ssh key: add --allow-socket "
                                                       "ssh-agent"))
