@@ -777,7 +777,7 @@ def _plan(d: _Draft) -> Plan:
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
-        ssh=tuple(r.render() for r in parse_ssh_hosts(d.request.allow_ssh)),
+        ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
         auth_grants=d.auth_grants,
     )
