@@ -1405,6 +1405,12 @@ class EgressProxy:
             self.log.record(decision, "CONNECT", self._logged(decision, rule, sni="-", closed="before the first byte"))
             return None
         problem = tlspeek.sni_problem(hello, host)
+        if hello.kind == "opaque" and hello.reason == "plain HTTP" and port != 443:
+            # Plain HTTP to an HTTP port (Node 20's fetch through relay/nodeproxy.py tunnels http://):
+            # what an absolute-URI request could send, but for its Host header, which this proxy
+            # rewrites there and cannot here (the README says so). TLS's port 443 never takes it.
+            self.log.record(decision, "CONNECT", self._logged(decision, rule, sni="-", inner="plain HTTP"))
+            return data
         if not problem:
             self.log.record(decision, "CONNECT", self._logged(decision, rule, sni=hello.sni or "-"))
             return data

@@ -142,7 +142,7 @@ def test_every_refusal_class_carries_the_policy_sentence_rule_and_fix(tmp_path: 
     a tunnel that is not TLS: each says it is the policy's (not an outage), which rule, and the fix."""
     _, echo = start_echo()
     p = _Proxy(tmp_path, ["inside.test", f"limited.test:{echo}=127.0.0.1:{echo},path=/x",
-                          f"echo.test:{echo}=127.0.0.1:{echo}"])
+                          f"web.test:443=127.0.0.1:{echo}"])
     try:
         cases = {
             "not listed": (b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n", "invoke allow evil.test:443 --run RUN-ID"),
@@ -151,7 +151,7 @@ def test_every_refusal_class_carries_the_policy_sentence_rule_and_fix(tmp_path: 
             "not canonical": (b"CONNECT evil.test%00.inside.test:443 HTTP/1.1\r\n\r\n", "to change it:"),
             "rule limits": (f"CONNECT limited.test:{echo} HTTP/1.1\r\n\r\n".encode(), "to change it:"),
             "plain path": (f"GET http://limited.test:{echo}/y HTTP/1.1\r\n\r\n".encode(), "to change it:"),
-            "opaque": (f"CONNECT echo.test:{echo} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n".encode(), "tls=false"),
+            "opaque": (b"CONNECT web.test:443 HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n", "tls=false"),
         }
         for name, (head, fix) in cases.items():
             answer = p.ask(head).decode("latin-1")

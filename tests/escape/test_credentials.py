@@ -165,7 +165,7 @@ def test_sse_flows_unbuffered(ca, proxy_for, report: Report) -> None:
                                                 b"data: one\n\n", b"data: two\n\n"])
     port, _ = proxy_for(upstream)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"GET /anthropic/sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /anthropic/v1/sse HTTP/1.1\r\nHost: x\r\n\r\n")
         seen, start = b"", time.monotonic()
         while b"data: one" not in seen:
             seen += sock.recv(65536)

@@ -108,11 +108,11 @@ def test_domain_fronting_reaches_only_the_allowed_address(box: Sandbox, backend:
     Handler.requests.clear()
     (box.workdir / "c.py").write_text(CONNECT)
     fronted = "GET /fronted HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
-    out = run(box, backend, f"{PY} c.py 'CONNECT allowed.test:{upstream} HTTP/1.1|{fronted}' "
-                            f"'CONNECT raw.test:{upstream} HTTP/1.1|{fronted}'",
-              f"allowed.test:{upstream}=127.0.0.1:{upstream}", f"raw.test:{upstream}=127.0.0.1:{upstream},tls=false")
+    out = run(box, backend, f"{PY} c.py 'CONNECT allowed.test:443 HTTP/1.1|{fronted}' "
+                            f"'CONNECT raw.test:443 HTTP/1.1|{fronted}'",
+              f"allowed.test:443=127.0.0.1:{upstream}", f"raw.test:443=127.0.0.1:{upstream},tls=false")
     entries = log(box)
-    # Plain HTTP in a tunnel that must be TLS: refused before a byte is forwarded.
+    # Plain HTTP in a tunnel to 443, which must be TLS: refused before a byte is forwarded.
     opaque = [e for e in entries if e["host"] == "allowed.test" and e["decision"] == "opaque-tunnel"]
     # Under a tls=false rule the Host header is opaque inside the tunnel: it arrives at the allowed
     # upstream, nowhere else.

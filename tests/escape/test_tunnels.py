@@ -167,24 +167,31 @@ def test_ech_outer_sni_is_judged_and_bytes_are_forwarded_unchanged(proxy_for, tl
 
 def test_opaque_tunnels_are_refused_unless_the_rule_says_tls_false(proxy_for, tls_upstream: dict) -> None:
     echo = tls_upstream["echo"]
-    p = proxy_for(f"echo.test:{echo}=127.0.0.1:{echo}", f"raw.test:{echo}=127.0.0.1:{echo},tls=false")
+    p = proxy_for(f"echo.test:{echo}=127.0.0.1:{echo}", f"raw.test:{echo}=127.0.0.1:{echo},tls=false",
+                  f"web.test:443=127.0.0.1:{echo}")
     # An SSH session inside a 443-style tunnel: refused, told why in a line it can show.
     sock = p.tunnel(f"echo.test:{echo}")
     sock.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
     said = sock.recv(4096)
     assert POLICY.encode() in said and b"an SSH session" in said and b"tls=false" in said, said
-    # Plain HTTP inside the tunnel: a 403 in HTTP, with the sentence.
-    sock = p.tunnel(f"echo.test:{echo}")
-    sock.sendall(b"GET / HTTP/1.1\r\nHost: echo.test\r\n\r\n")
+    # Plain HTTP inside a tunnel to 443 (TLS's port): a 403 in HTTP, with the sentence.
+    sock = p.tunnel("web.test:443")
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n")
     said = sock.recv(4096)
     assert said.startswith(b"HTTP/1.1 403 Forbidden " + POLICY.encode()) and b"X-Hive-Relay-Rule" in said, said
+    # The twin: plain HTTP to an HTTP port (Node 20's fetch tunnels http://) flows, as absolute URIs do.
+    sock = p.tunnel(f"echo.test:{echo}")
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: echo.test\r\n\r\n")
+    assert sock.recv(4096) == b"GET / HTTP/1.1\r\nHost: echo.test\r\n\r\n"
+    sock.close()
     # The twin: the same bytes under a tls=false rule flow both ways.
     sock = p.tunnel(f"raw.test:{echo}")
     sock.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
     assert sock.recv(4096) == b"SSH-2.0-OpenSSH_9.2\r\n"
     sock.close()
     decisions = [(e["decision"], e["host"]) for e in p.entries()]
-    assert decisions == [("opaque-tunnel", "echo.test"), ("opaque-tunnel", "echo.test"), ("allow", "raw.test")]
+    assert decisions == [("opaque-tunnel", "echo.test"), ("opaque-tunnel", "web.test"), ("allow", "echo.test"),
+                         ("allow", "raw.test")], decisions
 
 
 def test_a_pinned_name_is_checked_against_the_name_and_an_ip_needs_no_sni(proxy_for, tls_upstream: dict) -> None:
