@@ -153,7 +153,9 @@ def test_the_dry_run_shows_the_grant_never_the_token(sandbox: Sandbox, tmp_path:
     plan = json.loads(proc.stdout)
     assert plan["credentials"] == [{
         "route": "github", "upstream": "github.com:443", "send": "authorization-basic", "from": [],
-        "box_url": "http://127.0.0.1:3128/github", "grant": True, "secret": {"command": ["gh", "auth", "token"]},
+        "box_url": "http://127.0.0.1:3128/github",
+        "allows": {"methods": [], "paths": [], "push": True, "git": False, "summary": "any method and path"},
+        "grant": True, "secret": {"command": ["gh", "auth", "token"]},
         "git_insteadof": "https://github.com/"}]
     env = plan["env_set"]
     keys = {env[k]: env[k.replace("KEY", "VALUE")] for k in env if k.startswith("GIT_CONFIG_KEY_")}
