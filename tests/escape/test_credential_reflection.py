@@ -194,8 +194,8 @@ def test_an_echo_cut_short_before_the_keys_end_is_scrubbed_too(ca2, proxy, repor
 
 BOX_ATTACKS = r"""
 curl -s -X TRACE "$ANTHROPIC_BASE_URL/" -o /tmp/trace -w 'trace=%{http_code}\n'
-curl -s "$ANTHROPIC_BASE_URL/debug/echo" -o /tmp/echo -w 'echo=%{http_code}\n'
-curl -s -H 'Accept-Encoding: gzip' --compressed "$ANTHROPIC_BASE_URL/debug/echo" -o /tmp/echo-gz -w 'gz=%{http_code}\n'
+curl -s "$ANTHROPIC_BASE_URL/v1/debug/echo" -o /tmp/echo -w 'echo=%{http_code}\n'
+curl -s -H 'Accept-Encoding: gzip' --compressed "$ANTHROPIC_BASE_URL/v1/debug/echo" -o /tmp/echo-gz -w 'gz=%{http_code}\n'
 cat /tmp/trace /tmp/echo /tmp/echo-gz | grep -c 'REAL-KEY-ON-THE-HOS[T]' || true
 grep -c 'x-api-key: \*\*\*\*' /tmp/echo || true
 ps -eo args= 2>/dev/null | grep -c '[-]m relay' || true
