@@ -35,15 +35,44 @@ def _tls_server(directory: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     return server, client
 
 
+# The upstream for the throughput rows, in a process of its own (its TLS work must not share this
+# process's GIL with the client and the proxy it is measured against): argv cert key blob, prints its port.
+_SERVER = """
+import socket, ssl, sys, threading
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+blob, chunk = int(sys.argv[3]), b"x" * (1 << 18)
+lst = socket.socket()
+lst.bind(("127.0.0.1", 0))
+lst.listen(64)
+print(lst.getsockname()[1], flush=True)
+def one(conn):
+    try:
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(4096)
+            tls.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % blob)
+            left = blob
+            while left:
+                n = min(left, len(chunk))
+                tls.sendall(chunk[:n])
+                left -= n
+    except OSError:
+        pass
+while True:
+    c, _ = lst.accept()
+    threading.Thread(target=one, args=(c,), daemon=True).start()
+"""
+
+
 def _serve(listener: socket.socket, ctx: ssl.SSLContext, blob: int) -> None:
-    """Each connection: TLS, read one request line, answer `blob` bytes (0: a short answer)."""
+    """Each connection: TLS, read one request line, answer 16 bytes (the time-to-first-byte and churn rows)."""
     chunk = b"x" * (1 << 18)
 
     def one(conn: socket.socket) -> None:
         try:
             with ctx.wrap_socket(conn, server_side=True) as tls:
                 head = tls.recv(4096)
-                size = blob if head.startswith(b"GET /big") else 16
+                size = blob if blob and head.startswith(b"GET /big") else 16
                 tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
                 left = size
                 while left:
@@ -108,11 +137,18 @@ def measure(quick: bool = False) -> dict:
     upstream.listen(256)
     port = upstream.getsockname()[1]
     blob = (32 if quick else 200) * MB
-    threading.Thread(target=_serve, args=(upstream, server_ctx, blob), daemon=True).start()
+    threading.Thread(target=_serve, args=(upstream, server_ctx, 0), daemon=True).start()
+    import sys
+
+    big = subprocess.Popen([sys.executable, "-c", _SERVER, os.path.join(work, "c.pem"), os.path.join(work, "k.pem"),
+                            str(blob)], stdout=subprocess.PIPE, text=True)
+    assert big.stdout is not None
+    big_port = int(big.stdout.readline())
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(256)
-    rules = (parse_rule(f"bench.test:{port}=127.0.0.1:{port}"), parse_rule(f"nocheck.test:{port}=127.0.0.1:{port},tls=false"))
+    rules = (parse_rule(f"bench.test:{port}=127.0.0.1:{port}"), parse_rule(f"nocheck.test:{port}=127.0.0.1:{port},tls=false"),
+             parse_rule(f"bench.test:{big_port}=127.0.0.1:{big_port}"))
     proxy = EgressProxy(listener, rules, DecisionLog(None, "bench"), notify=None)
     proxy.start()
     addr = listener.getsockname()
@@ -122,7 +158,7 @@ def measure(quick: bool = False) -> dict:
         direct, tunnel = [], []
         for r in range(3 if quick else 5):
             for which in (("direct", "tunnel") if r % 2 == 0 else ("tunnel", "direct")):
-                _, seconds, size = _fetch(client, None if which == "direct" else addr, port, "/big")
+                _, seconds, size = _fetch(client, None if which == "direct" else addr, big_port, "/big")
                 (direct if which == "direct" else tunnel).append(size / seconds / MB)
         out["throughput_MBps"] = {"direct TLS": statistics.median(direct), "CONNECT with SNI check": statistics.median(tunnel)}
         out["throughput_ratio"] = statistics.median(t / d for t, d in zip(tunnel, direct, strict=True))
@@ -176,6 +212,8 @@ def measure(quick: bool = False) -> dict:
     finally:
         proxy.stop()
         upstream.close()
+        big.kill()
+        big.wait()
     return out
 
 
