@@ -1544,6 +1544,7 @@ class EgressProxy:
                 with self._lock:
                     self._tunnels.pop(tracked, None)
         extra["status"] = status
+        extra["rule"] = f"/{route.name}: {limits.describe()}"  # the route's methods/paths that let it through
         if redact.count:
             extra["redacted"] = redact.count  # the upstream echoed the key: scrubbed, and said so
         self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)
