@@ -260,7 +260,9 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
         server = subprocess.Popen([sys.executable, str(BENCH / "blobserver.py"), big, mid], stdout=subprocess.PIPE, text=True)
         assert server.stdout is not None
         port = int(server.stdout.readline())
-        allow = f"bench.test:{port}=127.0.0.1:{port}"
+        # tls=false: the blob server speaks plain HTTP inside the CONNECT tunnel (the SNI check's own
+        # cost is measured with TLS, in relay/bench_tunnels.py).
+        allow = f"bench.test:{port}=127.0.0.1:{port},tls=false"
         box = ["shell", "local", "-q", "--workdir", work, "--allow-host", allow, "--prompt"]
 
         # 1. Launch overhead against the baselines and the peer (one allowed host each), paired runs.
@@ -310,6 +312,11 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
             return statistics.median(b / s for b, s in samples) / MB
 
         results["throughput_MBps"] = {"direct": mbps(direct), "proxy plain HTTP": mbps(plain), "proxy CONNECT": mbps(tunnel)}
+
+        # 2a. The tunnel checks (a TLS ClientHello read and judged) against TLS direct / unchecked.
+        from . import bench_tunnels
+
+        results["tunnel_checks"] = bench_tunnels.measure(quick)
 
         # 2b. A credential route (plain HTTP -> proxy adds the key -> TLS upstream) against direct TLS.
         results["credential_route"] = measure_credential_route(work, env, blob_mb, quick)
@@ -580,6 +587,12 @@ def report(r: dict) -> int:
         targets["credential route throughput ≥ 0.8× direct TLS"] = (f"{cr['throughput_ratio']:.2f}×",
                                                                    cr["throughput_ratio"] >= 0.8)
     lines = ["| measure | value | ratio / note |", "|---|---|---|", *lines]
+    if r.get("tunnel_checks"):
+        from . import bench_tunnels
+
+        more, checks = bench_tunnels.rows(r["tunnel_checks"])
+        lines += more
+        targets.update(checks)
     for name, t in r["phases_s"].items():
         lines.append(f"| phase: {name} | {t * 1000:.1f} ms | |")
     for name, v in tp.items():

@@ -182,6 +182,8 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
              f"egress   {egress_text(plan)}",
              *[f"         {line}" for line in render_rules(plan.rules)],
              *[f"preset   {name}: {', '.join(r.render() for r in rules)}" for name, rules in plan.presets],
+             *[f"route    /{r.name} -> {r.upstream_host}:{r.upstream_port}: {r.http_rules().describe()}"
+               for r in plan.credentials],
              *(["ask      a denied host is put to `invoke ask` (the request waits up to 30 s)"] if plan.ask else []),
              *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
                if plan.proxy_listen else []),

@@ -21,6 +21,7 @@ from pathlib import Path
 from . import safefs
 from .errors import ConfigError, UsageError
 from .hosts import parse_rule
+from .httprules import HttpRules, check_method, check_path_rule
 from .paths import PACKAGE_ROOT, config_home
 from .presets import BUILTIN as BUILTIN_PRESETS
 from .presets import NAME_RE as PRESET_NAME
@@ -76,6 +77,15 @@ class CredentialRoute:
     basic_user: str = "x-access-token"  # authorization-basic sends base64(basic_user:key)
     backends: tuple[str, ...] = ()  # a grant's `backends:`: only their runs get it (empty: every backend's)
     login: LoginFile | None = None  # the key is a login file's access token instead (relay/logins.py)
+    # What the route carries (relay/httprules.py): `methods`/`paths` (empty: any), `push` (git's
+    # receive-pack, never without it), `git` (nothing but git's fetch, and push with `push`).
+    methods: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    push: bool = False
+    git: bool = False
+
+    def http_rules(self) -> HttpRules:
+        return HttpRules(self.methods, self.paths, self.push, self.git)
 
 
 @dataclass(frozen=True)
@@ -332,7 +342,7 @@ BACKEND_KEYS = {
     "description", "command", "prompt_command", "install", "home", "egress",
     "env", "native", "deny", "opt_in", "nested_userns", "credentials", "logins_in_box", "presets",
 }
-ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login"}
+ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths"}
 LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id"}
 _JSON_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
@@ -384,11 +394,28 @@ def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[
                              "set it to '{placeholder}' or leave it out")
         box_args = tuple(_route_template(a, where, f"{key}.box_args")
                          for a in _str_list(data.get("box_args", []), where, f"{key}.box_args"))
-        routes.append(CredentialRoute(str(name), secret_env, rule.name, rule.port, send, box_env, box_args, login=login))
+        methods, paths = _http_limits(data, where, key)
+        routes.append(CredentialRoute(str(name), secret_env, rule.name, rule.port, send, box_env, box_args, login=login,
+                                      methods=methods, paths=paths))
     return tuple(routes)
 
 
-GRANT_KEYS = {"host", "secret", "send", "user", "backends"}
+GRANT_KEYS = {"host", "secret", "send", "user", "backends", "methods", "paths", "push", "git"}
+
+
+def _http_limits(data: dict[str, Any], where: _Where, key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A route's or grant's `methods:` and `paths:` (relay/httprules.py), each checked; absent: any."""
+    out: list[tuple[str, ...]] = []
+    for field, check in (("methods", check_method), ("paths", check_path_rule)):
+        values = _str_list(data.get(field, []), where, f"{key}.{field}")
+        if field in data and not values:
+            raise where.fail(f"{key}.{field}", "the list is empty (it would allow nothing)",
+                             f"list what it allows, or remove {field} (then any)")
+        try:
+            out.append(tuple(dict.fromkeys(check(v) for v in values)))
+        except ValueError as err:
+            raise where.fail(f"{key}.{field}", str(err), "write e.g. methods: [GET, POST], paths: [/v1/]") from None
+    return out[0], out[1]
 SECRET_KEYS = {"env", "command", "file", "json"}
 
 
@@ -444,9 +471,13 @@ def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
         if "backends" in data and not scope:
             raise where.fail(f"{key}.backends", "the list is empty (the grant would apply to no run)",
                              "list the backends it is for, or remove the key (then it is for every backend)")
+        methods, paths = _http_limits(data, where, key)
         grants.append(CredentialRoute(str(name), env_names, rule.name, rule.port, send, grant=True,
                                       secret_command=command, secret_file=file, secret_json=json_path,
-                                      basic_user=user, backends=tuple(dict.fromkeys(scope))))
+                                      basic_user=user, backends=tuple(dict.fromkeys(scope)),
+                                      methods=methods, paths=paths,
+                                      push=_bool(data.get("push", False), where, f"{key}.push"),
+                                      git=_bool(data.get("git", False), where, f"{key}.git")))
     return tuple(grants)
 
 

@@ -47,10 +47,11 @@ class Decision:
     unreachable: bool = False
     cause: str = ""
     needs_dns: bool = False
+    label: str = ""  # a refusal's own class in the log (`sni-mismatch`, `opaque-tunnel`, `http-rule`)
 
     @property
     def kind(self) -> str:
-        return "allow" if self.allowed else "unreachable" if self.unreachable else "deny"
+        return self.label or ("allow" if self.allowed else "unreachable" if self.unreachable else "deny")
 
 
 def parse_entries(entries: Iterable[str]) -> tuple[HostRule, ...]:

@@ -6,26 +6,34 @@ address tables) that `egress.decide` and `egress.allowed_rules` build the one po
 
 from __future__ import annotations
 
-import re
 import socket
 from dataclasses import dataclass
 
 from .errors import RelayError, UsageError
+from .hostname import HostError, canonical_host
 
 DEFAULT_PORT = 443
 MAX_ENTRY_LEN = 300
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
 @dataclass(frozen=True)
 class HostRule:
-    """One allowlist entry. `wildcard` means `*.name`: subdomains only, never the apex."""
+    """One allowlist entry. `wildcard` means `*.name`: subdomains only, never the apex.
+
+    `tls`: a CONNECT tunnel under this rule must open with a TLS ClientHello naming the host
+    (relay/tlspeek.py); False (`,tls=false`, and every `--allow-ssh` rule) lets any protocol through.
+    `methods`/`paths`: the HTTP methods and paths (relay/httprules.py) a plain-HTTP request under
+    this rule may use; empty allows any. The proxy cannot see them inside TLS, so a CONNECT under a
+    rule that limits them is refused."""
 
     name: str
     port: int | None
     wildcard: bool = False
     pin_addr: str | None = None
     pin_port: int | None = None
+    tls: bool = True
+    methods: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
 
     @property
     def is_ip(self) -> bool:
@@ -59,11 +67,24 @@ class HostRule:
             return "this IP address, listed explicitly"
         return "DNS, public addresses only"
 
+    def tunnel(self) -> str:
+        """What a CONNECT under this rule must carry (relay/tlspeek.py), in words."""
+        if self.methods or self.paths:
+            return "plain HTTP only (its methods/paths cannot be seen in a tunnel)"
+        if not self.tls:
+            return "any protocol (tls=false)"
+        return "TLS only, its SNI absent (an IP)" if self.is_ip else f"TLS only, SNI {self.name if not self.wildcard else 'the CONNECT host'}"
+
     def render(self) -> str:
         text = ("*." if self.wildcard else "") + _fmt_hostport(self.name, self.port)
         if self.pin_addr is not None:
             text += "=" + _fmt_hostport(self.pin_addr, self.pin_port)
-        return text
+        return text + self.options()
+
+    def options(self) -> str:
+        """The rule's options as its entry spells them: `,tls=false`, `,method=GET`, `,path=/v1/`."""
+        return ("" if self.tls else ",tls=false") + "".join(f",method={m}" for m in self.methods) + "".join(
+            f",path={p}" for p in self.paths)
 
 
 def _fmt_hostport(host: str, port: int | None) -> str:
@@ -86,25 +107,13 @@ def _is_ip(text: str) -> bool:
 
 
 def normalize_host(raw: str) -> str:
-    """Lower-case, strip one trailing dot and IPv6 brackets; raise on anything not a hostname or IP."""
-    host = raw.strip()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    host = host.lower()
-    if host.endswith("."):
-        host = host[:-1]
-    if not host or len(host) > 253:
-        raise ValueError(f"invalid host {raw!r}")
-    if _is_ip(host):
-        return _canonical_ip(host) or host
-    labels = host.split(".")
-    if not all(_LABEL.match(label) for label in labels):
-        raise ValueError(f"invalid host {raw!r}")
-    return host
+    """The canonical host (`hostname.canonical_host`: the one parser every target and rule goes
+    through); raises ValueError (a `HostError`, its text the reason) on anything not a host name or IP."""
+    return canonical_host(raw)
 
 
 def _parse_port(text: str, entry: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not text.isascii() or not text.isdigit() or len(text) > 5 or not 0 < int(text) < 65536:
         raise UsageError(f"--allow-host {entry!r}: port {text!r} must be a number from 1 to 65535")
     return int(text)
 
@@ -174,17 +183,17 @@ def parse_rule(entry: str) -> HostRule:
         raise UsageError("--allow-host: empty entry; use NAME[:PORT] or NAME[:PORT]=ADDR:PORT")
     if len(entry) > MAX_ENTRY_LEN or any(ord(c) < 33 or ord(c) > 126 for c in entry):
         raise UsageError(f"--allow-host {entry[:60]!r}: not a printable host entry; use NAME[:PORT]")
-    target, _, pin = entry.partition("=")
+    entry_text, *opts = entry.split(",")
+    tls, methods, paths = _rule_options(entry, opts)
+    target, _, pin = entry_text.partition("=")
     wildcard = target.startswith("*.")
     if wildcard:
         target = target[2:]
     name, port = split_hostport(target, entry)
     try:
         name = normalize_host(name)
-    except ValueError:
-        raise UsageError(
-            f"--allow-host {entry!r}: {name!r} is not a host name or IP address"
-        ) from None
+    except HostError as err:
+        raise UsageError(f"--allow-host {entry!r}: not a host name or IP address: {err}") from None
     if wildcard and _is_ip(name):
         raise UsageError(f"--allow-host {entry!r}: a wildcard needs a domain, not an IP address")
     if _is_loopback(name):
@@ -199,12 +208,38 @@ def parse_rule(entry: str) -> HostRule:
         pin_host, pin_port = split_hostport(pin, entry)
         if pin_port is None:
             raise UsageError(f"--allow-host {entry!r}: a pin needs ADDR:PORT, e.g. {name}=127.0.0.1:8443")
-        if not _is_ip(pin_host.strip("[]")):
+        try:
+            pin_canon = canonical_host(pin_host)
+        except HostError:
+            pin_canon = ""
+        if not _is_ip(pin_canon):
             raise UsageError(f"--allow-host {entry!r}: the pinned address {pin_host!r} must be an IP address")
         if wildcard:
             raise UsageError(f"--allow-host {entry!r}: a wildcard entry cannot be pinned")
-        pin_addr = _canonical_ip(pin_host.strip("[]"))
-    return HostRule(name=name, port=port, wildcard=wildcard, pin_addr=pin_addr, pin_port=pin_port)
+        pin_addr = pin_canon
+    return HostRule(name=name, port=port, wildcard=wildcard, pin_addr=pin_addr, pin_port=pin_port,
+                    tls=tls, methods=methods, paths=paths)
+
+
+def _rule_options(entry: str, opts: list[str]) -> tuple[bool, tuple[str, ...], tuple[str, ...]]:
+    """`,tls=false`, `,method=M` and `,path=P` (each repeatable but tls) after an entry."""
+    from .httprules import check_method, check_path_rule
+
+    tls, methods, paths = True, [], []
+    for opt in opts:
+        key, eq, value = opt.partition("=")
+        try:
+            if key == "tls" and eq and value in ("false", "true"):
+                tls = value == "true"
+            elif key == "method" and eq:
+                methods.append(check_method(value))
+            elif key == "path" and eq:
+                paths.append(check_path_rule(value))
+            else:
+                raise ValueError(f"unknown option {opt[:40]!r}; options are ,tls=false ,method=M ,path=/P")
+        except ValueError as err:
+            raise UsageError(f"--allow-host {entry!r}: {err}") from None
+    return tls, tuple(dict.fromkeys(methods)), tuple(dict.fromkeys(paths))
 
 
 def find_rule(rules: tuple[HostRule, ...], host: str, port: int) -> HostRule | None:
@@ -232,7 +267,7 @@ def explain(rules: tuple[HostRule, ...]) -> list[dict[str, object]]:
         overrides = [r.render() for r in rules if r.target == target and r is not winner
                      and r.render() != winner.render()]
         out[target] = {"host": target, "rule": winner.render(), "action": winner.action(),
-                       "overrides": list(dict.fromkeys(overrides))}
+                       "overrides": list(dict.fromkeys(overrides)), "tunnel": winner.tunnel()}
     return list(out.values())
 
 
@@ -241,7 +276,7 @@ def render_rules(rules: tuple[HostRule, ...]) -> list[str]:
     lines = []
     for item in explain(rules):
         over = f"; overrides {', '.join(item['overrides'])}" if item["overrides"] else ""  # type: ignore[arg-type]
-        lines.append(f"{item['host']} ← {item['rule']} ({item['action']}{over})")
+        lines.append(f"{item['host']} ← {item['rule']} ({item['action']}{over}; {item['tunnel']})")
     return lines
 
 

@@ -204,7 +204,8 @@ def _route(route: CredentialRoute) -> dict:
     """Exactly what relay/proxy_main.py's routes_from reads (a new field elsewhere never leaks in)."""
     return {"name": route.name, "secret_env": list(route.secret_env), "upstream_host": route.upstream_host,
             "upstream_port": route.upstream_port, "send": route.send,
-            "box_env": [list(x) for x in route.box_env], "box_args": list(route.box_args)}
+            "box_env": [list(x) for x in route.box_env], "box_args": list(route.box_args),
+            "methods": list(route.methods), "paths": list(route.paths)}
 
 
 def _allowed_ports(plan: Plan) -> list[int]:

@@ -156,7 +156,8 @@ def route_json(route: CredentialRoute) -> dict:
     never its value."""
     shown = {"route": route.name, "upstream": f"{route.upstream_host}:{route.upstream_port}", "send": route.send,
              "from": [route.login.file] if route.login else list(route.secret_env),
-             "box_url": f"http://{PROXY_LISTEN}/{route.name}"}
+             "box_url": f"http://{PROXY_LISTEN}/{route.name}",
+             "allows": {**route.http_rules().as_json(), "summary": route.http_rules().describe()}}
     if route.grant:
         shown["grant"] = True
         shown["secret"] = ({"env": list(route.secret_env)} if route.secret_env else
@@ -744,7 +745,7 @@ def _agent_sockets(d: _Draft) -> None:
             d.env_set["SSH_AUTH_SOCK"] = agent.box
         d.env_pass = tuple(n for n in d.env_pass if n != "SSH_AUTH_SOCK")
     if request.allow_ssh:
-        hosts = ", ".join(r.render() for r in parse_ssh_hosts(request.allow_ssh))
+        hosts = ", ".join(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(request.allow_ssh))
         d.notes.append(f"ssh through the egress proxy to {hosts} (git uses GIT_SSH_COMMAND, plain ssh: "
                        "$GIT_SSH_COMMAND HOST; a host key is accepted on first use in the box)" + ("" if agent else "; the box has no ssh key: add --allow-socket "
                                                       "ssh-agent"))
@@ -868,7 +869,7 @@ def _plan(d: _Draft) -> Plan:
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
-        ssh=tuple(r.render() for r in parse_ssh_hosts(d.request.allow_ssh)),
+        ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
         auth_grants=d.auth_grants, workdir_mode="staged" if d.staged else "live", staged=d.staged,
     )

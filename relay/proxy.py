@@ -27,7 +27,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from . import egress, safefs
+from . import denial, egress, httprules, safefs, tlspeek
 from .egress import NOT_LISTED, Decision
 from .errors import UsageError
 from .hosts import HostRule, _fmt_hostport, find_rule, normalize_host, split_hostport
@@ -179,6 +179,8 @@ def parse_head(head: bytes) -> Request:
         raise RequestError("unsupported Expect", host, port)
     if origin and len(values("host")) > 1:
         raise RequestError("more than one Host header", host, port)
+    # An absolute-URI request's own Host header is never sent on: the upstream gets the URI's
+    # (canonical, judged) authority as Host instead, so the two cannot disagree upstream.
     listed = {t.strip().lower() for v in values("connection") for t in v.split(",")}
     kept = [f"{n}: {v}" for n, v in headers
             if n.lower() not in _DROPPED and n.lower() not in listed and not n.lower().startswith("proxy-")]
@@ -190,7 +192,7 @@ def parse_head(head: bytes) -> Request:
         return Request(method, host, port, None, framing, length, bool(expects), True, path, version, tuple(kept))
     authority = _fmt_hostport(host, None if port == 80 else port)
     out = "\r\n".join([f"{method} {path} {version}", f"Host: {authority}", *kept, "Connection: close", "", ""])
-    return Request(method, host, port, out.encode("latin-1"), framing, length, bool(expects))
+    return Request(method, host, port, out.encode("latin-1"), framing, length, bool(expects), path=path)
 
 
 def route_head(req: Request, path: str, host: str, port: int, credential: tuple[str, str] | None) -> bytes:
@@ -308,8 +310,8 @@ class Body:
 def _norm(host: str) -> str:
     try:
         return normalize_host(host)
-    except ValueError:
-        raise RequestError(f"invalid host {host[:80]!r}") from None
+    except ValueError as err:  # hostname.HostError: the reason in words
+        raise RequestError(f"invalid host: {err}") from None
 
 
 def decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver) -> Decision:
@@ -436,7 +438,7 @@ class DecisionLog:
 
 
 def _response(status: str, host: str, port: int, reason: str, hint: str, header: str = "Denied",
-              phrase: str = "") -> bytes:
+              phrase: str = "", rule: str | None = None) -> bytes:
     """`phrase` is added to the status line's reason phrase: a client that shows nothing of a refused
     CONNECT but its status line (pip: "Tunnel connection failed: 403 ...") then shows why, too."""
     reason = "".join(c if " " <= c <= "~" else "?" for c in reason)
@@ -444,9 +446,17 @@ def _response(status: str, host: str, port: int, reason: str, hint: str, header:
     body = f"hive-relay: {status.split(' ', 1)[1].lower()} {host}:{port}: {reason}. {hint}\n".encode()
     head = (
         f"HTTP/1.1 {status}{' ' + phrase if phrase else ''}\r\nX-Hive-Relay-{header}: {host}:{port}; {reason}\r\n"
+        + (f"X-Hive-Relay-Rule: {denial.printable(rule or 'none')}\r\n" if rule is not None else "") +
         f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode("latin-1", "replace") + body
+
+
+def _policy(status: str, host: str, port: int, reason: str, rule: str, fix: str, hint: str = "") -> bytes:
+    """A refusal in the one shape (relay/denial.py): the status, the policy sentence (in the reason
+    phrase and the body), the rule that applies (also as `X-Hive-Relay-Rule`), and the fix."""
+    said = denial.sentence(_fmt_hostport(host, port), reason, rule, fix)
+    return _response(status, host, port, reason, f"{said}. {hint}".rstrip(), phrase=said, rule=rule)
 
 
 def pump(src: socket.socket, dst: socket.socket, close: bool = True) -> tuple[int, OSError | None]:
@@ -770,6 +780,12 @@ class _Tunnel:
     peer: tuple[str, int]
     method: str
     route: CredentialRoute | None = None  # a credential route's request: judged by its route's rules
+
+
+def _tls_required(rules: tuple[HostRule, ...], host: str, port: int) -> bool:
+    """Whether a tunnel to host:port must open with a TLS ClientHello naming it: unless some rule that
+    covers it says `tls=false` (an `--allow-ssh` rule, whose pin may be another, more specific, rule)."""
+    return not any(not rule.tls and rule.matches(host, port) for rule in rules)
 
 
 def still_allowed(rules: tuple[HostRule, ...], host: str, port: int, peer: tuple[str, int]) -> bool:
@@ -1251,8 +1267,9 @@ class EgressProxy:
                 first = body.feed(rest) if body is not None else rest
             except RequestError as err:
                 self.log.record(Decision(False, err.host, err.port, f"bad request: {err}"), head.split(b" ", 1)[0][:16].decode("latin-1"))
-                _answer(client, _response("400 Bad Request", err.host, err.port, str(err),
-                                          "Use CONNECT host:port or one plain http:// request per connection."))
+                _answer(client, _policy("400 Bad Request", err.host, err.port, str(err), "",
+                                        denial.rule_fix("send CONNECT host:port or one plain http:// request per "
+                                                        "connection, with a canonical host name")))
                 return
             if req.origin:
                 assert body is not None
@@ -1267,13 +1284,18 @@ class EgressProxy:
                     decision = decide(self.rules, host, port, self.resolver)  # judged by the rules now
                 if refused and not decision.allowed:  # the answer was an allow the proxy could not make
                     decision = Decision(False, host, port, f"invoke ask's allow was refused: {refused}")
+            rule = find_rule(self.rules, host, port) if decision.allowed else None
+            if rule is not None:  # the rule's own limits (httprules), judged before any connect
+                decision = self._within_rule(rule, req, decision)
             if decision.allowed:
                 upstream, cause, detail = self._connect(decision)
                 if upstream is None:
                     decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
                 else:
                     self.watch.ok(host, port)
-            self.log.record(decision, method, self._origin(decision))
+            peek = body is None and decision.allowed and rule is not None and _tls_required(self.rules, host, port)
+            if not peek:  # a tunnel that is peeked at is logged once its first flight is judged
+                self.log.record(decision, method, self._logged(decision, rule))
             if not decision.allowed:
                 self._refuse(client, decision)
                 return
@@ -1282,6 +1304,11 @@ class EgressProxy:
             if body is None:
                 _REPLY.begun = True
                 client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                if peek:
+                    assert rule is not None
+                    first = self._first_flight(client, first, decision, rule)
+                    if first is None:
+                        return
                 if first:
                     upstream.sendall(first)
                 back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
@@ -1345,6 +1372,71 @@ class EgressProxy:
                                       "allow it"})
         return len(cut)
 
+    def _logged(self, decision: Decision, rule: HostRule | None, **extra: object) -> dict[str, object] | None:
+        """A decision line's extras: where its rule came from (`_origin`), the rule itself when it
+        carries options (tls=false, methods, paths), and `extra`."""
+        out: dict[str, object] = dict(self._origin(decision) or {})
+        if rule is not None and rule.options():
+            out["rule"] = rule.render()
+        out.update(extra)
+        return out or None
+
+    def _within_rule(self, rule: HostRule, req: Request, decision: Decision) -> Decision:
+        """`decision` unless the request breaks its rule's methods/paths (relay/httprules.py): then a
+        refusal labelled `http-rule`. A CONNECT under a rule with such limits is refused (the proxy
+        cannot see the request inside the tunnel), and so is an absolute-URI request whose path is
+        not normalised, whatever the rule."""
+        host, port = decision.host, decision.port
+        if req.method == "CONNECT":
+            if rule.methods or rule.paths:
+                return Decision(False, host, port, f"rule {rule.render()} limits methods or paths, which a tunnel hides; "
+                                "send plain http:// requests", label="http-rule")
+            return decision
+        why = httprules.refusal(httprules.from_rule(rule.methods, rule.paths), req.method, req.path)
+        return Decision(False, host, port, why, label="http-rule") if why else decision
+
+    def _first_flight(self, client: socket.socket, first: bytes, decision: Decision, rule: HostRule) -> bytes | None:
+        """Read the tunnel's first TLS record (relay/tlspeek.py, bounded in time and size) and judge it:
+        the bytes to forward unchanged, or None when the tunnel was refused (`sni-mismatch`, or
+        `opaque-tunnel` for bytes that are not TLS at all; the client told why, as far as it can hear)."""
+        host, port = decision.host, decision.port
+        data, hello = tlspeek.read_client_hello(client, first)
+        if not data and hello.kind == "bad":  # closed before its first byte: nothing to judge or forward
+            self.log.record(decision, "CONNECT", self._logged(decision, rule, sni="-", closed="before the first byte"))
+            return None
+        problem = tlspeek.sni_problem(hello, host)
+        if hello.kind == "opaque" and hello.reason == "plain HTTP" and port != 443:
+            # Plain HTTP to an HTTP port (Node 20's fetch through relay/nodeproxy.py tunnels http://):
+            # what an absolute-URI request could send, but for its Host header, which this proxy
+            # rewrites there and cannot here (the README says so). TLS's port 443 never takes it.
+            self.log.record(decision, "CONNECT", self._logged(decision, rule, sni="-", inner="plain HTTP"))
+            return data
+        if not problem:
+            self.log.record(decision, "CONNECT", self._logged(decision, rule, sni=hello.sni or "-"))
+            return data
+        label = "opaque-tunnel" if hello.kind == "opaque" else "sni-mismatch"
+        refused = Decision(False, host, port, problem, label=label)
+        self.log.record(refused, "CONNECT", {**(self._logged(refused, rule) or {}), "rule": rule.render()})
+        target = _fmt_hostport(host, port)
+        fix = (denial.rule_fix(f"list it with ,tls=false (e.g. --allow-host {rule.render()},tls=false) if it is "
+                               "not TLS on purpose") if label == "opaque-tunnel" else
+               denial.rule_fix(f"CONNECT to the host the TLS names ({hello.sni or 'none'}) and allow that"))
+        said = "hive-relay: refused " + denial.sentence(target, problem, rule.render(), fix)
+        if self.notify is not None:
+            self.notify(said)
+        try:
+            if hello.kind in ("tls", "bad") and data[:1] == b"\x16":
+                client.sendall(tlspeek.ALERT_ACCESS_DENIED)  # a TLS client hears a fatal alert, not text
+            elif hello.reason == "plain HTTP":
+                client.sendall(_policy("403 Forbidden", host, port, problem, rule.render(), fix))
+            else:
+                client.sendall(said.encode("ascii", "replace") + b"\r\n")
+            client.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        _discard_pending(client)
+        return None
+
     def _origin(self, decision: Decision) -> dict[str, str] | None:
         """`{"preset": NAME}` when the rule that allowed this came from a preset (or a live allow)."""
         if not (self.origins or self.live) or not (decision.allowed or decision.unreachable):
@@ -1367,12 +1459,16 @@ class EgressProxy:
                                       f"{LIKELY.get(decision.cause, LIKELY['failed'])}", header="Unreachable"))
             return
         hint = ""
-        phrase = f"by the hive-relay egress policy ({target}: {decision.reason})"
+        rule = find_rule(self.rules, host, port)
+        fix = denial.allow_fix(target, self.run_id)
         if decision.reason in (NOT_LISTED, egress.IP_NOT_LISTED):
             hint = self.hint.format(host=host, port=port, target=target, run=self.run_id or "RUN")
-            phrase += f"; to allow it while the box runs: invoke allow {target} --run {self.run_id or 'RUN'}"
             self._tell(target, decision.reason)
-        _answer(client, _response("403 Forbidden", host, port, decision.reason, hint, phrase=phrase))
+        elif decision.label == "http-rule":
+            fix = denial.rule_fix("widen the rule's ,method= / ,path= options in your config or --allow-host")
+        elif decision.reason.startswith("resolves to internal address"):
+            fix = f"to reach it on purpose, pin it: invoke allow {target}=ADDR:{port} --run {self.run_id or 'RUN'}"
+        _answer(client, _policy("403 Forbidden", host, port, decision.reason, rule.render() if rule else "", fix, hint))
 
     def _tell(self, target: str, reason: str) -> None:
         """The caller's terminal hears of the first denial of each host:port, with the command that
@@ -1409,6 +1505,15 @@ class EgressProxy:
             _answer(client, _response("405 Method Not Allowed", host, port, reason,
                                       f"Use one of {', '.join(sorted(egress.ROUTE_METHODS))}."))
             return None
+        limits = route.http_rules()
+        why = httprules.refusal(limits, req.method, match.path)
+        if why:  # the route's own methods/paths, git's push (relay/httprules.py): before the key is read
+            refused = Decision(False, host, port, why, label="http-rule")
+            self.log.record(refused, req.method, {**extra, "rule": f"/{route.name}: {limits.describe()}"})
+            _answer(client, _policy("403 Forbidden", host, port, why, f"/{route.name}: {limits.describe()}",
+                                    denial.rule_fix(f"widen {'auth' if route.grant else 'credentials'}.{route.name}'s "
+                                                    "methods/paths (or push: true) in your user config")))
+            return None
         key = self.keys.get(route.name)
         try:
             if callable(key):  # a login's token (logins.LoginStore): read, and refreshed, on the host
@@ -1439,6 +1544,7 @@ class EgressProxy:
                 with self._lock:
                     self._tunnels.pop(tracked, None)
         extra["status"] = status
+        extra["rule"] = f"/{route.name}: {limits.describe()}"  # the route's methods/paths that let it through
         if redact.count:
             extra["redacted"] = redact.count  # the upstream echoed the key: scrubbed, and said so
         self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)

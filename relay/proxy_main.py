@@ -40,7 +40,8 @@ def routes_from(config: dict) -> tuple[CredentialRoute, ...]:
     return tuple(CredentialRoute(name=r["name"], secret_env=tuple(r["secret_env"]), upstream_host=r["upstream_host"],
                                  upstream_port=int(r["upstream_port"]), send=r["send"],
                                  box_env=tuple(tuple(x) for x in r.get("box_env", ())),  # type: ignore[misc]
-                                 box_args=tuple(r.get("box_args", ())))
+                                 box_args=tuple(r.get("box_args", ())),
+                                 methods=tuple(r.get("methods", ())), paths=tuple(r.get("paths", ())))
                  for r in config.get("routes", ()))
 
 

@@ -151,7 +151,7 @@ def parse_ssh_hosts(values: Sequence[str]) -> tuple[HostRule, ...]:
             shown = port or SSH_PORT
             raise UsageError(f"--allow-ssh {value!r}: {name} is this host's loopback; fix: give it a name and pin it, "
                              f"e.g. --allow-ssh hostsvc.test:{shown} --allow-host hostsvc.test:{shown}=127.0.0.1:{shown}")
-        rules.append(HostRule(name, int(port) if port else SSH_PORT))
+        rules.append(HostRule(name, int(port) if port else SSH_PORT, tls=False))  # ssh is not TLS
     return tuple(dict.fromkeys(rules))
 
 

@@ -87,7 +87,8 @@ def test_explain_names_the_winner_and_what_it_overrides() -> None:
     r = rules("api.anthropic.com", "claude.ai", "api.anthropic.com:443=127.0.0.1:8443", "*.example.com")
     table = {e["host"]: e for e in explain(r)}
     assert table["api.anthropic.com:443"] == {"host": "api.anthropic.com:443", "rule": "api.anthropic.com:443=127.0.0.1:8443",
-                                              "action": "pinned to 127.0.0.1:8443", "overrides": ["api.anthropic.com"]}
+                                              "action": "pinned to 127.0.0.1:8443", "overrides": ["api.anthropic.com"],
+                                              "tunnel": "TLS only, SNI api.anthropic.com"}
     assert table["claude.ai:443"]["overrides"] == [] and "DNS" in table["claude.ai:443"]["action"]
     assert table["*.example.com:443"]["rule"] == "*.example.com"
 
@@ -103,4 +104,5 @@ def test_dry_run_shows_the_rule_per_host(sandbox: Sandbox) -> None:
     assert table["api.anthropic.com:443"]["overrides"] == ["api.anthropic.com"]
     assert set(table) == {"api.anthropic.com:443", "claude.ai:443", "platform.claude.com:443"}
     text = sandbox.relay("claude", "local", "--dry-run", "--allow-host", pin)
-    assert f"api.anthropic.com:443 ← {pin} (pinned to 127.0.0.1:8443; overrides api.anthropic.com)" in text.stdout
+    assert (f"api.anthropic.com:443 ← {pin} (pinned to 127.0.0.1:8443; overrides api.anthropic.com; "
+            "TLS only, SNI api.anthropic.com)") in text.stdout

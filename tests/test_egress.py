@@ -188,7 +188,7 @@ def test_websocket_upgrade_through_connect(box_sandbox: Sandbox, upstream: dict)
     s = box_sandbox
     http = upstream["http"]
     (s.workdir / "ws.py").write_text(WEBSOCKET)
-    proc = s.box(f"{PY} ws.py {http}", "shell", "--allow-host", f"ws.test:{http}=127.0.0.1:{http}")
+    proc = s.box(f"{PY} ws.py {http}", "shell", "--allow-host", f"ws.test:{http}=127.0.0.1:{http},tls=false")
     assert "HTTP/1.1 101" in proc.stdout, proc.stdout + proc.stderr
     assert "ECHO ping through the tunnel" in proc.stdout
 
@@ -223,7 +223,7 @@ def test_200_concurrent_tunnels(box_sandbox: Sandbox, upstream: dict) -> None:
     s = box_sandbox
     echo = upstream["echo"]
     (s.workdir / "many.py").write_text(CONCURRENT)
-    proc = s.box(f"{PY} many.py {echo} 200", "shell", "--allow-host", f"echo.test:{echo}=127.0.0.1:{echo}")
+    proc = s.box(f"{PY} many.py {echo} 200", "shell", "--allow-host", f"echo.test:{echo}=127.0.0.1:{echo},tls=false")
     assert "OK 200 ERRORS 0" in proc.stdout, proc.stdout + proc.stderr
 
 

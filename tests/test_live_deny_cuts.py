@@ -81,8 +81,8 @@ def test_deny_cuts_the_open_tunnel_and_keeps_the_twin(request: pytest.FixtureReq
     srv_a, a = start_tcp(_ticker)
     srv_b, b = start_tcp(_ticker)
     box = subprocess.Popen(
-        [sys.executable, "-m", "relay", "shell", mode, "--quiet", "--allow-host", f"cut.test:{a}=127.0.0.1:{a}",
-         "--allow-host", f"kept.test:{b}=127.0.0.1:{b}", "--prompt", SCRIPT.format(a=a, b=b)],
+        [sys.executable, "-m", "relay", "shell", mode, "--quiet", "--allow-host", f"cut.test:{a}=127.0.0.1:{a},tls=false",
+         "--allow-host", f"kept.test:{b}=127.0.0.1:{b},tls=false", "--prompt", SCRIPT.format(a=a, b=b)],
         cwd=s.workdir, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out_a, out_b = s.workdir / "a.out", s.workdir / "b.out"
     try:
@@ -158,7 +158,7 @@ def _reads_until_eof(sock: socket.socket, timeout: float) -> float:
 
 def test_deny_cuts_tunnels_and_forwards_but_not_the_twin_or_an_unrelated_allow(tmp_path: Path) -> None:
     srv, port = start_tcp(_ticker)
-    proxy, pport = _proxy(tmp_path, [f"cut.test:{port}=127.0.0.1:{port}", f"kept.test:{port}=127.0.0.1:{port}"])
+    proxy, pport = _proxy(tmp_path, [f"cut.test:{port}=127.0.0.1:{port},tls=false", f"kept.test:{port}=127.0.0.1:{port},tls=false"])
     try:
         tunnel = _open(pport, f"CONNECT cut.test:{port} HTTP/1.1\r\n\r\n".encode())
         forward = _open(pport, f"GET http://cut.test:{port}/ HTTP/1.1\r\nHost: cut.test\r\n\r\n".encode())
@@ -230,7 +230,7 @@ def test_deny_cuts_a_streaming_credential_route_request(tmp_path: Path) -> None:
     listener.listen(16)
     route = CredentialRoute("r", ("K",), "api.example", port, "x-api-key")
     proxy = EgressProxy(listener, (parse_rule(f"api.example:{port}=127.0.0.1:{port}"),
-                                   parse_rule(f"kept.test:{plain_port}=127.0.0.1:{plain_port}")),
+                                   parse_rule(f"kept.test:{plain_port}=127.0.0.1:{plain_port},tls=false")),
                         DecisionLog(str(tmp_path / "egress.jsonl"), "test"), notify=None, routes=(route,),
                         keys={"r": "sk-secret"}, tls=ssl.create_default_context(cafile=str(ca_file)))
     proxy.start()

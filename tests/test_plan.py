@@ -86,7 +86,9 @@ def test_secrets_are_names_only(sandbox: Sandbox) -> None:
     assert plan["env_set"]["ANTHROPIC_API_KEY"] == "hive-relay-placeholder"
     assert plan["env_set"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:3128/anthropic"
     assert plan["credentials"] == [{"route": "anthropic", "upstream": "api.anthropic.com:443", "send": "x-api-key",
-                                    "from": ["ANTHROPIC_API_KEY"], "box_url": "http://127.0.0.1:3128/anthropic"}]
+                                    "from": ["ANTHROPIC_API_KEY"], "box_url": "http://127.0.0.1:3128/anthropic",
+                                    "allows": {"methods": [], "paths": ["/v1/", "/api/"], "push": False, "git": False,
+                                               "summary": "no git push; paths /v1/ /api/"}}]
 
 
 def test_a_key_pointed_elsewhere_stays_in_the_box_and_says_so(sandbox: Sandbox) -> None:

@@ -281,7 +281,7 @@ def test_the_proxy_pod_holds_many_tunnels_under_its_memory_rlimit(tmp_path: Path
         listen = s.getsockname()[1]
     config = tmp_path / "proxy.json"
     config.write_text(json.dumps({"listen": f"127.0.0.1:{listen}", "backend": "shell",
-                                  "egress": [f"echo.test:{echo}=127.0.0.1:{echo}"]}))
+                                  "egress": [f"echo.test:{echo}=127.0.0.1:{echo},tls=false"]}))
 
     def pod_limit() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (256 << 20, 256 << 20))

@@ -121,14 +121,14 @@ def test_a_key_split_across_two_reads_is_still_scrubbed(ca2, proxy, report: Repo
 
     upstream = TLSUpstream(ca2[1], split)
     port, _ = proxy(upstream)
-    answer = exchange(port, b"GET /anthropic/echo HTTP/1.1\r\n" + H + b"\r\n")
+    answer = exchange(port, b"GET /anthropic/v1/echo HTTP/1.1\r\n" + H + b"\r\n")
     blocked = key not in answer and key[:10] not in answer and answer.endswith(b"you sent " + b"*" * len(key) + b" thanks\n")
     report.attack(blocked)
     assert blocked, answer
     # twin: a body that merely ends in the key's first bytes is delivered whole, unaltered, at its end.
     tail = TLSUpstream(ca2[1], lambda head: b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsome" + key[:4])
     port, _ = proxy(tail)
-    answer = exchange(port, b"GET /anthropic/x HTTP/1.1\r\n" + H + b"\r\n")
+    answer = exchange(port, b"GET /anthropic/v1/x HTTP/1.1\r\n" + H + b"\r\n")
     report.legit(answer.endswith(b"\r\n\r\nsome" + key[:4]))
     assert answer.endswith(b"\r\n\r\nsome" + key[:4]), answer
 
@@ -194,8 +194,8 @@ def test_an_echo_cut_short_before_the_keys_end_is_scrubbed_too(ca2, proxy, repor
 
 BOX_ATTACKS = r"""
 curl -s -X TRACE "$ANTHROPIC_BASE_URL/" -o /tmp/trace -w 'trace=%{http_code}\n'
-curl -s "$ANTHROPIC_BASE_URL/debug/echo" -o /tmp/echo -w 'echo=%{http_code}\n'
-curl -s -H 'Accept-Encoding: gzip' --compressed "$ANTHROPIC_BASE_URL/debug/echo" -o /tmp/echo-gz -w 'gz=%{http_code}\n'
+curl -s "$ANTHROPIC_BASE_URL/v1/debug/echo" -o /tmp/echo -w 'echo=%{http_code}\n'
+curl -s -H 'Accept-Encoding: gzip' --compressed "$ANTHROPIC_BASE_URL/v1/debug/echo" -o /tmp/echo-gz -w 'gz=%{http_code}\n'
 cat /tmp/trace /tmp/echo /tmp/echo-gz | grep -c 'REAL-KEY-ON-THE-HOS[T]' || true
 grep -c 'x-api-key: \*\*\*\*' /tmp/echo || true
 ps -eo args= 2>/dev/null | grep -c '[-]m relay' || true

@@ -165,7 +165,7 @@ def test_sse_flows_unbuffered(ca, proxy_for, report: Report) -> None:
                                                 b"data: one\n\n", b"data: two\n\n"])
     port, _ = proxy_for(upstream)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"GET /anthropic/sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /anthropic/v1/sse HTTP/1.1\r\nHost: x\r\n\r\n")
         seen, start = b"", time.monotonic()
         while b"data: one" not in seen:
             seen += sock.recv(65536)
@@ -295,7 +295,9 @@ def test_dry_run_shows_the_route_never_the_key(sandbox: Sandbox, report: Report)
     proc = sandbox.relay("claude", "--dry-run", "--json", extra_env={"ANTHROPIC_API_KEY": REAL})
     plan = json.loads(proc.stdout)
     shown = plan["credentials"] == [{"route": "anthropic", "upstream": "api.anthropic.com:443", "send": "x-api-key",
-                                     "from": ["ANTHROPIC_API_KEY"], "box_url": "http://127.0.0.1:3128/anthropic"}]
+                                     "from": ["ANTHROPIC_API_KEY"], "box_url": "http://127.0.0.1:3128/anthropic",
+                                     "allows": {"methods": [], "paths": ["/v1/", "/api/"], "push": False,
+                                                "git": False, "summary": "no git push; paths /v1/ /api/"}}]
     report.attack(REAL not in proc.stdout + proc.stderr and shown)
     assert shown and REAL not in proc.stdout + proc.stderr
     assert "ANTHROPIC_API_KEY" not in plan["env_pass"] and plan["env_set"]["ANTHROPIC_API_KEY"] == PLACEHOLDER

@@ -28,6 +28,7 @@ auth:
     host: github.com
     secret: {command: [gh, auth, token]}
     send: authorization-basic
+    push: true
 """
 
 BOX_SCRIPT = r"""
@@ -152,7 +153,9 @@ def test_the_dry_run_shows_the_grant_never_the_token(sandbox: Sandbox, tmp_path:
     plan = json.loads(proc.stdout)
     assert plan["credentials"] == [{
         "route": "github", "upstream": "github.com:443", "send": "authorization-basic", "from": [],
-        "box_url": "http://127.0.0.1:3128/github", "grant": True, "secret": {"command": ["gh", "auth", "token"]},
+        "box_url": "http://127.0.0.1:3128/github",
+        "allows": {"methods": [], "paths": [], "push": True, "git": False, "summary": "any method and path"},
+        "grant": True, "secret": {"command": ["gh", "auth", "token"]},
         "git_insteadof": "https://github.com/"}]
     env = plan["env_set"]
     keys = {env[k]: env[k.replace("KEY", "VALUE")] for k in env if k.startswith("GIT_CONFIG_KEY_")}
@@ -169,12 +172,47 @@ def test_a_repo_config_cannot_add_a_grant(box: Sandbox, report: Report) -> None:
     assert blocked, proc.stderr
 
 
+READ_ONLY = """
+auth:
+  github:
+    host: github.com
+    secret: {command: [gh, auth, token]}
+    send: authorization-basic
+    git: true
+"""
+
+
+@pytest.mark.parametrize("mode", ["local", "container"])
+def test_a_read_only_git_grant_clones_and_fetches_but_never_pushes(request: pytest.FixtureRequest, mode: str, ca,
+                                                                   github, tmp_path: Path, report: Report) -> None:
+    s: Sandbox = request.getfixturevalue("box" if mode == "local" else "csandbox")
+    server, bare = github
+    cfg = s.home / ".config" / "hive-relay" / "config.yaml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text((cfg.read_text() if cfg.exists() else "") + READ_ONLY)
+    proc = run_box(s, ca, server, tmp_path, mode=mode)
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    # legit: clone (and the ls-remote fetch) through the grant work.
+    works = "clone=0" in out and "route=0" in out
+    report.legit(works)
+    assert works, proc.stdout + proc.stderr[-2000:]
+    # attack: the push is refused at the proxy, before the key is added; the server never saw it.
+    refused = "push=0" not in out and head_of(bare) == "seed" and not any("receive-pack" in h for h in server.heads)
+    report.attack(refused)
+    assert refused, proc.stdout + proc.stderr[-2000:]
+    rules = [e for e in logged(s) if e.get("route") == "github" and e["decision"] == "http-rule"]
+    assert rules and all("git push (git-receive-pack) is not allowed" in e["reason"] for e in rules), logged(s)
+    assert all(e["rule"] == "/github: git fetch only" for e in rules)
+
+
 SCOPED = """
 auth:
   github:
     host: github.com
     secret: {command: [gh, auth, token]}
     send: authorization-basic
+    push: true
     backends: [%s]
   elsewhere:
     host: git.example.org

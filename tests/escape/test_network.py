@@ -1,9 +1,11 @@
 """Network attacks from inside every backend's box, each beside the legitimate route that must work.
 
-What the proxy can and cannot see (documented in the README threat model): it sees the CONNECT
-target (or the absolute URI) and decides on that name and port only. Inside an allowed CONNECT
-tunnel, TLS SNI and the HTTP Host header are opaque to it, so "domain fronting" can name any host,
-but the bytes still go only to the allowed (or pinned) address: fronting cannot reach another IP.
+What the proxy can and cannot see (documented in the README threat model): it decides on the CONNECT
+target (or the absolute URI), and in a tunnel it reads the first TLS record: a ClientHello whose SNI
+is not the CONNECT host, or bytes that are not TLS at all, are refused (tests/escape/test_tunnels.py).
+What the TLS then carries (the HTTP Host header inside it) stays opaque; under a `tls=false` rule the
+whole tunnel is. Either way the bytes go only to the allowed (or pinned) address: fronting cannot
+reach another IP.
 """
 
 from __future__ import annotations
@@ -105,15 +107,22 @@ def test_allowed_name_resolving_to_a_private_address(box: Sandbox, backend: str,
 def test_domain_fronting_reaches_only_the_allowed_address(box: Sandbox, backend: str, upstream: int, report) -> None:
     Handler.requests.clear()
     (box.workdir / "c.py").write_text(CONNECT)
-    fronted = f"CONNECT allowed.test:{upstream} HTTP/1.1|GET /fronted HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
-    out = run(box, backend, f"{PY} c.py '{fronted}'", f"allowed.test:{upstream}=127.0.0.1:{upstream}")
-    # The Host header is opaque inside the tunnel: it arrives at the allowed upstream, nowhere else.
+    fronted = "GET /fronted HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
+    out = run(box, backend, f"{PY} c.py 'CONNECT allowed.test:443 HTTP/1.1|{fronted}' "
+                            f"'CONNECT raw.test:443 HTTP/1.1|{fronted}'",
+              f"allowed.test:443=127.0.0.1:{upstream}", f"raw.test:443=127.0.0.1:{upstream},tls=false")
+    entries = log(box)
+    # Plain HTTP in a tunnel to 443, which must be TLS: refused before a byte is forwarded.
+    opaque = [e for e in entries if e["host"] == "allowed.test" and e["decision"] == "opaque-tunnel"]
+    # Under a tls=false rule the Host header is opaque inside the tunnel: it arrives at the allowed
+    # upstream, nowhere else.
     reached = [r for r in Handler.requests if "/fronted" in r]
-    report.attack(bool(reached) and all("evil.example" in r for r in reached)
-                  and not any(e["host"] == "evil.example" for e in log(box)))
+    report.attack(bool(opaque) and len(reached) == 1 and all("evil.example" in r for r in reached)
+                  and not any(e["host"] == "evil.example" for e in entries))
     report.legit("hello from the fake upstream" in out)
-    assert reached and "hello from the fake upstream" in out
-    assert not any(e["host"] == "evil.example" and e["decision"] == "allow" for e in log(box))
+    assert opaque and len(reached) == 1 and "hello from the fake upstream" in out, out
+    assert "403 Forbidden by the hive-relay egress policy" in out, out
+    assert not any(e["host"] == "evil.example" and e["decision"] == "allow" for e in entries)
 
 
 def test_absolute_uri_smuggling(box: Sandbox, backend: str, upstream: int, report) -> None:

@@ -356,7 +356,9 @@ def test_dry_run_names_the_login_file_never_its_token(box: Sandbox, report: Repo
     plan = json.loads(proc.stdout)
     shown = plan["credentials"] == [{"route": "anthropic-login", "upstream": "api.anthropic.com:443",
                                      "send": "authorization-bearer", "from": [str(box.home / ".claude" / ".credentials.json")],
-                                     "box_url": "http://127.0.0.1:3128/anthropic-login"}]
+                                     "box_url": "http://127.0.0.1:3128/anthropic-login",
+                                     "allows": {"methods": [], "paths": ["/v1/", "/api/"], "push": False, "git": False,
+                                                "summary": "no git push; paths /v1/ /api/"}}]
     report.attack(shown and MARK not in proc.stdout + proc.stderr)
     assert shown, plan["credentials"]
     assert plan["env_set"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:3128/anthropic-login"

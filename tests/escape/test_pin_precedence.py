@@ -12,15 +12,26 @@ from ..servers import start_echo
 
 PY = "/usr/bin/python3"
 ECHO = r'''
-import socket, sys
+import socket, ssl, sys
+def hello(name):  # a real ClientHello naming the CONNECT host: the proxy checks its SNI, then splices
+    i, o = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ssl.create_default_context().wrap_bio(i, o, server_hostname=name)
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return o.read()
 for target in sys.argv[1:]:
     s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
     s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
     status = s.recv(4096).decode(errors="replace").splitlines()[0]
     echoed = ""
     if " 200 " in status:
-        s.sendall(b"ping-through-the-pin")
-        echoed = s.recv(4096).decode()
+        sent, got = hello(target.rsplit(":", 1)[0]), b""
+        s.sendall(sent)
+        while len(got) < len(sent) and (data := s.recv(65536)):
+            got += data
+        echoed = "ping-through-the-pin" if got == sent else repr(got[:40])
     print(target, "->", status, "::", echoed)
 '''
 

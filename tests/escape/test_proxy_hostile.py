@@ -356,7 +356,7 @@ def test_connection_cap_refuses_past_the_cap_without_a_thread_per_connection(
 
 def test_busy_tunnels_under_the_cap_all_work(make_proxy: Proxy, report) -> None:
     echo, echo_port = start_tcp(lambda c, _n: (c.sendall(c.recv(65536)), c.close()))
-    proxy, port = make_proxy(f"echo.test:{echo_port}=127.0.0.1:{echo_port}", max_connections=32)
+    proxy, port = make_proxy(f"echo.test:{echo_port}=127.0.0.1:{echo_port},tls=false", max_connections=32)
     try:
         socks = open_idle(port, 32)
         for s in socks:

@@ -216,7 +216,7 @@ def test_the_plan_shows_the_socket_and_the_filter_allows_af_unix(box: Sandbox, a
                      extra_env={"SSH_AUTH_SOCK": str(agent.sock)})
     plan = json.loads(proc.stdout)
     assert plan["sockets"] == [{"name": "ssh-agent", "host": str(agent.sock), "box": "/run/hive-relay/sockets/ssh-agent"}]
-    assert plan["ssh"] == ["git.test:22"] and "git.test:22" in plan["egress"]
+    assert plan["ssh"] == ["git.test:22"] and "git.test:22,tls=false" in plan["egress"]  # ssh is not TLS
     assert plan["seccomp_policy"]["deny_af_unix_socket"] is False and plan["seccomp_policy"]["deny_af_vsock"] is True
     assert any("HOST SOCKET IN THE BOX" in n for n in plan["notes"])
     mounts = [m for m in plan["mounts"] if m["dst"] == "/run/hive-relay/sockets/ssh-agent"]
