@@ -591,8 +591,8 @@ def sync_back(state: AgentState, box_home: str, messages: list[str]) -> None:
 
 
 def _reject(state: AgentState, bfd: int, change: _Change, messages: list[str]) -> None:
-    """A guarded settings file whose exec keys the box changed: the host's file stays as it was; the
-    box's version is kept next to it under an unguessable name (the guard's convention)."""
+    """A guarded settings file the box replaced by a link, FIFO or directory: the host's file stays as it
+    was. (A regular file goes through the key allowlist instead: data keys live, the rest reviewed.)"""
     host_path = os.path.join(state.home, change.rel)
     if change.kind != "file":
         messages.append(f"reverted {host_path}: the box {change.why}; the host's file is as it was, nothing of it is taken")
