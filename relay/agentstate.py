@@ -9,9 +9,9 @@ on the host. At exit, only what the box created or changed is looked at:
   logins) is synced back if the host's file is still what was copied in (or absent both times);
   an append-only log (`*.jsonl`) both sides appended to is merged; anything else is a conflict,
   kept aside, never overwritten;
-- a guarded settings file (`home.guard`) keeps the guard's rule: a benign edit is synced back like
-  a kept file, an edit of an execution-capable key is rejected (the box's version is kept aside
-  next to it under an unguessable name);
+- a guarded settings file (`home.guard`) is judged key by key against its CLI's inventory
+  (relay/settingskeys.py): the host's file gets the box's changes to data keys (theme, model); if the
+  box changed anything else, its whole version is also kept aside for review (below);
 - everything else (plugins, extensions, commands, agents, skills, settings, `.env`, new files,
   links) is KEPT ASIDE in `~/.local/state/hive-relay/kept/RUN/` and listed in one summary line;
   `python -m relay accept-state RUN` (or `invoke accept-state RUN`) takes it after review.
@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import guard, logins, safefs
+from . import guard, logins, safefs, settingskeys
 from .config import LoginFile
 from .digest import sha256
 from .egress import CREDENTIAL_PLACEHOLDER
@@ -50,8 +50,6 @@ MANIFEST = "kept.json"
 # changed entries, the rest are counted, not handled (none of them comes back).
 MAX_CHANGES = 20000
 SQLITE_SUFFIXES = ("-wal", "-shm", "-journal")
-# ~/.claude.json keys that make claude start a program: an MCP server, or the approval of one.
-CLAUDE_JSON_EXEC = ("mcpServers", "enabledMcpjsonServers", "disabledMcpjsonServers", "enableAllProjectMcpServers")
 RUN_ID = re.compile(f"^{RUN_ID_RE}$")
 
 Ident = tuple[int, int, int, int, int]
@@ -99,6 +97,8 @@ def new(home: str, dirs: tuple[str, ...], keep: tuple[str, ...], guarded: tuple[
         run_id: str, exclude: tuple[str, ...] = ()) -> AgentState:
     def rel(path: str) -> str:
         return os.path.relpath(path, home) if safefs.beneath(path, home) else ""
+
+    settingskeys.inventory()  # read before the box runs: nothing it writes can change the rule
 
     return AgentState(
         home=home, dirs=tuple(r for r in map(rel, dirs) if r), keep=tuple(r for r in map(rel, keep) if r),
@@ -334,8 +334,9 @@ class _Change:
     rel: str
     kind: str  # "file" or "link"
     link: str | None = None
-    action: str = ""  # sync, merge, keep, conflict, rejected
+    action: str = ""  # sync, merge, keep, conflict, rejected, partial (data keys synced, the file kept aside)
     why: str = ""
+    live: bytes | None = None  # partial: what the host's file gets (its data-key changes only)
 
 
 def _sqlite_group(rel: str) -> str:
@@ -401,9 +402,16 @@ def _decide(state: AgentState, hfd: int, bfd: int, change: _Change, keep: re.Pat
             new = safefs.read_beneath(bfd, rel, guard.MAX_SETTINGS)
         except OSError:
             new = None
-        keys = guard.changed_exec_keys(old, new, rel) if new is not None else ["(unreadable or oversized file)"]
-        if keys:
-            change.action, change.why = "rejected", "changed " + ", ".join(keys)
+        verdict = settingskeys.settle(rel, old, new) if new is not None \
+            else settingskeys.Verdict(old, ("(unreadable or oversized file)",))
+        if verdict.review:
+            change.why = "changed " + ", ".join(verdict.review[:4]) + (", …" if len(verdict.review) > 4 else "")
+            if before is not None and before.copy is None:
+                change.action = "conflict"
+            elif _host_now(hfd, rel) == (before.host if before else None):
+                change.action, change.live = "partial", verdict.live
+            else:
+                change.action = "conflict"
             return
     elif not keep.match(rel):
         if _same_as_host(hfd, bfd, rel):
@@ -473,6 +481,24 @@ def _write_host(hfd: int, bfd: int, change: _Change, before: Copied | None) -> N
             os.close(dfd)
 
 
+def _write_live(hfd: int, rel: str, data: bytes | None, before: bytes | None) -> None:
+    """A settings file the box changed beyond its data keys: the host's file gets the data keys only."""
+    if data == before:
+        return
+    parent = os.path.dirname(rel)
+    dfd = _mkdirs(hfd, parent) if parent else os.dup(hfd)
+    try:
+        if data is None:
+            try:
+                os.unlink(os.path.basename(rel), dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+        else:
+            safefs.replace_in(dfd, os.path.basename(rel), data, 0o600)
+    finally:
+        os.close(dfd)
+
+
 def _keep_aside(kfd: int, bfd: int, change: _Change, budget: list[int]) -> bool:
     """Copy the box's version into the kept dir (a new tree we own); False when over the bound."""
     if change.kind == "link":
@@ -538,6 +564,12 @@ def sync_back(state: AgentState, box_home: str, messages: list[str]) -> None:
                         if change.action in ("sync", "merge"):
                             change.action, change.why = "conflict", "part of a database kept aside"
             for change in changes:
+                if change.action == "partial":
+                    before = state.files.get(change.rel)
+                    try:
+                        _write_live(hfd, change.rel, change.live, before.before if before else None)
+                    except OSError as err:
+                        change.action, change.why = "conflict", f"{change.why}; could not write its data keys back: {err.strerror or err}"
                 if change.action not in ("sync", "merge"):
                     continue
                 try:
@@ -548,7 +580,7 @@ def sync_back(state: AgentState, box_home: str, messages: list[str]) -> None:
                 if change.action == "rejected":
                     _reject(state, bfd, change, messages)
             # A rejected settings file is kept next to it (the guard's convention) and here, for accept-state.
-            aside = [c for c in changes if c.action in ("keep", "conflict", "rejected")]
+            aside = [c for c in changes if c.action in ("keep", "conflict", "rejected", "partial")]
             dropped = _write_kept(state, hfd, bfd, aside) if aside else 0
             if aside or state.extra_kept or state.overflow:
                 messages.append(_summary(state, aside, dropped))
@@ -559,8 +591,8 @@ def sync_back(state: AgentState, box_home: str, messages: list[str]) -> None:
 
 
 def _reject(state: AgentState, bfd: int, change: _Change, messages: list[str]) -> None:
-    """A guarded settings file whose exec keys the box changed: the host's file stays as it was; the
-    box's version is kept next to it under an unguessable name (the guard's convention)."""
+    """A guarded settings file the box replaced by a link, FIFO or directory: the host's file stays as it
+    was. (A regular file goes through the key allowlist instead: data keys live, the rest reviewed.)"""
     host_path = os.path.join(state.home, change.rel)
     if change.kind != "file":
         messages.append(f"reverted {host_path}: the box {change.why}; the host's file is as it was, nothing of it is taken")
@@ -592,7 +624,8 @@ def _write_kept(state: AgentState, hfd: int, bfd: int, aside: list[_Change]) -> 
     try:
         for change in aside:
             before = state.files.get(change.rel)
-            host_unchanged = _host_now(hfd, change.rel) == (before.host if before else None)
+            # partial: we just wrote its data keys, under the lock; accept-state expects what is live now
+            host_unchanged = change.action == "partial" or _host_now(hfd, change.rel) == (before.host if before else None)
             try:
                 stored = _keep_aside(kfd, bfd, change, budget)
             except OSError:
@@ -601,7 +634,7 @@ def _write_kept(state: AgentState, hfd: int, bfd: int, aside: list[_Change]) -> 
                 "why": change.why, "kind": change.kind, "stored": stored,
                 **({"target": change.link} if change.link is not None else {}),
                 # What accept-state expects on the host (None: absent); a conflict never matches.
-                "host_sha256": _digest_host(hfd, change.rel) if host_unchanged and change.action in ("keep", "rejected")
+                "host_sha256": _digest_host(hfd, change.rel) if host_unchanged and change.action in ("keep", "rejected", "partial")
                 else "(changed on the host during the session)",
             }
         safefs.replace_in(kfd, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
@@ -612,7 +645,9 @@ def _write_kept(state: AgentState, hfd: int, bfd: int, aside: list[_Change]) -> 
 
 
 def _summary(state: AgentState, aside: list[_Change], dropped: int) -> str:
-    names = ["~/" + c.rel for c in aside] + ["~/" + rel for rel, _ in state.extra_kept]
+    names = ["~/" + c.rel + (f" ({c.why.removeprefix('changed ')})" if c.action == "partial" else "") for c in aside] \
+        + ["~/" + rel + (f" ({why.removeprefix('changed ')})" if why.startswith("changed ") else "")
+           for rel, why in state.extra_kept]
     conflicts = sum(1 for c in aside if c.action == "conflict")
     shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
     return (f"kept aside {len(names)} file(s) the box changed in the agent's state"
@@ -623,61 +658,25 @@ def _summary(state: AgentState, aside: list[_Change], dropped: int) -> str:
             + (f"; {state.overflow} more entries were dropped unseen (over {MAX_CHANGES})" if state.overflow else ""))
 
 
-# --- ~/.claude.json -------------------------------------------------------------------------------------
+# --- synced single files (~/.claude.json) ----------------------------------------------------------------
 
-def strip_claude_json(host: bytes | None, box: bytes) -> tuple[bytes, list[str]]:
-    """The box's ~/.claude.json with every MCP-server key (top level and under projects.*) set back
-    to the host's; returns (bytes to write, the keys the box had changed)."""
-    try:
-        new = json.loads(box)
-        old = json.loads(host) if host else {}
-    except ValueError:
-        return (host or b"{}"), ["(unparsable file)"]
-    if not isinstance(new, dict):
-        return (host or b"{}"), ["(not an object)"]
-    old = old if isinstance(old, dict) else {}
-    changed: list[str] = []
-
-    def reset(dst: dict, src: dict, where: str) -> None:
-        for key in CLAUDE_JSON_EXEC:
-            if dst.get(key) != src.get(key):
-                changed.append(where + key)
-                if key in src:
-                    dst[key] = src[key]
-                else:
-                    dst.pop(key, None)
-
-    reset(new, old, "")
-    old_projects = old.get("projects") if isinstance(old.get("projects"), dict) else {}
-    projects = new.get("projects")
-    if projects is not None and not isinstance(projects, dict):
-        new["projects"] = old_projects
-        changed.append("projects")
-    for name, project in (new.get("projects") or {}).items():
-        if not isinstance(project, dict):
-            continue
-        before = old_projects.get(name) if isinstance(old_projects.get(name), dict) else {}
-        reset(project, before, f"projects.{name}.")
-    if not changed:
-        return box, []
-    return json.dumps(new, indent=2).encode(), changed
-
-
-def filter_synced(state: AgentState, host_path: str, current: bytes | None, box: bytes) -> bytes:
-    """A synced single file on its way back: ~/.claude.json loses what the box changed of its MCP
-    servers (the box's whole version is kept aside for review); other files pass as they are."""
-    if os.path.basename(host_path) != ".claude.json":
+def filter_synced(state: AgentState, host_path: str, current: bytes | None, box: bytes) -> bytes | None:
+    """A synced single file on its way back. One with a key inventory (~/.claude.json) is judged like a
+    guarded settings file: the host's file gets the box's data-key changes only, and if the box changed
+    anything else its whole version is kept aside for review. Returns what the host's file should hold
+    (None: leave it absent); a file with no inventory passes as it is."""
+    rel = os.path.relpath(host_path, state.home)
+    if rel not in settingskeys.inventory():
         return box
-    cleaned, changed = strip_claude_json(current, box)
-    if changed:
-        rel = os.path.relpath(host_path, state.home)
-        why = "changed " + ", ".join(changed[:4]) + (", …" if len(changed) > 4 else "")
+    verdict = settingskeys.settle(rel, current, box)
+    if verdict.review:
+        why = "changed " + ", ".join(verdict.review[:4]) + (", …" if len(verdict.review) > 4 else "")
         try:
-            keep_aside_file(state, rel, box, why, sha256(cleaned).hexdigest())
+            keep_aside_file(state, rel, box, why, None if verdict.live is None else sha256(verdict.live).hexdigest())
             state.extra_kept.append((rel, why))
         except (OSError, ValueError):
             state.extra_kept.append((rel, why + " (the box's version could not be stored)"))
-    return cleaned
+    return verdict.live
 
 
 def keep_aside_file(state: AgentState, rel: str, data: bytes, why: str, host_sha256: str | None) -> str:

@@ -1,34 +1,20 @@
 """Guarded settings: the agent may edit its own settings in the box, but not plant what runs on the
-host later. At exit, if a guarded file's execution-capable keys changed (hooks, MCP servers, notify
-commands, credential helpers, status lines, env), the original is restored and the box's version is
-kept aside with a note. Other edits (theme, model, permissions the user approved) are kept.
+host later. At exit, if the box changed anything but the data keys of a guarded file's inventory
+(relay/settingskeys.py: hooks, MCP servers, helpers, endpoints, permissions, env, trust, unknown keys),
+the original is restored and the box's version is kept aside with a note. Data edits (theme, model)
+are kept.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import dataclass
 
-from . import safefs
+from . import safefs, settingskeys
 
 # Settings files are small; anything larger is not a settings file the host should parse.
 MAX_SETTINGS = 4 << 20
-
-EXEC_KEYS = frozenset({
-    # claude / gemini (JSON)
-    "hooks", "mcpServers", "apiKeyHelper", "awsAuthRefresh", "awsCredentialExport", "otelHeadersHelper",
-    "statusLine", "env", "tools",
-    # claude: plugins and marketplaces run code; project MCP approvals run a box-written .mcp.json
-    "enabledPlugins", "extraKnownMarketplaces", "enableAllProjectMcpServers", "enabledMcpjsonServers",
-    # codex (TOML): also where the API key goes (a provider's base_url) and what the agent may do unasked
-    "notify", "mcp_servers", "shell_environment_policy", "profiles", "profile", "model_provider", "model_providers",
-    "openai_base_url", "chatgpt_base_url", "approval_policy", "sandbox_mode", "sandbox_workspace_write",
-    "experimental_instructions_file", "model_instructions_file", "otel", "features",
-    # opencode (JSON)
-    "mcp", "plugin", "command",
-})
 
 
 @dataclass(frozen=True)
@@ -44,13 +30,11 @@ class Snapshot:
 def _ident(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns)
 
-# Nested keys: claude's `permissions.defaultMode: bypassPermissions` would make the next host session
-# run every tool without asking (the rest of `permissions`, approvals the user gave, is kept).
-EXEC_SUBKEYS = (("permissions", "defaultMode"),)
-
 
 def snapshot(path: str, base: str | None = None) -> Snapshot:
-    """Read a guarded file before the run, with no link followed below `base` (the user's home)."""
+    """Read a guarded file before the run, with no link followed below `base` (the user's home).
+    The key inventories are read now too, before any box runs (relay/settingskeys.py)."""
+    settingskeys.inventory()
     base, rel = safefs._split(path, base if base and safefs.beneath(path, base) else None)
     try:
         with safefs.base_dir(base) as dfd:
@@ -66,38 +50,11 @@ def snapshot(path: str, base: str | None = None) -> Snapshot:
 
 
 
-def _parse(data: bytes | None, path: str) -> dict | None:
-    """The settings as a mapping; None when absent, {} when empty; raises ValueError when unparsable."""
-    if data is None:
-        return None
-    if not data.strip():
-        return {}
-    if path.endswith(".toml"):
-        import tomllib
-
-        return tomllib.loads(data.decode())
-    value = json.loads(data)
-    return value if isinstance(value, dict) else {"(not an object)": value}
-
-
-def changed_exec_keys(before: bytes | None, after: bytes | None, path: str) -> list[str]:
-    """Execution-capable keys that differ; an unparsable new file counts as changing all of them."""
-    try:
-        old = _parse(before, path) or {}
-    except ValueError:
-        old = {}
-    try:
-        new = _parse(after, path) or {}
-    except ValueError:
-        return ["(unparsable file)"]
-    keys = [k for k in EXEC_KEYS if old.get(k) != new.get(k)]
-    keys += [f"{k}.{sub}" for k, sub in EXEC_SUBKEYS if _sub(old, k, sub) != _sub(new, k, sub)]
-    return sorted(keys)
-
-
-def _sub(data: dict, key: str, sub: str) -> object:
-    value = data.get(key)
-    return value.get(sub) if isinstance(value, dict) else None
+def changed_keys(before: bytes | None, after: bytes | None, rel: str) -> list[str]:
+    """What the box changed that is not a data key of the file's inventory (config/settings/): any
+    command, endpoint, grant, env, trust, code or steering key, and any key the inventory does not
+    know. An unparsable new file, or a file with no inventory, counts as a change to review."""
+    return settingskeys.review_keys(rel, before, after)
 
 
 def enforce(path: str, before: Snapshot | bytes | None, base: str | None = None) -> str | None:
@@ -114,7 +71,7 @@ def enforce(path: str, before: Snapshot | bytes | None, base: str | None = None)
     base, rel = safefs._split(path, base if base and safefs.beneath(path, base) else None)
     try:
         with safefs.base_dir(base) as dfd, safefs.parent_of(dfd, rel) as (pfd, name):
-            return _enforce_in(pfd, name, path, before)
+            return _enforce_in(pfd, name, path, before, rel)
     except FileNotFoundError:
         return None  # the directory itself is gone: nothing of the box's can run from there
     except OSError as err:
@@ -122,7 +79,7 @@ def enforce(path: str, before: Snapshot | bytes | None, base: str | None = None)
                 f"fix: inspect it before starting the agent on the host")
 
 
-def _enforce_in(pfd: int, name: str, path: str, before: Snapshot) -> str | None:
+def _enforce_in(pfd: int, name: str, path: str, before: Snapshot, rel: str) -> str | None:
     try:
         st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -143,11 +100,11 @@ def _enforce_in(pfd: int, name: str, path: str, before: Snapshot) -> str | None:
         else:
             if after == before.data:
                 return None
-            keys = changed_exec_keys(before.data, after, path)
+            keys = changed_keys(before.data, after, rel)
             if not keys:
                 return None
     elif st is None:
-        keys = changed_exec_keys(before.data, None, path) if before.link is None else []
+        keys = changed_keys(before.data, None, rel) if before.link is None else []
         if not keys:
             return None  # a deleted settings file runs nothing later
     elif stat.S_ISLNK(st.st_mode) and before.link is not None and _readlink(pfd, name) == before.link:

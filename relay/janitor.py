@@ -126,10 +126,11 @@ def _sync_back(state: RunState, messages: list[str]) -> None:
             with _sync_lock(state):
                 current = _read_host(host_path, state.home)
                 if _digest(current) == before:
-                    if state.agent is not None:
-                        box = agentstate.filter_synced(state.agent, host_path, current, box)
+                    live = agentstate.filter_synced(state.agent, host_path, current, box) \
+                        if state.agent is not None else box
                     base = state.home if safefs.beneath(host_path, state.home) else None
-                    safefs.write_file(host_path, box, 0o600, base=base)
+                    if live is not None and live != current:  # None: the box's file had no data to take
+                        safefs.write_file(host_path, live, 0o600, base=base)
                 else:
                     keep = safefs.keep_aside(host_path, box, "conflict",
                                              base=state.home if safefs.beneath(host_path, state.home) else None)

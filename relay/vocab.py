@@ -49,3 +49,19 @@ class LimitsMethod(_Word):
 class EngineKind(_Word):
     PODMAN = "podman"
     DOCKER = "docker"
+
+
+class KeyClass(_Word):
+    """What one key of an agent's settings file does on the host when the CLI next starts there
+    (config/settings/*.yaml). Only DATA comes back from a box live; every other class is review."""
+
+    DATA = "data"  # theme, model, counters, tips shown, onboarding flags: runs and widens nothing
+    COMMAND = "command"  # a program the CLI runs (hooks, helpers, status lines, formatters)
+    ENDPOINT = "endpoint"  # where requests (and the key) go: base URLs, providers, telemetry
+    GRANT = "grant"  # a permission, approval mode, sandbox setting or path the agent may use
+    ENV = "env"  # environment variables the CLI sets for itself or its tools
+    TRUST = "trust"  # trust of a directory or project
+    CODE = "code"  # code the CLI loads: MCP servers, plugins, extensions, skills, its own version
+    STEER = "steer"  # text or files put into the model's context (instructions, memory, agents)
+    POLICY = "policy"  # managed/enterprise policy and server-side feature gates
+    CREDENTIAL = "credential"  # a login, key or credential store

@@ -116,9 +116,9 @@ def test_claude_json_mcp_servers_never_reach_the_host(box: Sandbox, report) -> N
     proc = box.box(f'python3 -c "{edit}" && echo EDITED', "claude")
     assert "EDITED" in proc.stdout, proc.stderr
     host = json.loads((box.home / ".claude.json").read_text())
-    report.legit(host.get("numStartups") == 7 and host["projects"][wd].get("hasTrustDialogAccepted") is True)
-    blocked = "mcpServers" not in host and "mcpServers" not in host["projects"][wd] \
-        and "enableAllProjectMcpServers" not in host["projects"][wd]
+    report.legit(host.get("numStartups") == 7)
+    # trust of a path is not data either: it comes back only through review, with the MCP servers
+    blocked = "mcpServers" not in host and wd not in host.get("projects", {})
     run = kept_run(proc.stderr)
     aside = json.loads((kept_dir(box, run) / ".claude.json").read_text())
     report.attack(blocked and "evil" in aside["mcpServers"])

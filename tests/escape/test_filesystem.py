@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 
 from ..conftest import Sandbox
@@ -145,11 +147,21 @@ def test_agent_home_settings_cannot_plant_host_hooks(box: Sandbox, backend: str,
     path.write_text(original)
     proc = box.box(f"cat > \"$HOME/{rel}\" <<'EOF'\n{planted}\nEOF\necho WROTE", backend)
     assert "WROTE" in proc.stdout, proc.stderr  # writable in the box, as the CLI needs
-    reverted = path.read_text() == original and "reverted" in proc.stderr
-    kept_aside = any(p.read_text().strip() == planted.strip() for p in path.parent.glob(path.name + ".hive-relay-rejected-*"))
+    # The host's file gets only the data-key changes (relay/settingskeys.py); the box's whole version is
+    # kept aside for review (`invoke accept-state RUN`).
+    reverted = _parsed(rel, path.read_text()) == _parsed(rel, benign) and "accept-state" in proc.stderr
+    run = re.findall(r"invoke accept-state (\S+)`", proc.stderr)
+    kept = box.home / ".local" / "state" / "hive-relay" / "kept" / (run[0] if run else "none") / rel
+    kept_aside = kept.is_file() and kept.read_text().strip() == planted.strip()
     report.attack(reverted and kept_aside)
     assert reverted and kept_aside, (path.read_text(), proc.stderr)
     # An edit that runs nothing later is kept.
     proc = box.box(f"cat > \"$HOME/{rel}\" <<'EOF'\n{benign}\nEOF", backend)
     report.legit(path.read_text().strip() == benign.strip())
-    assert path.read_text().strip() == benign.strip() and "reverted" not in proc.stderr
+    assert path.read_text().strip() == benign.strip() and "kept aside" not in proc.stderr
+
+
+def _parsed(rel: str, text: str) -> dict:
+    import tomllib
+
+    return tomllib.loads(text) if rel.endswith(".toml") else json.loads(text)

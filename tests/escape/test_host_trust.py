@@ -7,6 +7,7 @@ Both modes where the host-side code is shared (guard and sync-back run after a c
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -60,9 +61,11 @@ def test_a_guarded_file_replaced_by_a_trap_is_moved_aside_and_restored(mode_box,
     assert "PLANTED" in proc.stdout, proc.stderr
     path = s.home / SETTINGS
     restored = path.is_file() and not path.is_symlink() and path.read_text() == ORIGINAL
-    report.attack(restored and _no_aside_escaped(s) and "reverted" in proc.stderr)
+    # a trap is reverted; an oversized file cannot be judged, so it is kept aside for review (nothing taken)
+    said = "reverted" in proc.stderr or (trap == "huge" and "accept-state" in proc.stderr)
+    report.attack(restored and _no_aside_escaped(s) and said)
     assert restored, (proc.stderr, path.is_symlink(), path.exists())
-    assert _no_aside_escaped(s) and "reverted" in proc.stderr, proc.stderr
+    assert _no_aside_escaped(s) and said, proc.stderr
     # The twin: an edit that runs nothing later is kept as the box wrote it.
     proc = run(s, mode, f'printf \'{{"theme": "light"}}\\n\' > "$HOME/{SETTINGS}"')
     report.legit(path.read_text() == '{"theme": "light"}\n')
@@ -258,8 +261,11 @@ def test_a_guarded_file_rewritten_in_place_with_its_mtime_restored_is_still_reve
     proc = run(s, mode, script)
     assert "DONE" in proc.stdout, proc.stderr
     path = s.home / SETTINGS
-    reverted = path.read_text() == original
-    report.attack(reverted and "reverted" in proc.stderr)
+    # The host's file keeps every non-data key as it was (the box's version is kept aside for review); the
+    # box's data-key changes (here: theme and model removed) are the only ones taken.
+    host = json.loads(path.read_text())
+    reverted = "hooks" not in host and host["permissions"] == {"allow": ["Bash(ls)"]} and "accept-state" in proc.stderr
+    report.attack(reverted)
     assert reverted, (path.read_text(), proc.stderr)
 
 
