@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from . import guard, logins, safefs, settingskeys
 from .config import LoginFile
+from .denial import ENTRY
 from .digest import sha256
 from .egress import CREDENTIAL_PLACEHOLDER
 from .sweep import RUN_ID_RE
@@ -653,7 +654,7 @@ def _summary(state: AgentState, aside: list[_Change], dropped: int) -> str:
     return (f"kept aside {len(names)} file(s) the box changed in the agent's state"
             + (f" ({conflicts} in conflict with the host)" if conflicts else "")
             + f": {shown}; nothing of them runs until you review {state.kept_dir} and accept with "
-            f"`invoke accept-state {state.run_id}`"
+            f"`{ENTRY} accept-state {state.run_id}`"
             + (f" ({dropped} listed only: over the {KEPT_BUDGET >> 20} MiB bound)" if dropped else "")
             + (f"; {state.overflow} more entries were dropped unseen (over {MAX_CHANGES})" if state.overflow else ""))
 

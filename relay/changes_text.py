@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from . import safefs, staged
 from .changes import DIFF_LIMIT, Entry, Review, _select, apply, discard, receipt, review
+from .denial import ENTRY
 from .errors import RelayError
 
 LETTER = {"git": "G", "added": "A", "modified": "M", "deleted": "D", "mode": "X", "symlink": "L", "dir": "A", "special": "!"}
@@ -55,11 +56,11 @@ def exit_line(layer: staged.StagedLayer) -> str:
     try:
         s = summary(review(staged.load(layer)))
     except (RelayError, OSError):
-        return f"staged: the box's changes are in {layer.root}; review: hive-relay changes {layer.run}"
+        return f"staged: the box's changes are in {layer.root}; review: {ENTRY} changes {layer.run}"
     if not s["files"] and not s["git"]:
         return f"staged: the box changed nothing in the workdir (run {layer.run})"
-    return (f"staged: {s['files']} change(s) in the layer, {s['flagged']} flagged, not applied; review: hive-relay changes "
-            f"{layer.run} (diff: hive-relay diff {layer.run}); apply: hive-relay apply {layer.run} --skip-flagged")
+    return (f"staged: {s['files']} change(s) in the layer, {s['flagged']} flagged, not applied; review: {ENTRY} changes "
+            f"{layer.run} (diff: {ENTRY} diff {layer.run}); apply: {ENTRY} apply {layer.run} --skip-flagged")
 
 
 def apply_at_exit(layer: staged.StagedLayer) -> list[str]:

@@ -9,6 +9,20 @@ phrase (many clients show nothing of a refused CONNECT but that), the body, and 
 
 from __future__ import annotations
 
+import os
+import shlex
+
+
+def _entry() -> str:
+    """The command every hint names, as the user can type it from any directory: our own
+    `bin/contribute-hive` by its absolute path. Never `invoke ...` nor `python -m relay`: typed in the
+    project, invoke loads that project's `tasks.py`/`invoke.py`, and `-m` puts the cwd first on
+    sys.path; a live box can write either in the workdir while the user reads our hint."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin", "contribute-hive")
+    return shlex.quote(script) if os.path.exists(script) else "hive-relay"
+
+
+ENTRY = _entry()
 POLICY = "by the hive-relay egress policy"
 NOT_OUTAGE = "not an outage"
 
@@ -20,13 +34,13 @@ def sentence(target: str, reason: str, rule: str, fix: str) -> str:
 
 
 def allow_fix(target: str, run: str) -> str:
-    """The `invoke allow` line for a host the rules do not (yet) allow."""
-    return f"to allow it while the box runs: invoke allow {target} --run {run or 'RUN'}"
+    """The `allow` line for a host the rules do not (yet) allow."""
+    return f"to allow it while the box runs: {ENTRY} allow {target} --run {run or 'RUN'}"
 
 
 def rule_fix(what: str) -> str:
     """The fix for a refusal a live allow cannot lift (a rule's own limits, a malformed request)."""
-    return f"to change it: {what} (invoke allow adds hosts, it does not widen a rule's limits)"
+    return f"to change it: {what} (`allow` adds hosts, it does not widen a rule's limits)"
 
 
 def printable(text: str) -> str:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 
 from . import hostsecrets, jobctl
+from .denial import ENTRY
 from .errors import RelayError
 from .paths import state_dir
 from .plan import Plan
@@ -25,7 +26,7 @@ from .proxy import DecisionLog, EgressProxy
 HANDSHAKE_TIMEOUT = 30.0
 # The 403 body's one sentence for the agent: a policy, not an outage, and what the user can do about it.
 HINT = ("This is the sandbox's egress policy, not an outage: the user can allow it while this box runs with "
-        "`invoke allow {target} --run {run}`, or for later runs with --allow-host {target}.")
+        "`" + ENTRY.replace("{", "{{").replace("}", "}}") + " allow {target} --run {run}`, or for later runs with --allow-host {target}.")
 
 
 def box_env(plan: Plan, caller_env: Mapping[str, str]) -> dict[str, str]:
@@ -135,7 +136,7 @@ def _control(plan: Plan) -> socket.socket | None:
     except (OSError, RelayError) as err:
         from .banner import emit
 
-        emit([f"hive-relay: note: `invoke allow` cannot reach this run: {getattr(err, 'message', None) or err}"])
+        emit([f"hive-relay: note: `allow` cannot reach this run: {getattr(err, 'message', None) or err}"])
         return None
 
 

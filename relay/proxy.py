@@ -1134,7 +1134,7 @@ class EgressProxy:
         if not internal:
             return ""
         pinnable = [a for a in internal if not is_unspecified_target(a)]
-        fix = (f"fix: pin it to the address meant: invoke allow {_fmt_hostport(rule.name, port)}="
+        fix = (f"fix: pin it to the address meant: {denial.ENTRY} allow {_fmt_hostport(rule.name, port)}="
                f"{_fmt_hostport(pinnable[0], port)} --run {self.run_id or 'RUN'}" if pinnable else
                "fix: pin it to a reachable address with NAME:PORT=ADDR:PORT")
         return (f"{rule.target} resolves to internal address {internal[0]}, which an unpinned name is never "
@@ -1467,7 +1467,7 @@ class EgressProxy:
         elif decision.label == "http-rule":
             fix = denial.rule_fix("widen the rule's ,method= / ,path= options in your config or --allow-host")
         elif decision.reason.startswith("resolves to internal address"):
-            fix = f"to reach it on purpose, pin it: invoke allow {target}=ADDR:{port} --run {self.run_id or 'RUN'}"
+            fix = f"to reach it on purpose, pin it: {denial.ENTRY} allow {target}=ADDR:{port} --run {self.run_id or 'RUN'}"
         _answer(client, _policy("403 Forbidden", host, port, decision.reason, rule.render() if rule else "", fix, hint))
 
     def _tell(self, target: str, reason: str) -> None:
@@ -1482,7 +1482,7 @@ class EgressProxy:
             self.notify("hive-relay: more hosts denied; the exit summary and `invoke logs --denied` list them")
         else:
             self.notify(f"hive-relay: egress denied {target} ({reason}); to allow it now: "
-                        f"invoke allow {target} --run {self.run_id or 'RUN'}")
+                        f"{denial.ENTRY} allow {target} --run {self.run_id or 'RUN'}")
 
     def _serve_route(self, client: socket.socket, req: Request, body: Body, first: bytes) -> socket.socket | None:
         """An origin-form request to `/<route>/...`: to the route's one upstream (as the egress policy

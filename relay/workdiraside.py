@@ -26,6 +26,7 @@ import stat
 from dataclasses import dataclass, field
 
 from . import safefs
+from .denial import ENTRY
 from .digest import sha256
 
 MANIFEST = "workdir.json"
@@ -167,7 +168,7 @@ def summary(settled: Settled, run_id: str, shown) -> list[str]:  # noqa: ANN001 
         names = ", ".join(shown(rel) for rel, _ in settled.moved[:3]) + (", …" if len(settled.moved) > 3 else "")
         lines.append(f"moved aside {len(settled.moved)} agent config file(s) the box created or changed in the "
                      f"workdir: {names}; nothing of them runs until you review {settled.kept} and accept with "
-                     f"`invoke accept-state {run_id}`")
+                     f"`{ENTRY} accept-state {run_id}`")
     if settled.restored:
         names = ", ".join(shown(rel) for rel in settled.restored[:3]) + (", …" if len(settled.restored) > 3 else "")
         lines.append(f"put back {len(settled.restored)} agent config file(s) the box deleted in the workdir: {names}")

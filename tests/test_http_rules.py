@@ -12,6 +12,7 @@ import pytest
 
 from relay import httprules
 from relay.config import CredentialRoute
+from relay.denial import ENTRY
 from relay.errors import UsageError
 from relay.hosts import parse_rule
 from relay.httprules import HttpRules, normalise_path, path_matches, refusal
@@ -145,9 +146,9 @@ def test_every_refusal_class_carries_the_policy_sentence_rule_and_fix(tmp_path: 
                           f"web.test:443=127.0.0.1:{echo}"])
     try:
         cases = {
-            "not listed": (b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n", "invoke allow evil.test:443 --run RUN-ID"),
-            "ip literal": (b"CONNECT 2130706433:443 HTTP/1.1\r\n\r\n", "invoke allow 127.0.0.1:443 --run RUN-ID"),
-            "internal": (b"CONNECT inside.test:443 HTTP/1.1\r\n\r\n", "invoke allow inside.test:443=ADDR:443"),
+            "not listed": (b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n", f"{ENTRY} allow evil.test:443 --run RUN-ID"),
+            "ip literal": (b"CONNECT 2130706433:443 HTTP/1.1\r\n\r\n", f"{ENTRY} allow 127.0.0.1:443 --run RUN-ID"),
+            "internal": (b"CONNECT inside.test:443 HTTP/1.1\r\n\r\n", f"{ENTRY} allow inside.test:443=ADDR:443"),
             "not canonical": (b"CONNECT evil.test%00.inside.test:443 HTTP/1.1\r\n\r\n", "to change it:"),
             "rule limits": (f"CONNECT limited.test:{echo} HTTP/1.1\r\n\r\n".encode(), "to change it:"),
             "plain path": (f"GET http://limited.test:{echo}/y HTTP/1.1\r\n\r\n".encode(), "to change it:"),

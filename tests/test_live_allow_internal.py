@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from relay import control
+from relay.denial import ENTRY
 from relay.proxy import DecisionLog, EgressProxy
 
 from .conftest import Sandbox
@@ -50,10 +51,10 @@ def test_allow_of_a_name_with_an_internal_address_names_the_pinned_form(sandbox:
         assert refused.stderr.strip().splitlines() == [
             f"hive-relay: error: run {run_id}: inside.test:443 resolves to internal address 10.1.2.3, which an "
             "unpinned name is never connected to (DNS rebinding guard), so allowing it would still deny it; fix: "
-            f"pin it to the address meant: invoke allow inside.test:443=10.1.2.3:443 --run {run_id}"], refused.stderr
+            f"pin it to the address meant: {ENTRY} allow inside.test:443=10.1.2.3:443 --run {run_id}"], refused.stderr
         port = allow("mixed.test:8443")  # one internal address among public ones is enough; its port is kept
         assert port.returncode == 2 and "resolves to internal address 192.168.7.7" in port.stderr
-        assert "invoke allow mixed.test:8443=192.168.7.7:8443" in port.stderr, port.stderr
+        assert f"{ENTRY} allow mixed.test:8443=192.168.7.7:8443" in port.stderr, port.stderr
         zero = allow("zero.test")  # 0.0.0.0 is never a connect target: no pin of it is suggested
         assert zero.returncode == 2 and "resolves to internal address 0.0.0.0" in zero.stderr
         assert "=0.0.0.0" not in zero.stderr and "NAME:PORT=ADDR:PORT" in zero.stderr, zero.stderr

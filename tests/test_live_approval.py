@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from relay import control
+from relay.denial import ENTRY
 from relay.errors import EXIT_NO_RUN, EXIT_REFUSED, RefusedError
 
 from .conftest import REPO, Sandbox, require_tool
@@ -92,7 +93,7 @@ def test_allow_then_deny_a_host_while_the_box_runs(request: pytest.FixtureReques
             server.shutdown()
     assert box.returncode == 0, err[-2000:]
     # The caller's terminal was told, at the first denial, the exact command.
-    assert f"egress denied svc.test:{port} (not in the egress allowlist); to allow it now: invoke allow svc.test:{port} --run " in err
+    assert f"egress denied svc.test:{port} (not in the egress allowlist); to allow it now: {ENTRY} allow svc.test:{port} --run " in err
     logs = sorted((s.home / ".local" / "state" / "hive-relay" / "logs").glob("*.jsonl"))
     entries = [json.loads(line) for line in logs[-1].read_text().splitlines()]
     kinds = [e["decision"] for e in entries]
@@ -112,11 +113,13 @@ def test_the_403_body_says_policy_not_outage_with_the_command(box_sandbox: Sandb
     proc = box_sandbox.box("curl -s http://nowhere.test/x; echo; curl -s http://203.0.113.9/x")
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line]
-    assert lines[0].startswith("hive-relay: forbidden nowhere.test:80: not in the egress allowlist. This is the "
-                               "sandbox's egress policy, not an outage: the user can allow it while this box runs "
-                               "with `invoke allow nowhere.test:80 --run ")
+    assert lines[0].startswith("hive-relay: forbidden nowhere.test:80: not in the egress allowlist. by the hive-relay "
+                               "egress policy (nowhere.test:80: not in the egress allowlist; rule: none), not an outage; "
+                               f"to allow it while the box runs: {ENTRY} allow nowhere.test:80 --run "), lines[0]
+    assert ("This is the sandbox's egress policy, not an outage: the user can allow it while this box runs "
+            f"with `{ENTRY} allow nowhere.test:80 --run ") in lines[0]
     assert lines[0].endswith("`, or for later runs with --allow-host nowhere.test:80.")
-    assert "IP literals are refused" in lines[1] and "invoke allow 203.0.113.9:80 --run" in lines[1]
+    assert "IP literals are refused" in lines[1] and f"{ENTRY} allow 203.0.113.9:80 --run" in lines[1]
     run = lines[0].split("--run ")[1].split("`")[0]
     assert control.sweep.parse_run_id(run) is not None  # the real run id, not a placeholder
 

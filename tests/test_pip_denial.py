@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.denial import ENTRY
 from relay.hosts import parse_rule
 from relay.proxy import DecisionLog, EgressProxy
 
@@ -67,11 +68,11 @@ def test_pip_shows_the_policy_reason_and_the_terminal_the_allow_command(box_sand
     run = proc.stderr.split("--run ")[1].split()[0]
     # What pip prints, without -v: the policy's reason and the command, in its retry warning.
     assert ("Tunnel connection failed: 403 Forbidden by the hive-relay egress policy (pypi.test:443: not in the "
-            f"egress allowlist; rule: none), not an outage; to allow it while the box runs: invoke allow pypi.test:443 --run {run}") in denied, denied
+            f"egress allowlist; rule: none), not an outage; to allow it while the box runs: {ENTRY} allow pypi.test:443 --run {run}") in denied, denied
     assert "No matching distribution found for hive-test-pkg" in denied and "rc=1" in denied
     # The user's terminal: one line naming the host and the exact command.
     assert (f"hive-relay: egress denied pypi.test:443 (not in the egress allowlist); to allow it now: "
-            f"invoke allow pypi.test:443 --run {run}") in proc.stderr, proc.stderr
+            f"{ENTRY} allow pypi.test:443 --run {run}") in proc.stderr, proc.stderr
 
 
 def _status_line(tmp_path: Path, entries: list[str], head: bytes) -> str:
@@ -93,10 +94,10 @@ def _status_line(tmp_path: Path, entries: list[str], head: bytes) -> str:
 def test_the_status_line_carries_the_reason(tmp_path: Path) -> None:
     line = _status_line(tmp_path, [], b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n")
     assert line == ("HTTP/1.1 403 Forbidden by the hive-relay egress policy (evil.test:443: not in the egress "
-                    "allowlist; rule: none), not an outage; to allow it while the box runs: invoke allow evil.test:443 --run RUN-ID")
+                    f"allowlist; rule: none), not an outage; to allow it while the box runs: {ENTRY} allow evil.test:443 --run RUN-ID")
     # A listed name that resolves to an internal address: the reason names the pinned form, and the
     # fix is the pinned allow (a plain allow would change nothing).
     line = _status_line(tmp_path, ["inside.test"], b"CONNECT inside.test:443 HTTP/1.1\r\n\r\n")
     assert line == ("HTTP/1.1 403 Forbidden by the hive-relay egress policy (inside.test:443: resolves to "
                     "internal address 10.1.2.3; pin it with NAME=ADDR:PORT; rule: inside.test), not an outage; "
-                    "to reach it on purpose, pin it: invoke allow inside.test:443=ADDR:443 --run RUN-ID"), line
+                    f"to reach it on purpose, pin it: {ENTRY} allow inside.test:443=ADDR:443 --run RUN-ID"), line

@@ -30,7 +30,7 @@ TOOLS = os.environ.get("HIVE_RELAY_TOOLS") or str(REPO / ".cache" / "npm")
 
 
 def kept_run(stderr: str) -> str:
-    found = re.findall(r"invoke accept-state ([0-9]+(?:-[0-9]+-[0-9a-f]{8})?-[0-9a-f]{8})", stderr)
+    found = re.findall(r" accept-state ([0-9]+(?:-[0-9]+-[0-9a-f]{8})?-[0-9a-f]{8})", stderr)
     assert len(found) == 1, stderr  # one summary line
     return found[0]
 

@@ -150,7 +150,7 @@ def test_agent_home_settings_cannot_plant_host_hooks(box: Sandbox, backend: str,
     # The host's file gets only the data-key changes (relay/settingskeys.py); the box's whole version is
     # kept aside for review (`invoke accept-state RUN`).
     reverted = _parsed(rel, path.read_text()) == _parsed(rel, benign) and "accept-state" in proc.stderr
-    run = re.findall(r"invoke accept-state (\S+)`", proc.stderr)
+    run = re.findall(r" accept-state (\S+)`", proc.stderr)
     kept = box.home / ".local" / "state" / "hive-relay" / "kept" / (run[0] if run else "none") / rel
     kept_aside = kept.is_file() and kept.read_text().strip() == planted.strip()
     report.attack(reverted and kept_aside)
