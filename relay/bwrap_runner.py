@@ -62,7 +62,8 @@ def start(
             return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
         janitor.tell(lifeline, child)
         try:
-            proc.pidns = os.readlink(f"/proc/{child}/ns/pid")
+            proc.pidns_fd = os.open(f"/proc/{child}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            proc.pidns = os.readlink(f"/proc/self/fd/{proc.pidns_fd}")
         except OSError:
             pass
         if state.cgroup is not None:

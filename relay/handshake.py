@@ -47,6 +47,10 @@ class BoxProcess:
         self.popen = popen  # the process tier's Popen, told the status we reaped
         self.returncode: int | None = None
         self.pidns: str | None = None  # the box's pid namespace ("pid:[INODE]"), once bwrap reported its init
+        # An fd on that namespace, held until teardown: a namespace's inode number is freed with it and
+        # handed to the next one made (lowest free first), so without this hold a box that ended could
+        # name another box's fresh namespace, and its teardown would SIGKILL that box (exit 137).
+        self.pidns_fd: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:

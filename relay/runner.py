@@ -258,8 +258,11 @@ class _Box:
             # A process-tier daemon (no pid namespace) or bwrap's init must be gone before the guard
             # and the sync-back look at what the box left, or it could write after them.
             procs.reap_descendants(self.keep)
-        if isinstance(self.proc, BoxProcess) and self.proc.pidns:
+        # The namespace's fd is held since spawn, so its name is still this box's alone.
+        if isinstance(self.proc, BoxProcess) and self.proc.pidns and self.proc.pidns_fd is not None:
             procs.kill_pidns(self.proc.pidns)  # and nothing else of the box's namespace, whoever reaps it
+            os.close(self.proc.pidns_fd)
+            self.proc.pidns_fd = None
         self.job.end()
         if self.proxy is not None:
             self.proxy.stop()
