@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,12 @@ def project(s: Sandbox) -> Path:
     wd = s.workdir
     (wd / "Makefile").write_text(MAKEFILE)
     (wd / "package.json").write_text(PACKAGE)
+    # Files older than the index by whole seconds: a box that runs within the same second as this
+    # setup (an idle machine launches in ~0.2 s) would otherwise leave them racily clean, and git
+    # (seconds granularity) re-reads them in the box, so the forged cache hides nothing to refuse.
+    old = time.time() - 60
+    for name in ("Makefile", "package.json"):
+        os.utime(wd / name, (old, old))
     git(wd, "init", "-q", "-b", "main")
     git(wd, "add", "-A")
     git(wd, "commit", "-q", "-m", "init")
