@@ -228,6 +228,9 @@ def spawn(state: RunState) -> tuple[int, int]:
                 clients = [p for i, w in enumerate(words[:-1]) if w == b"client" and (p := _told(words[i + 1]))]
                 _kill_box([p for i, w in enumerate(words) if (p := _told(w)) and (i == 0 or words[i - 1] != b"client")])
                 if state.container_rm:
+                    # Also the clients we were never told of: the launcher may die between starting
+                    # the engine client and telling us its pid.
+                    clients += [c for c in _engine_clients(state.container_rm) if c not in clients]
                     _remove_container(state.container_rm, clients)
             messages = teardown(state)
             try:
@@ -309,6 +312,28 @@ def _remove_container(rm_argv: list[str], clients: list[tuple[int, bytes | None]
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def _engine_clients(rm_argv: list[str]) -> list[tuple[int, bytes | None]]:
+    """This user's engine clients running our container (`ENGINE ... --name NAME ...`, argv0 the
+    engine's own name): the run's name is unique (it carries the run id), so no one else's match."""
+    engine, name = os.path.basename(rm_argv[0]).encode(), rm_argv[-1].encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                argv = fh.read(1 << 16).split(b"\0")
+        except OSError:
+            continue
+        pairs = zip(argv, argv[1:], strict=False)
+        if os.path.basename(argv[0]) == engine and any(a == b"--name" and b == name for a, b in pairs):
+            fields = procs.stat_fields(int(entry))
+            found.append((int(entry), fields[19] if fields is not None else None))
+    return found
 
 
 def _running(pid: int) -> bool:

@@ -128,11 +128,11 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         from . import hostsecrets
 
         hostsecrets.read_keys(plan.credentials, caller_env)
-    state, go_fd = _prepare(plan, caller_env)
+    state = _prepare(plan, caller_env)
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
     own_cgroup = plan.container is None and plan.limits.method.startswith("cgroup")
     state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
-    box = _Box(plan, caller_env, state, go_fd)
+    box = _Box(plan, caller_env, state)
     try:
         box.launch_and_wait()
     finally:
@@ -150,10 +150,10 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     return _finish(box.outcome, box.rc, plan)
 
 
-def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> tuple[janitor.RunState, int | None]:
+def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
     """Everything on the host before the box exists: placeholders claimed, guarded files snapshot,
-    the run dir with its private copies, the container's control dir. Returns the run's state and
-    the container's go fd (None for local boxes)."""
+    the run dir with its private copies. Returns the run's state. (The container's control dir comes
+    once the janitor exists: see _Box.)"""
     from . import passwd
 
     process_tier = plan.tier == Tier.PROCESS
@@ -193,16 +193,9 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> tuple[janitor.RunStat
     if state.agent is not None:
         mark("state_copied")
         emit(note_lines(tuple(state.agent.notes)))
-    go_fd = None
     if container is not None:
-        from . import container_runner
-
         state.container_rm = container.rm_argv()
-        try:
-            go_fd = container_runner.prepare(plan)
-        except OSError as err:
-            raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
-    return state, go_fd
+    return state
 
 
 class _Box:
@@ -210,8 +203,8 @@ class _Box:
     the order that makes the host's judgement safe (every box process reaped, then the terminal
     back, the proxy stopped, and only then the janitor's revert, sync-back and removal)."""
 
-    def __init__(self, plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, go_fd: int | None) -> None:
-        self.plan, self.caller_env, self.state, self.go_fd = plan, caller_env, state, go_fd
+    def __init__(self, plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+        self.plan, self.caller_env, self.state, self.go_fd = plan, caller_env, state, None
         self.use_rlimits = state.cgroup is None
         self.nofile = limits.raise_nofile()
         # Staged: the host checkout does not change, so there is nothing to watch (the review lists it all).
@@ -220,6 +213,16 @@ class _Box:
             run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
             state.exit_report = functools.partial(exitreport.end, self.watch, plan, dict(caller_env), run_id)
         self.jpid, self.lifeline = janitor.spawn(state)
+        if plan.container is not None:
+            # The container's control dir (its seccomp profile, the go fifo) only once the janitor
+            # exists: a launcher killed from here on leaves nothing the janitor does not remove.
+            from . import container_runner
+
+            try:
+                self.go_fd = container_runner.prepare(plan)
+            except OSError as err:
+                janitor.finish(self.jpid, self.lifeline)
+                raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
         # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
         # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
         self.reaping = plan.container is None and procs.become_subreaper()
