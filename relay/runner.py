@@ -194,7 +194,9 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
         try:
             kinds = {m.dst: m.kind for m in plan.mounts}
             missing = [(p, kinds.get(p) == MountKind.MASK_DIR) for p in plan.placeholders]
-            state.registry.claim(os.getpid(), missing, plan.protected + plan.denied,
+            # A staged run's mask targets in the workdir are made in its layer (by bwrap), never here.
+            in_layer = frozenset(plan.staged.placeholders) if plan.staged else frozenset()
+            state.registry.claim(os.getpid(), missing, [p for p in plan.protected + plan.denied if p not in in_layer],
                                  bases=(plan.workdir, state.home),
                                  dirs=frozenset(p for p, kind in kinds.items() if kind == MountKind.MASK_DIR),
                                  mounted=frozenset(kinds))
