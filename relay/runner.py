@@ -129,8 +129,17 @@ def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
     return _finish(outcome or (f"signal {sigs.received}" if sigs.received else None), rc, plan)
 
 
-def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
-    """Launch the box, serve its proxy, wait, tear down. Returns the exit code to use."""
+def hold_live(plan: Plan, caller_env: Mapping[str, str]) -> int | None:
+    """A live plan's checkout lock (relay/livelock.py), or None for a staged one; close it at the end."""
+    if plan.unsandboxed or plan.workdir_mode != WorkdirMode.LIVE:
+        return None
+    run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+    return livelock.hold(state_dir(dict(caller_env)), plan.workdir, run_id, plan.shared_live)
+
+
+def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False, live_lock: int | None = None) -> int:
+    """Launch the box, serve its proxy, wait, tear down. Returns the exit code to use. A caller
+    that holds the checkout's live lock already (the launcher, across its verify probe) passes it."""
     if plan.unsandboxed:
         return run_unsandboxed(plan, caller_env)
     mark("run")
@@ -142,14 +151,12 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
 
         hostsecrets.read_keys(plan.credentials, caller_env)
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
-    live_lock = None
-    if plan.workdir_mode == WorkdirMode.LIVE:  # one live box per checkout (relay/livelock.py)
-        live_lock = livelock.hold(state_dir(dict(caller_env)), plan.workdir, run_id, plan.shared_live)
+    own_lock = hold_live(plan, caller_env) if live_lock is None else None  # one live box per checkout
     try:
         return _run(plan, caller_env, run_id)
     finally:
-        if live_lock is not None:
-            os.close(live_lock)
+        if own_lock is not None:
+            os.close(own_lock)
 
 
 def _run(plan: Plan, caller_env: Mapping[str, str], run_id: str) -> int:
