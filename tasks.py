@@ -420,6 +420,16 @@ def ask(c: Context, run: str | None = None) -> None:
 allow.__doc__, deny.__doc__, ask.__doc__ = ALLOW_DOC, DENY_DOC, ASK_DOC
 
 
+@task(positional=["backend"], help={"backend": "the agent to log in: claude, codex or opencode"})
+def login(c: Context, backend: str) -> None:
+    """Run BACKEND's own login on this host, outside any box (the credential stays on the host)."""
+    import os
+
+    from relay.login import login as run_login
+
+    _exit(guarded(run_login, backend, dict(os.environ)))
+
+
 @task(help={"args": "extra arguments for pytest, e.g. '-k proxy -x'"})
 def test(c: Context, args: str = "") -> None:
     """Run the whole test suite (pytest, then the bats shell tests)."""

@@ -300,7 +300,7 @@ def build_parser():  # noqa: ANN201
     parser = _argument_parser(
         prog="contribute-hive",
         description=f"{DESCRIPTION} (the same surface as `invoke contribute-hive`). {COMMAND_HELP}",
-        epilog=EPILOG,
+        epilog=f"{SUBCOMMANDS_LINE}. {EPILOG}",
     )
     parser.add_argument("backend_pos", nargs="?", metavar="BACKEND", help=HELP["backend"])
     parser.add_argument("mode_pos", nargs="?", metavar="MODE", help=HELP["mode"])
@@ -563,7 +563,72 @@ def _staged_main(op: str, argv: Sequence[str]) -> int:
     return changes.discard_main(ns.run, ns.paths, ns.json)
 
 
+# `doctor`, `selftest`, `bench`: the same tasks as `invoke doctor|selftest|bench`, from bin/contribute-hive.
+DOCTOR_HELP = {"json": "print the report as JSON",
+               "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce"}
+DOCTOR_DOC = "Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."
+SELFTEST_HELP = {"backend": "only this backend (default: all); repeatable", "json": "print the results as JSON",
+                 "mode": "local (bubblewrap box, default) or container (podman/docker)"}
+SELFTEST_DOC = "Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."
+BENCH_HELP = {"runs": "repetitions per timing (median is reported)",
+              "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
+                            "a peer that cannot run is refused, never timed",
+              "quick": "fewer runs and a 32 MB download (for CI)",
+              "launch_only": "only the launch figures (paired runs, idle and with one core busy)"}
+BENCH_DOC = ("Benchmark launch overhead (idle and one core busy), proxy throughput/latency, memory and scale "
+             "against same-run baselines.")
+LOGIN_DOC = ("Run BACKEND's own login on this host, outside any box, in your terminal (its browser callback "
+             "included), in an empty directory so that no project config is read. The credential stays on the "
+             "host, where the proxy uses it.")
+
+
+def _doctor_main(argv: Sequence[str]) -> int:
+    from .doctor import doctor
+
+    parser = _argument_parser(prog="contribute-hive doctor", description=DOCTOR_DOC)
+    parser.add_argument("-j", "--json", action="store_true", help=DOCTOR_HELP["json"])
+    parser.add_argument("-m", "--mode", metavar="MODE", help=DOCTOR_HELP["mode"])
+    ns = parser.parse_args(argv)
+    return doctor(as_json=ns.json, mode=ns.mode)
+
+
+def _selftest_main(argv: Sequence[str]) -> int:
+    from .selftest import selftest
+
+    parser = _argument_parser(prog="contribute-hive selftest", description=SELFTEST_DOC)
+    parser.add_argument("-b", "--backend", action="append", default=[], metavar="BACKEND", help=SELFTEST_HELP["backend"])
+    parser.add_argument("-j", "--json", action="store_true", help=SELFTEST_HELP["json"])
+    parser.add_argument("-m", "--mode", metavar="MODE", default="local", help=SELFTEST_HELP["mode"])
+    ns = parser.parse_args(argv)
+    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode)
+
+
+def _bench_main(argv: Sequence[str]) -> int:
+    from .bench import bench
+
+    parser = _argument_parser(prog="contribute-hive bench", description=BENCH_DOC)
+    parser.add_argument("-r", "--runs", type=int, default=15, metavar="N", help=BENCH_HELP["runs"])
+    parser.add_argument("-w", "--with-peers", action="store_true", help=BENCH_HELP["with_peers"])
+    parser.add_argument("-q", "--quick", action="store_true", help=BENCH_HELP["quick"])
+    parser.add_argument("-l", "--launch-only", action="store_true", help=BENCH_HELP["launch_only"])
+    ns = parser.parse_args(argv)
+    return bench(runs=ns.runs, with_peers=ns.with_peers, quick=ns.quick, launch_only=ns.launch_only)
+
+
+def _login_main(argv: Sequence[str]) -> int:
+    from .login import login
+
+    parser = _argument_parser(prog="contribute-hive login", description=LOGIN_DOC)
+    parser.add_argument("backend", metavar="BACKEND", help="the agent to log in: claude, codex or opencode")
+    ns = parser.parse_args(argv)
+    return login(ns.backend, dict(os.environ))
+
+
+SUBCOMMANDS_LINE = ("subcommands (each has --help): login BACKEND, doctor, selftest, logs, clean, allow, deny, ask, "
+                    "accept-state, changes, diff, apply, discard, build-image, bench, completion; a backend named "
+                    "like one is reached with --backend NAME")
 SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main, "ask": _ask_main,
+               "doctor": _doctor_main, "selftest": _selftest_main, "bench": _bench_main, "login": _login_main,
                "allow": lambda argv: _change_main("allow", argv), "deny": lambda argv: _change_main("deny", argv),
                **{op: partial(_staged_main, op) for op in ("changes", "diff", "apply", "discard")}}
 

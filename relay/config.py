@@ -130,6 +130,8 @@ class Backend:
     # Login files that stay in the box as they are, each with the reason (the plan says so when one exists).
     logins_in_box: tuple[tuple[str, str], ...] = ()
     presets: tuple[str, ...] = ()  # egress presets on for this backend (relay/presets.py); none shipped
+    # The CLI's own login, run on the host by `contribute-hive login BACKEND` (never in a box).
+    login_command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -342,6 +344,7 @@ def _section(value: Any, where: _Where, key: str, allowed: set[str]) -> dict[str
 BACKEND_KEYS = {
     "description", "command", "prompt_command", "install", "home", "egress",
     "env", "native", "deny", "opt_in", "nested_userns", "credentials", "logins_in_box", "presets",
+    "login_command",
 }
 ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths"}
 LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id"}
@@ -575,6 +578,8 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
         values["credentials"] = _credentials(data["credentials"], where, env_pass)
     if "logins_in_box" in data:
         values["logins_in_box"] = _logins_in_box(data["logins_in_box"], where)
+    if "login_command" in data:
+        values["login_command"] = tuple(_str_list(data["login_command"], where, "login_command"))
     if base is not None:
         return replace(base, **values)
     defaults: dict[str, Any] = {
