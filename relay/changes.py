@@ -496,10 +496,11 @@ def apply(run: staged.Run, paths: Sequence[str] = (), skip_flagged: bool = False
         os.close(lock)
 
 
-def discard(run: staged.Run, paths: Sequence[str] = ()) -> list[str]:
-    """Drop all of the run (its whole layer) or the staged changes under `paths`."""
+def discard(run: staged.Run, paths: Sequence[str] = (), box_ended: bool = False) -> list[str]:
+    """Drop all of the run (its whole layer) or the staged changes under `paths`. `box_ended`: the
+    caller is the run's own launcher, past its box's teardown (the exit prompt)."""
     if not paths:
-        if run.running():
+        if run.running() and not box_ended:
             raise RelayError(f"run {run.layer.run} is still running; fix: end the box first, or name PATHs")
         lock = _lock(run.layer.root)
         try:
