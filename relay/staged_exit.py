@@ -196,8 +196,8 @@ def ask(fd: int, layer: staged.StagedLayer, c: Counts, env: Mapping[str, str],
     def read(question: str) -> str | None:
         if ask_line is not None:
             return ask_line(question)
-        _say(question, end="")
-        with cooked(fd):
+        with cooked(fd):  # flushed before the question shows: an answer typed after it is kept
+            _say(question, end="")
             return read_line(fd)
 
     _say(f"hive-relay: {summary_line(c, layer.run)}")
