@@ -219,7 +219,10 @@ def ask(fd: int, layer: staged.StagedLayer, c: Counts, env: Mapping[str, str],
             if choice == ExitChoice.APPLY:
                 return _apply_all(layer)
             sure = read(f"hive-relay: discard all {_plural(c.changed, 'change')} of run {layer.run}? [y/N] ")
-            if sure is not None and parse_yes(sure):
+            if sure is None:  # end of input: nothing more will be typed
+                _say("")
+                return keep
+            if parse_yes(sure):
                 from .changes import discard
 
                 discard(staged.load(layer), box_ended=True)
