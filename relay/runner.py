@@ -144,7 +144,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if plan.staged is not None:  # the box is gone and the terminal back: the layer's lines, or its prompt
         from .staged_exit import finish
 
-        emit([f"hive-relay: {line}" for line in finish(plan.staged, plan.interactive, caller_env)])
+        emit([f"hive-relay: {line}" for line in finish(plan.staged, plan.interactive and box.outcome is None, caller_env)])
     return _finish(box.outcome, box.rc, plan)
 
 
