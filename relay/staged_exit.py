@@ -115,8 +115,25 @@ def git_state_changed(run: staged.Run) -> int:
         except OSError:
             n += 1  # unreadable: count it as a change, so the layer is never dropped for it
             continue
-        n += host != data
+        n += not (host == data or (name == "index" and host is not None and same_index(host, data)))
     return n
+
+
+def same_index(a: bytes, b: bytes) -> bool:
+    """Pure: the two indexes track the same paths at the same blobs, modes, stages and flags; only
+    stat data (git's cache, refreshed by a plain `git status` in the box) may differ. An index that
+    does not parse is never the same."""
+    from .gitindex import BadIndex, parse
+
+    try:
+        x, y = parse(a), parse(b)
+    except BadIndex:
+        return False
+
+    def key(ix) -> list[tuple]:  # noqa: ANN001 - gitindex.Index
+        return [(e.name, e.mode, e.oid, e.flags, e.xflags) for e in ix.entries]
+
+    return x.hash_len == y.hash_len and key(x) == key(y)
 
 
 def counts(layer: staged.StagedLayer) -> tuple[staged.Run, Counts]:

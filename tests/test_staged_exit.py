@@ -307,3 +307,21 @@ def test_a_prompt_run_prints_one_line_with_the_counts_and_the_apply_command(box_
                              timeout=300, stdin=subprocess.DEVNULL)  # the exact command the line gives
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert (s.workdir / "a.txt").read_text() == "one\n" and (s.workdir / "b.txt").read_text() == "two\n"
+
+
+@pytest.mark.box
+def test_a_git_status_alone_leaves_no_layer_and_an_index_only_change_is_kept(box_sandbox: Sandbox) -> None:
+    """`git status` in the box refreshes its index's stat cache: that is no change, and the layer goes.
+    `git rm --cached` changes only the index: the run stays staged (nothing the box did is dropped)."""
+    s = box_sandbox
+    git = ["git", "-C", str(s.workdir), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "init"], check=True)
+    r = s.box("git status --short; echo ok", "shell", "--staged")
+    assert r.returncode == 0 and "the box changed nothing in the workdir" in r.stderr, r.stderr
+    assert _runs(s) == {}
+    r = s.box("git rm -q --cached README.md; echo ok", "shell", "--staged")
+    assert r.returncode == 0 and "0 changed, 0 flagged, 0 conflicts, 1 git file, not applied" in r.stderr, r.stderr
+    assert len(_runs(s)) == 1
+    assert "README.md" in subprocess.run(git + ["ls-files"], capture_output=True, text=True).stdout
