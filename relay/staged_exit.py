@@ -146,9 +146,10 @@ def counts(layer: staged.StagedLayer) -> tuple[staged.Run, Counts]:
 # ---- the terminal ------------------------------------------------------------------------------
 
 def terminal_fd() -> int | None:
-    """The caller's terminal when stdin and stdout are one and we are its foreground group."""
+    """The caller's terminal when stdin, stdout and stderr (where the question goes) are terminals
+    and we are the terminal's foreground group (a background job would stop on the read)."""
     try:
-        if os.isatty(0) and os.isatty(1) and os.tcgetpgrp(0) == os.getpgrp():
+        if os.isatty(0) and os.isatty(1) and os.isatty(2) and os.tcgetpgrp(0) == os.getpgrp():
             return 0
     except OSError:
         pass
@@ -235,7 +236,7 @@ def ask(fd: int, layer: staged.StagedLayer, c: Counts, env: Mapping[str, str],
                 continue
             if choice == ExitChoice.APPLY:
                 return _apply_all(layer)
-            sure = read(f"hive-relay: discard all {_plural(c.changed, 'change')} of run {layer.run}? [y/N] ")
+            sure = read(f"hive-relay: discard run {layer.run} ({counts_text(c)}) for good? [y/N] ")
             if sure is None:  # end of input: nothing more will be typed
                 _say("")
                 return keep

@@ -196,13 +196,17 @@ def _end(child: pexpect.spawn) -> int:
 
 @pytest.mark.box
 @pytest.mark.tty
-def test_keep_leaves_the_run_staged_and_the_host_untouched(box_sandbox: Sandbox) -> None:
+@pytest.mark.parametrize("answer", ["k", "enter", "ctrl-d"])
+def test_keep_leaves_the_run_staged_and_the_host_untouched(box_sandbox: Sandbox, answer: str) -> None:
     s = box_sandbox
     child = _session(s)
     run = _run_of(child)
     assert child.match.group(1) == "1" and child.match.group(2) == "0"
     child.expect(PROMPT_RE)
-    child.send("k\r")
+    if answer == "ctrl-d":
+        child.sendeof()
+    else:
+        child.send("k\r" if answer == "k" else "\r")
     child.expect(f"staged: kept; review: {ENTRY} changes {run}; apply: {ENTRY} apply {run}")
     assert _end(child) == 0
     assert not (s.workdir / "made.txt").exists()
@@ -239,7 +243,7 @@ def test_review_shows_the_diff_then_asks_again_and_discard_needs_a_yes(box_sandb
     child.expect(r"\+box")  # the diff (through the pager: less -F quits on a short one)
     child.expect(PROMPT_RE)
     child.send("d\r")
-    child.expect(r"discard all 1 change of run \S+\? \[y/N\] ")
+    child.expect(r"discard run \S+ \(1 changed, 0 flagged, 0 conflicts\) for good\? \[y/N\] ")
     child.send("\r")  # no: asked again, nothing dropped
     child.expect(PROMPT_RE)
     assert os.path.isdir(s.home / ".local" / "state" / "hive-relay" / "staged" / run / "upper")
