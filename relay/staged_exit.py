@@ -71,10 +71,14 @@ def summary_line(c: Counts, run: str) -> str:
     return f"staged: {counts_text(c)} (run {run}; nothing applied yet)"
 
 
+def apply_command(c: Counts, run: str, entry: str = ENTRY) -> str:
+    """Pure: the exact command that applies the run (leaving its flagged entries staged, if any)."""
+    return f"{entry} apply {run}" + (" --skip-flagged" if c.flagged else "")
+
+
 def prompt_run_line(c: Counts, run: str, entry: str = ENTRY) -> str:
     """Pure: a non-interactive run's last line: the counts and the exact commands to review and apply."""
-    apply = f"{entry} apply {run}" + (" --skip-flagged" if c.flagged else "")
-    return f"staged: {counts_text(c)}, not applied; apply: {apply}; review: {entry} changes {run}"
+    return f"staged: {counts_text(c)}, not applied; apply: {apply_command(c, run, entry)}; review: {entry} changes {run}"
 
 
 def parse_answer(text: str) -> ExitChoice | None:
@@ -209,7 +213,7 @@ def _say(text: str, end: str = "\n") -> None:
 def ask(fd: int, layer: staged.StagedLayer, c: Counts, env: Mapping[str, str],
         ask_line: Callable[[str], str | None] | None = None) -> list[str]:
     """The prompt loop; returns the closing lines. Everything but `d` + `y` or `a` keeps the run staged."""
-    keep = [f"staged: kept; review: {ENTRY} changes {layer.run}; apply: {ENTRY} apply {layer.run}"]
+    keep = [f"staged: kept; review: {ENTRY} changes {layer.run}; apply: {apply_command(c, layer.run)}"]
 
     def read(question: str) -> str | None:
         if ask_line is not None:
