@@ -602,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
             command=command, allow_sockets=tuple(ns.allow_socket), allow_ssh=tuple(ns.allow_ssh),
             allow_presets=tuple(ns.allow_preset), ask=ns.ask, no_grants=ns.no_grants, staged=ns.staged,
-            apply=ns.apply,
+            apply=ns.apply, live=ns.live, shared_live=ns.shared_live,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet, count=count(ns.count, "--count"),
                           parallel=count(ns.parallel, "--parallel"))
