@@ -195,7 +195,8 @@ def review(run: staged.Run) -> Review:
         with safefs.base_dir(run.workdir) as wfd:
             for rel, st, dfd in _walk(ufd, "", [MAX_ENTRIES]):
                 if rel == GIT or rel.startswith(GIT + "/"):
-                    if not stat.S_ISDIR(st.st_mode):
+                    # The masks' placeholders under .git (objects/info/alternates...) are the plan's.
+                    if not stat.S_ISDIR(st.st_mode) and not _placeholder(run, rel, st, dfd):
                         out.git += 1
                     continue
                 e = _judge(run, ufd, wfd, rel, st, dfd, applied, out)
