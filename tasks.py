@@ -335,14 +335,17 @@ _logs.__doc__ = LOGS_DOC
 logs = task(positional=["run"], help={"run": LOGS_HELP["run"], "denied": LOGS_HELP["denied"]}, name="logs")(_logs)
 
 
-def _clean(c: Context, dry_run: bool = False, all: bool = False) -> None:  # noqa: A002 - the flag is --all
+def _clean(c: Context, dry_run: bool = False, all: bool = False,  # noqa: A002 - the flag is --all
+           staged_older_than: str | None = None) -> None:
     from relay.clean import clean as run_clean
+    from relay.cli import staged_days
 
-    _exit(guarded(run_clean, dry_run=dry_run, everything=all))
+    _exit(guarded(lambda: run_clean(dry_run=dry_run, everything=all, staged_older_than=staged_days(staged_older_than))))
 
 
 _clean.__doc__ = CLEAN_DOC
-clean = task(help={"dry_run": CLEAN_HELP["dry_run"], "all": CLEAN_HELP["all"]}, name="clean")(_clean)
+clean = task(help={"dry_run": CLEAN_HELP["dry_run"], "all": CLEAN_HELP["all"],
+                   "staged_older_than": CLEAN_HELP["staged_older_than"]}, name="clean")(_clean)
 
 
 # The staged workdir's review (relay/changes.py): the same texts as `hive-relay changes|diff|apply|discard`.

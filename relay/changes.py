@@ -195,7 +195,8 @@ def review(run: staged.Run) -> Review:
         with safefs.base_dir(run.workdir) as wfd:
             for rel, st, dfd in _walk(ufd, "", [MAX_ENTRIES]):
                 if rel == GIT or rel.startswith(GIT + "/"):
-                    if not stat.S_ISDIR(st.st_mode):
+                    # The masks' placeholders under .git (objects/info/alternates...) are the plan's.
+                    if not stat.S_ISDIR(st.st_mode) and not _placeholder(run, rel, st, dfd):
                         out.git += 1
                     continue
                 e = _judge(run, ufd, wfd, rel, st, dfd, applied, out)
@@ -508,10 +509,11 @@ def apply(run: staged.Run, paths: Sequence[str] = (), skip_flagged: bool = False
         os.close(lock)
 
 
-def discard(run: staged.Run, paths: Sequence[str] = ()) -> list[str]:
-    """Drop all of the run (its whole layer) or the staged changes under `paths`."""
+def discard(run: staged.Run, paths: Sequence[str] = (), box_ended: bool = False) -> list[str]:
+    """Drop all of the run (its whole layer) or the staged changes under `paths`. `box_ended`: the
+    caller is the run's own launcher, past its box's teardown (the exit prompt)."""
     if not paths:
-        if run.running():
+        if run.running() and not box_ended:
             raise RelayError(f"run {run.layer.run} is still running; fix: end the box first, or name PATHs")
         lock = _lock(run.layer.root)
         try:

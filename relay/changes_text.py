@@ -52,18 +52,20 @@ def summary(rv: Review) -> dict:
 
 
 def exit_line(layer: staged.StagedLayer) -> str:
-    """The launcher's last line for a staged run: counts and the exact commands."""
+    """The launcher's last line for a staged run that asks nothing: counts and the exact commands
+    (relay/staged_exit.py's, which also asks on an interactive terminal)."""
+    from .staged_exit import counts, prompt_run_line
+
     try:
-        s = summary(review(staged.load(layer)))
+        _, c = counts(layer)
     except (RelayError, OSError):
         return f"staged: the box's changes are in {layer.root}; review: {ENTRY} changes {layer.run}"
-    if not s["files"] and not s["git"]:
+    if c.empty:
         # Nothing to review (the layer holds at most the masks' placeholders and copied-up dirs):
         # staged is the default, so an idle run must not leave a layer behind.
         staged.remove_layer(layer.root)
         return f"staged: the box changed nothing in the workdir (run {layer.run})"
-    return (f"staged: {s['files']} change(s) in the layer, {s['flagged']} flagged, not applied; review: {ENTRY} changes "
-            f"{layer.run} (diff: {ENTRY} diff {layer.run}); apply: {ENTRY} apply {layer.run} --skip-flagged")
+    return prompt_run_line(c, layer.run)
 
 
 def apply_at_exit(layer: staged.StagedLayer) -> list[str]:

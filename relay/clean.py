@@ -12,6 +12,10 @@ What it removes (each only when it is the caller's own, reached with no link fol
 
 `--all` also removes every egress log of a finished run and the current image and base. Nothing
 that a running box uses is touched: while a box runs, the CLIs, images and run dirs stay.
+
+Staged runs (relay/staged.py) are listed one per line, each with its age and counts; their layers
+hold the box's unapplied work, so only `--staged-older-than DAYS` removes them (those of ended runs
+older than DAYS, each named as it goes; `--all` does not), and never one whose launcher runs.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Item:
     path: str
     size: int | None
     kept: str | None = None  # why it was not removed
+    detail: str | None = None  # what it is, shown on its line (a staged run: id, age, counts)
 
 
 def du(path: str) -> int:
@@ -179,7 +184,8 @@ def image_items(env: Mapping[str, str], everything: bool) -> tuple[list[str] | N
     return [engine], items, None
 
 
-def plan_clean(env: Mapping[str, str], everything: bool) -> tuple[list[Item], list[str], list[str] | None]:
+def plan_clean(env: Mapping[str, str], everything: bool,
+               staged_days: float | None = None) -> tuple[list[Item], list[str], list[str] | None]:
     """(what to remove, notes, the engine argv for images)."""
     items: list[Item] = []
     notes: list[str] = []
@@ -217,12 +223,7 @@ def plan_clean(env: Mapping[str, str], everything: bool) -> tuple[list[Item], li
     logs_dir = logs_mod.logs_dir(env)
     for f in _doomed_logs(logs_dir, everything):
         items.append(Item("egress log", os.path.join(logs_dir, f.name), f.size))
-    from .staged import runs as staged_runs
-
-    layers = staged_runs(env)
-    if layers:  # a layer is the box's unapplied work: never removed here, only by `discard`
-        notes.append(f"{len(layers)} staged run(s) kept (their changes are not applied): `hive-relay changes` lists "
-                     "them, `hive-relay discard RUN` drops one")
+    items += staged_items(env, staged_days)
     engine = None
     if not boxes:
         engine, images, skipped = image_items(env, everything)
@@ -230,6 +231,38 @@ def plan_clean(env: Mapping[str, str], everything: bool) -> tuple[list[Item], li
         if skipped:
             notes.append(f"images: skipped, {skipped}")
     return items, notes, engine
+
+
+def staged_items(env: Mapping[str, str], older_than_days: float | None, now: float | None = None) -> list[Item]:
+    """Every staged run, each on a line of its own: its layer is the box's unapplied work, so it is
+    removed only when the user asked for runs older than an age (`--staged-older-than DAYS`), and
+    never while its launcher runs. The ones kept say why and how to review them."""
+    import time
+
+    from .denial import ENTRY
+    from .staged import runs
+    from .staged_exit import counts, counts_text
+
+    now = time.time() if now is None else now
+    out = []
+    for run in runs(env):
+        started = run.meta.get("started")
+        age = now - started if isinstance(started, (int, float)) else None
+        try:
+            what = counts_text(counts(run.layer)[1])
+        except Exception:  # noqa: BLE001 - an unreadable layer is still listed
+            what = "changes unreadable"
+        days = "age unknown" if age is None else f"{age / 86400:.1f} days old"
+        item = Item("staged run", run.layer.root, du(run.layer.root), detail=f"run {run.layer.run}: {days}, {what}")
+        if run.running():
+            item.kept = f"{item.detail}; its box is running"
+        elif older_than_days is None:
+            item.kept = (f"{item.detail}; not applied: `{ENTRY} changes {run.layer.run}`; "
+                         "prune with --staged-older-than DAYS")
+        elif age is None or age < older_than_days * 86400:
+            item.kept = f"{item.detail}; younger than {older_than_days:g} days"
+        out.append(item)
+    return out
 
 
 SELFTEST_KEY_PREFIX = "id_hive_relay_selftest_"  # relay/selftest.py plants these for one run
@@ -275,6 +308,16 @@ def _remove(item: Item, env: Mapping[str, str], engine: list[str] | None) -> Non
             ok = safefs.unlink_beneath(dfd, name, only_if=lambda st: stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid())
         item.kept = None if ok else "changed meanwhile"
         return
+    if item.what == "staged run":
+        from .changes import discard
+        from .staged import find
+
+        run = find(env, os.path.basename(item.path))
+        if run.running():
+            item.kept = "its box started running meanwhile"
+            return
+        discard(run)
+        return
     if item.what in ("stray lock", "selftest key"):
         with safefs.base_dir(os.path.dirname(item.path)) as dfd:
             ok = safefs.unlink_beneath(dfd, os.path.basename(item.path),
@@ -291,24 +334,29 @@ def human(n: int | None) -> str:
     return "size unknown" if n is None else logs_mod.human_bytes(n)
 
 
-def clean(dry_run: bool = False, everything: bool = False, env: Mapping[str, str] | None = None) -> int:
+def clean(dry_run: bool = False, everything: bool = False, env: Mapping[str, str] | None = None,
+          staged_older_than: float | None = None) -> int:
+    from .errors import RelayError
+
     env = dict(os.environ if env is None else env)
-    items, notes, engine = plan_clean(env, everything)
+    items, notes, engine = plan_clean(env, everything, staged_older_than)
     verb = "would remove" if dry_run else "removed"
     freed = 0
     done = 0
     for item in items:
-        if not dry_run:
+        if not dry_run and not item.kept:
             try:
                 _remove(item, env, engine)
             except OSError as err:
                 item.kept = err.strerror or str(err)
+            except RelayError as err:
+                item.kept = err.message
         if item.kept:
             print(f"kept          {item.what:<14} {item.path}  ({item.kept})")
             continue
         done += 1
         freed += item.size or 0
-        print(f"{verb:<13} {item.what:<14} {item.path}  {human(item.size)}")
+        print(f"{verb:<13} {item.what:<14} {item.path}  {human(item.size)}" + (f"  ({item.detail})" if item.detail else ""))
     for note in notes:
         print(f"note: {note}")
     if done:

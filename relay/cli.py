@@ -460,6 +460,9 @@ CLEAN_HELP = {
     "dry_run": "print what would be removed, remove nothing",
     "all": "also every egress log of finished runs, the current container image and its base (what "
            "the Uninstall section of the README uses)",
+    "staged_older_than": "also remove the staged runs (unapplied box changes) that ended more than DAYS days "
+                         "ago, each listed; without it, staged runs are only listed (never by --all, never a "
+                         "running one)",
 }
 CLEAN_DOC = ("Remove caches, superseded images, installed agent CLIs and stale state; print what was removed "
              "and how much.")
@@ -481,8 +484,22 @@ def _clean_main(argv: Sequence[str]) -> int:
     parser = _argument_parser(prog="hive-relay clean", description=CLEAN_DOC)
     parser.add_argument("-d", "--dry-run", action="store_true", help=CLEAN_HELP["dry_run"])
     parser.add_argument("-a", "--all", action="store_true", help=CLEAN_HELP["all"])
+    parser.add_argument("--staged-older-than", metavar="DAYS", help=CLEAN_HELP["staged_older_than"])
     ns = parser.parse_args(argv)
-    return clean(dry_run=ns.dry_run, everything=ns.all)
+    return clean(dry_run=ns.dry_run, everything=ns.all, staged_older_than=staged_days(ns.staged_older_than))
+
+
+def staged_days(text: str | None) -> float | None:
+    """--staged-older-than DAYS: a number of days, 0 or more (fractions allowed)."""
+    if text is None or text == "":
+        return None
+    try:
+        days = float(text)
+    except ValueError:
+        days = -1.0
+    if not days >= 0 or days == float("inf"):
+        raise UsageError(f"--staged-older-than wants a number of days, got {text!r}; fix: e.g. --staged-older-than 7")
+    return days
 
 
 # `allow` and `deny`: change a running box's egress rules (relay/control.py), from another terminal.

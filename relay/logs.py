@@ -190,6 +190,25 @@ def _line(entry: dict) -> str:
     return f"{when}  {decision:<11} {_printable(entry.get('method', '-')):<8} {target}  {_printable(entry.get('reason', ''))}"
 
 
+def staged_runs(env: Mapping[str, str]) -> set[str]:
+    """The run ids that have a staged layer (relay/staged.py): a log and a layer share the run id."""
+    from . import staged
+
+    return {r.layer.run for r in staged.runs(env)}
+
+
+def _staged_footer(layers: set[str], logged: set[str]) -> None:
+    """Staged runs link to their changes; those that made no request have no log, so name them here."""
+    from .denial import ENTRY
+
+    if layers & logged:
+        print(f"staged: `{ENTRY} changes RUN` shows a staged run's workdir changes (the `staged` column)")
+    quiet = sorted(layers - logged)
+    if quiet:
+        print(f"staged, with no egress log (no network request): {', '.join(quiet)}; `{ENTRY} changes RUN` "
+              "reviews one")
+
+
 def show(which: str | None = None, denied: bool = False, env: Mapping[str, str] | None = None) -> int:
     """`hive-relay logs [RUN] [--denied]`: with no RUN, list the runs (newest last); with RUN, print its
     decisions. `--denied` keeps only what was not allowed (denied, and allowed hosts that were
@@ -200,18 +219,26 @@ def show(which: str | None = None, denied: bool = False, env: Mapping[str, str] 
     if which is None and not denied:
         if not files:
             print(f"no egress logs in {directory} (a run writes one when its box uses the network)")
+            _staged_footer(staged_runs(env), set())
             return 0
-        print(f"{'started':<19}  {'backend':<9} {'run':<17} {'size':>9}")
+        layers = staged_runs(env)
+        print(f"{'started':<19}  {'backend':<9} {'run':<17} {'size':>9}  staged")
         for f in files:
-            print(f"{f.when:<19}  {_printable(f.backend):<9} {f.run:<17} {human_bytes(f.size):>9}")
+            print(f"{f.when:<19}  {_printable(f.backend):<9} {f.run:<17} {human_bytes(f.size):>9}  "
+                  f"{'changes ' + f.run if f.run in layers else '-'}")
         total = sum(f.size for f in files)
         print(f"{len(files)} run{'s' if len(files) != 1 else ''}, {human_bytes(total)} in {directory}; "
               f"`hive-relay logs RUN` shows one (RUN: a run id, a part of it, or `last`)")
+        _staged_footer(layers, {f.run for f in files})
         return 0
     f = find(files, which or "last")
     entries, bad = read_entries(directory, f)
     shown = [e for e in entries if not denied or e.get("decision") != "allow"]
     print(f"run {f.run}  {_printable(f.backend)}  started {f.when}  ({directory}/{f.name})")
+    if f.run in staged_runs(env):
+        from .denial import ENTRY
+
+        print(f"staged: its workdir changes are reviewed with `{ENTRY} changes {f.run}`")
     for entry in shown:
         print(_line(entry))
     kinds: dict[str, int] = {}

@@ -171,13 +171,11 @@ def _run(plan: Plan, caller_env: Mapping[str, str], run_id: str) -> int:
     summary = box.proxy.log.summary_lines() if box.proxy is not None else []
     if box.proxy is not None and box.proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({box.proxy.log.write_errors} errors): {plan.log_path}")
-    if plan.staged is not None:
-        from .changes_text import apply_at_exit, exit_line
-
-        if plan.staged.apply_at_exit:
-            messages += apply_at_exit(plan.staged)
-        messages.append(exit_line(plan.staged))
     emit([f"hive-relay: {line}" for line in summary + messages])
+    if plan.staged is not None:  # the box is gone and the terminal back: the layer's lines, or its prompt
+        from .staged_exit import finish
+
+        emit([f"hive-relay: {line}" for line in finish(plan.staged, plan.interactive and box.outcome is None, caller_env)])
     return _finish(box.outcome, box.rc, plan)
 
 

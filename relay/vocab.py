@@ -73,3 +73,12 @@ class KeyClass(_Word):
     STEER = "steer"  # text or files put into the model's context (instructions, memory, agents)
     POLICY = "policy"  # managed/enterprise policy and server-side feature gates
     CREDENTIAL = "credential"  # a login, key or credential store
+
+
+class ExitChoice(_Word):
+    """The answers at a staged run's interactive exit prompt (relay/staged_exit.py)."""
+
+    APPLY = "apply"  # what is not flagged lands; flagged entries and conflicts stay staged
+    REVIEW = "review"  # the summary and the diff, then the question again
+    KEEP = "keep"  # the default (Enter, Ctrl-C, end of input): review later with `changes RUN`
+    DISCARD = "discard"  # after a y/N confirmation: the whole layer goes
