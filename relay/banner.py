@@ -37,7 +37,8 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
             f"hive-relay: WARNING: {plan.backend} runs WITHOUT the hive relay box (opt-in set); "
             f"only its native sandbox applies: {' '.join(plan.argv)}",
         ]
-    first = (f"hive-relay: {plan.backend} · {plan.mode} · {plan.tier} · profile {plan.profile} "
+    where = plan.mode if plan.mode == str(plan.tier) else f"{plan.mode} · {plan.tier}"  # not "container · container"
+    first = (f"hive-relay: {plan.backend} · {where} · profile {plan.profile} "
              f"({plan.profile_digest}) · workdir {short_path(plan.workdir, home)} ({plan.workdir_mode})")
     second = (f"hive-relay: {egress_summary(plan)} · limits {human_size(plan.limits.memory)} mem, "
               f"{plan.limits.pids} procs via {plan.limits.method}")

@@ -177,12 +177,30 @@ def is_public_suffix(domain: str) -> bool:
     return bool(_PSL.is_public(domain))
 
 
+def url_host(entry: str) -> str:
+    """The host part of a URL given where a host belongs (`https://example.com/x` -> `example.com`)."""
+    rest = entry.split("://", 1)[-1]
+    host = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
+    return host or "NAME"
+
+
+def url_port_hint(entry: str) -> str:
+    """What the URL's scheme means for the port: `http://` needs `:80` (a bare name means 443)."""
+    host = url_host(entry)
+    if entry.lower().startswith("http://") and ":" not in host.lstrip("["):
+        return f":80 (plain HTTP needs its port: --allow-host {host}:80)"
+    return ""
+
+
 def parse_rule(entry: str) -> HostRule:
     """Parse one `--allow-host` / config egress entry, raising UsageError with the fix on bad input."""
     if not isinstance(entry, str) or not entry.strip():
         raise UsageError("--allow-host: empty entry; use NAME[:PORT] or NAME[:PORT]=ADDR:PORT")
     if len(entry) > MAX_ENTRY_LEN or any(ord(c) < 33 or ord(c) > 126 for c in entry):
         raise UsageError(f"--allow-host {entry[:60]!r}: not a printable host entry; use NAME[:PORT]")
+    if "/" in entry.split(",", 1)[0]:  # `https://example.com/x`, `example.com/path`: a URL, not a host
+        raise UsageError(f"--allow-host {entry!r}: give a host, not a URL: {url_host(entry)}"
+                         f"{url_port_hint(entry)}")
     entry_text, *opts = entry.split(",")
     tls, methods, paths = _rule_options(entry, opts)
     target, _, pin = entry_text.partition("=")

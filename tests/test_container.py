@@ -264,7 +264,7 @@ def test_real_cli_completes_a_turn_in_the_container(csandbox: Sandbox, backend: 
     finally:
         server.shutdown()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert f"{backend} · container · container · profile agent" in proc.stderr
+    assert f"{backend} · container · profile agent" in proc.stderr and "container · container" not in proc.stderr
     assert ANSWER in proc.stdout
     bodies = "\n".join(r["body"] for r in server.requests)
     assert PROBE and "WORKDIR-WRITE-OK" in bodies and (s.workdir / "made-by-agent.txt").exists()

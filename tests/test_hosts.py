@@ -230,3 +230,18 @@ def test_request_parser_never_crashes(head: bytes) -> None:
         lines = req.head.split(b"\r\n")
         assert lines[-2:] == [b"", b""] and all(b"\n" not in x and b"\r" not in x for x in lines)
         assert sum(x.lower().startswith(b"host:") for x in lines) == 1
+
+
+def test_a_url_where_a_host_belongs_says_give_a_host(sandbox) -> None:  # noqa: ANN001 - conftest Sandbox
+    from relay.errors import UsageError
+    from relay.hosts import parse_rule
+
+    for entry, fix in (("https://example.com/x", "example.com"), ("example.com/x", "example.com"),
+                       ("http://example.com/x", "--allow-host example.com:80")):
+        with pytest.raises(UsageError) as err:
+            parse_rule(entry)
+        assert "give a host, not a URL" in err.value.message and fix in err.value.message
+    assert parse_rule("example.com,path=/v1/").render() == "example.com,path=/v1/"  # a path option is no URL
+    proc = sandbox.relay("shell", "--allow-host", "https://example.com/x", "--prompt", "true")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "give a host, not a URL: example.com" in proc.stderr
+    assert sorted(p.name for p in sandbox.workdir.iterdir()) == ["README.md"]
