@@ -30,7 +30,7 @@ HELP = {
                      "($SSH_AUTH_SOCK), gpg-agent, or an absolute PATH to a socket you own"),
     "allow_ssh": ("let ssh (git over ssh) reach HOST[:PORT] (port 22 unless given) through the egress proxy, "
                   "repeatable; pair it with --allow-socket ssh-agent for your keys"),
-    "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
+    "timeout": "seconds before a --prompt or `-- CMD` run is killed (exit 124); interactive sessions have none",
     "no_grants": ("use none of the `auth:` grants of your user config in this run (their secrets are not "
                   "read); --dry-run lists which grants apply and why the others do not"),
     "staged": ("the default: the box's writes to the workdir land in a private copy-on-write layer, never in the "

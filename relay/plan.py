@@ -716,8 +716,9 @@ def _environment(d: _Draft) -> None:
     d.env_set = env_set
     d.env_pass = tuple(n for n in env_pass if n not in env_set)
     d.limits = Limits(profile.memory, profile.pids, limit_method(d.facts.cgroup))
-    if d.interactive and d.request.timeout:
-        d.notes.append("--timeout applies to --prompt runs only; interactive sessions have no wall-clock kill")
+    if d.interactive and d.request.timeout and d.request.argv_override is None:
+        d.notes.append("--timeout applies to --prompt and `-- CMD` runs only; interactive sessions have no "
+                       "wall-clock kill")
 
 
 def _check_socket_requests(request: Request, tier: Tier, profile: Profile) -> None:
@@ -862,6 +863,14 @@ def _box_uid(d: _Draft) -> int | None:
     return BOX_UID_FOR_ROOT if d.uid == 0 else None
 
 
+def _timeout(request: Request) -> int | None:
+    """--prompt runs: the given timeout or the default. A `-- CMD` run keeps its terminal like a session
+    but honours an explicit --timeout. A session has none."""
+    if request.prompt is not None:
+        return request.timeout or DEFAULT_TIMEOUT
+    return request.timeout if request.argv_override is not None else None
+
+
 def _plan(d: _Draft) -> Plan:
     """The frozen Plan from a finished draft, with the digest of its policy."""
     assert d.fsplan is not None and d.limits is not None
@@ -892,7 +901,7 @@ def _plan(d: _Draft) -> Plan:
     return Plan(
         backend=d.backend.name, mode=d.request.mode, tier=tier, profile=d.profile.name,
         profile_digest=_digest(policy), workdir=d.workdir, interactive=d.interactive,
-        timeout=None if d.interactive else (d.request.timeout or DEFAULT_TIMEOUT),
+        timeout=_timeout(d.request),
         argv=tuple(d.argv), command=tuple(d.command), env_set=tuple(sorted(d.env_set.items())),
         env_pass=d.env_pass, mounts=fsplan.mounts, denied=fsplan.denied, protected=fsplan.protected,
         placeholders=fsplan.placeholders, egress=egress, rules=d.rules, proxy_listen=proxy_listen,
@@ -932,7 +941,7 @@ def _unsandboxed_plan(
     return Plan(
         backend=backend.name, mode=request.mode, tier=Tier.UNSANDBOXED, profile="none",
         profile_digest=_digest({"unsandboxed": backend.name, "argv": argv}), workdir=workdir,
-        interactive=interactive, timeout=None if interactive else (request.timeout or DEFAULT_TIMEOUT),
+        interactive=interactive, timeout=_timeout(request),
         argv=tuple(argv), command=tuple(argv), env_set=(), env_pass=tuple(sorted(caller_env)), mounts=(),
         denied=(), protected=(), placeholders=(), egress=(), proxy_listen=None,
         limits=Limits(0, 0, "none"), seccomp=(), box_uid=None, sync_files=(), log_path=None, run_dir=None,

@@ -396,3 +396,13 @@ def test_placeholders_stay_out_of_git_status(box_sandbox: Sandbox) -> None:
     assert "?? README.md" in lines and "?? new.txt" in lines
     assert not any(name in out for name in (".vscode", ".mcp.json", ".bashrc", ".envrc")), out
     assert "debug.log" not in out  # the user's own global excludes still apply
+
+
+def test_timeout_kills_a_command_run_without_a_terminal(box_sandbox: Sandbox) -> None:
+    """`-- CMD` keeps a terminal like a session, but an explicit --timeout is honoured (issue 27.5)."""
+    box = box_sandbox
+    proc = box.relay("shell", "--quiet", "--timeout", "2", "--", "sleep", "60", timeout=120)
+    assert proc.returncode == 124, proc.stderr
+    assert "timed out after 2 s" in proc.stderr
+    twin = box.relay("shell", "--quiet", "--timeout", "60", "--", "sh", "-c", "echo quick")
+    assert twin.returncode == 0 and twin.stdout == "quick\n", twin.stderr
