@@ -714,6 +714,7 @@ class UpstreamWatch:
         self.any_ok: float | None = None
         self.stuck: dict[str, str] = {}  # host:port -> its cause, once announced
         self.event = threading.Event()
+        self.started = clock()  # "no allowed host answered for N s" must not claim more than the run lasted
 
     def ok(self, host: str, port: int) -> None:
         now = self.clock()
@@ -748,6 +749,9 @@ class UpstreamWatch:
             if self.any_ok is not None and self.clock() - self.any_ok < self.window:
                 return None
             key, cause = next(iter(self.stuck.items()))
+            if self.any_ok is None:
+                return (f"{key} keeps failing ({cause}) and no allowed host has answered in the "
+                        f"{self.clock() - self.started:.1f} s since the box started")
             return f"{key} keeps failing ({cause}) and no allowed host answered for {self.window:g} s"
 
 
