@@ -146,6 +146,39 @@ UID = os.getuid()
 PODMAN = "podman"
 
 
+_RUNTIME_DIR_WAS_THERE = os.path.exists(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/hive-relay-test-run-{UID}")
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's hook
+    """`-m "not container"` (and `not kube`, `not vm`) is a real subset: a test that needs the image
+    is a container test whatever its file says, so a newcomer's subset never builds 1.5 GB."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.id.split("-") if callspec is not None else []  # [curl-container], [container]
+        if {"image", "csandbox"} & set(getattr(item, "fixturenames", ())) or "container" in params:
+            item.add_marker(pytest.mark.container)
+        module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+        if module.startswith("test_kube_podman") or module.startswith("test_kube_canary"):
+            item.add_marker(pytest.mark.kube)
+        if module == "test_vm":
+            item.add_marker(pytest.mark.vm)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001, ARG001 - pytest's hook
+    """Leave nothing behind: the runtime dir this session made for podman, and the rootless pause
+    process podman started in it (it keeps a user namespace alive after the last container)."""
+    path = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/hive-relay-test-run-{UID}"
+    if _RUNTIME_DIR_WAS_THERE or os.environ.get("XDG_RUNTIME_DIR") or not os.path.isdir(path):
+        return
+    try:
+        pid = int(Path(path, "libpod", "tmp", "pause.pid").read_text().strip())
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"catatonit"):
+            os.kill(pid, 9)
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _stable_runtime_dir() -> str:
     """One runtime dir per user for every container test: rootless podman keys its pause process
     and run state on it, so a per-test dir would start a new user namespace each time."""

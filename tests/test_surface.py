@@ -298,3 +298,14 @@ def test_short_flags_are_frozen_and_the_same_in_both_entries() -> None:
     invoke_shorts = {a.attr_name or a.name: next((n for n in a.names if len(n) == 1), None)
                      for a in tasks.contribute_hive.get_arguments()}
     assert {d: s for d, s in invoke_shorts.items() if d in SHORT_FLAGS} == SHORT_FLAGS
+
+
+def test_not_container_is_a_subset_that_never_needs_the_image() -> None:
+    """`./bin/test -m "not container"`: no test left in it asks for the image (issue 27.3)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not container",
+                           "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert len(ids) > 1000
+    assert not [i for i in ids if i.startswith("tests/test_container.py") or "container]" in i
+                or "-container-" in i], ids
