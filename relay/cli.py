@@ -178,13 +178,12 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
     from .hosts import render_rules
 
     data = plan.to_json()
+    # What the box may touch first (denied, protected, egress, credentials), the mechanics after, and
+    # the command line last and once (it holds the agent's argv, --settings JSON and all).
     lines = [f"backend  {plan.backend}   mode {plan.mode}   tier {plan.tier}   profile {plan.profile} ({plan.profile_digest})",
              f"workdir  {plan.workdir} ({plan.workdir_mode}" + (f": layer {plan.staged.root})" if plan.staged else ")"),
-             f"argv     {' '.join(plan.argv)}",
-             f"limits   {human_size(plan.limits.memory)} memory, {plan.limits.pids} processes via {plan.limits.method}",
-             *([f"engine   {c.kind} {'rootless' if c.rootless else 'rootful'} ({c.engine}), image {c.image}, "
-                f"user {c.user}, container {c.name}"] if (c := plan.container) else []),
-             f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
+             "denied   " + ("\n         ".join(plan.denied) or "-"),
+             "protected " + ("\n          ".join(plan.protected) or "-"),
              f"egress   {egress_text(plan)}",
              *[f"         {line}" for line in render_rules(plan.rules)],
              *[f"preset   {name}: {', '.join(r.render() for r in rules)}" for name, rules in plan.presets],
@@ -193,14 +192,16 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
              *(["ask      a denied host is put to `invoke ask` (the request waits up to 30 s)"] if plan.ask else []),
              *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
                if plan.proxy_listen else []),
-             f"log      {plan.log_path or '-'}",
-             f"env      set: {', '.join(k for k, _ in plan.env_set)}",
-             f"         passed by name: {', '.join(plan.env_pass) or '-'}",
-             "denied   " + ("\n         ".join(plan.denied) or "-"),
-             "protected " + ("\n          ".join(plan.protected) or "-"),
-             "seccomp  " + "\n         ".join(plan.seccomp),
              *([f"sockets  {s.name}: {s.host} -> {s.box} (AF_UNIX allowed)" for s in plan.sockets]),
              *([f"ssh      {', '.join(plan.ssh)} through the proxy (GIT_SSH_COMMAND)"] if plan.ssh else []),
+             f"env      set: {', '.join(k for k, _ in plan.env_set)}",
+             f"         passed by name: {', '.join(plan.env_pass) or '-'}",
+             f"limits   {human_size(plan.limits.memory)} memory, {plan.limits.pids} processes via {plan.limits.method}",
+             *([f"engine   {c.kind} {'rootless' if c.rootless else 'rootful'} ({c.engine}), image {c.image}, "
+                f"user {c.user}, container {c.name}"] if (c := plan.container) else []),
+             f"timeout  {plan.timeout if plan.timeout else 'none (interactive)'}",
+             f"log      {plan.log_path + ' (written when the box first uses the network)' if plan.log_path else '-'}",
+             "seccomp  " + "\n         ".join(plan.seccomp),
              f"command  {data['command_line']}"]
     lines += note_lines(plan.notes)
     return "\n".join(lines)

@@ -212,3 +212,16 @@ def test_nested_userns_is_opt_in_per_backend(sandbox: Sandbox) -> None:
     assert not any("unshare" in rule for rule in plan["seccomp"])
     default = json.loads(sandbox.relay("codex", "--dry-run", "--json").stdout)
     assert "unshare: EPERM" in default["seccomp"]
+
+
+def test_dry_run_text_puts_the_policy_first_and_the_command_last_once(sandbox: Sandbox) -> None:
+    """Issue 27.5: denied, protected, egress and credentials first; the argv (claude's --settings
+    JSON and all) once, in the command line at the end."""
+    (sandbox.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")  # the real claude argv
+    proc = sandbox.relay("claude", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    heads = [line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith(" ")]
+    assert heads.index("denied") < heads.index("protected") < heads.index("egress") < heads.index("limits")
+    assert heads[-1] == "command" or heads[heads.index("command") + 1:] == ["hive-relay:"] * (
+        len(heads) - heads.index("command") - 1)
+    assert proc.stdout.count('"permissions"') == 1 and "argv" not in heads
