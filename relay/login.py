@@ -48,6 +48,9 @@ def login(name: str, env: Mapping[str, str]) -> int:
         raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(backend_names(matrix))}")
     if not backend.login_command:
         raise no_login(backend)
+    for path, why in backend.logins_in_box:  # said before, not after: the user may rather set a key
+        print(f"hive-relay: note: this login ({path}) is copied into {name}'s boxes as it is: {why}",
+              file=sys.stderr)
     ensure_cli(backend, env, backend.login_command[0])
     argv = login_argv(backend, env)
     print(f"hive-relay: {name}'s own login, on this host (outside any box, in an empty directory): "

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from . import bwrap_argv, container_argv
 from .config import Backend, CredentialRoute, Matrix
 from .container_argv import ContainerRun
+from .denial import ENTRY
 from .denylist import expand, nested_git_paths, protected_paths, secret_paths
 from .digest import sha256
 from .egress import CREDENTIAL_PLACEHOLDER, allowed_rules, as_entries, parse_entries
@@ -542,10 +543,21 @@ def _credentials(d: _Draft) -> None:
     if loose:
         d.notes.append(f"credentials: in box for {d.backend.name}: {', '.join(loose)} passed into the box as set "
                        "(no credential route holds it on the host)")
-    if d.backend.name == "claude" and not d.routes and d.state_dirs:
-        d.notes.append("credentials: in box for claude: no login or key on the host, so a /login in this box keeps its "
-                       "token in the box for this session (its token exchange is end-to-end TLS to platform.claude.com, "
-                       "which the proxy does not open); it comes back to the host at exit, and later runs keep it there")
+    in_box = any(d.fs.lkind(expand(p, d.home, d.uid)) == "file" for p, _ in d.backend.logins_in_box)
+    if d.backend.credentials and not d.routes and not in_box and not loose and d.state_dirs:
+        d.notes.append(_no_credential(d.backend))
+
+
+def _no_credential(backend: Backend) -> str:
+    """One line for a run that finds no key and no login on the host: what to set, or the login to run."""
+    names = sorted(dict.fromkeys(n for r in backend.credentials for n in r.secret_env),
+                   key=lambda n: not n.endswith("_API_KEY"))  # the plain API key first, else routes' order
+    ways = [f"set {names[0]} on the host (the proxy adds it; the box gets a placeholder)"] if names else []
+    if backend.login_command and any(r.login for r in backend.credentials):  # a login the proxy holds
+        ways.append(f"log in on the host first: {ENTRY} login {backend.name}")
+    tail = (" (a /login inside this box keeps its token in the box for the session; its token exchange is "
+            "end-to-end TLS the proxy does not open)") if backend.name == "claude" else ""
+    return f"credentials: none for {backend.name} on this host; {', or '.join(ways)}{tail}"
 
 
 def _in_state_dirs(d: _Draft, path: str) -> bool:

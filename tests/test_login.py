@@ -102,3 +102,17 @@ def test_every_task_is_a_subcommand_and_help_lists_them(sandbox: Sandbox) -> Non
     bad = subprocess.run([ENTRY, "selftest", "--mode", "moon"], capture_output=True, text=True, env=sandbox.env,
                          timeout=60)
     assert bad.returncode == 2 and "unknown mode" in bad.stderr
+
+
+def test_a_run_without_a_credential_says_what_to_set_or_which_login_to_run(sandbox: Sandbox) -> None:
+    s = sandbox
+    (s.home / ".codex" / "auth.json").unlink()  # the suite's fake codex login
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    for backend, words in (("claude", ["ANTHROPIC_API_KEY", f"{ENTRY} login claude"]), ("codex", ["CODEX_API_KEY"]),
+                           ("gemini", ["GEMINI_API_KEY"])):
+        proc = s.relay(backend, "--dry-run")
+        notes = [line for line in (proc.stdout + proc.stderr).splitlines() if "credentials: none" in line]
+        assert len(notes) == 1 and all(w in notes[0] for w in words), proc.stderr
+        assert backend == "claude" or "login" not in notes[0]  # codex's login would sit in the box as it is
+    keyed = s.relay("claude", "--dry-run", extra_env={"ANTHROPIC_API_KEY": "sk-test-not-real"})
+    assert keyed.returncode == 0 and "credentials: none" not in keyed.stdout + keyed.stderr
