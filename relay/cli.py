@@ -149,8 +149,11 @@ def build_image(*, base: str | None = None, rebuild: bool = False, base_only: bo
     if found.error:
         raise RefusedError(f"cannot build the image: {found.error}; fix: `invoke doctor` shows the engine's state")
     image.say(f"engine: {found.kind} {found.version or ''} ({'rootless' if found.rootless else 'rootful'})")
-    for line in found.notes():
-        image.say(f"note: {line}")
+    from .storage import StorageStep, ensure_overlay
+
+    if ensure_overlay(engine, env, image.say) == StorageStep.KEEP:  # vfs: set up, or said how, just now
+        for line in found.notes():
+            image.say(f"note: {line}")
     matrix = load_matrix(env, workdir=None)
     spec = image.spec_from_env(matrix.backends, os.getuid(), os.getgid(), env)
     image.ensure_base([engine], spec.base, env)

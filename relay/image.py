@@ -386,6 +386,9 @@ def ensure_ready(run: ContainerRun, matrix, env: Mapping[str, str]) -> None:  # 
         raise RefusedError(f"container mode cannot start: {found.error}; fix: `invoke doctor` shows the engine's "
                            "state (podman needs no daemon: apt-get install podman)")
 
+    from .storage import ensure_overlay
+
+    ensure_overlay(run.engine, env, say)  # a new rootless user's vfs storage: overlay, before the image lands
     spec = spec_from_env(matrix.backends, os.getuid(), os.getgid(), env)
     say(f"first container run: building {spec.tag} (once; later runs reuse it)")
     build(engine, spec, env)
