@@ -11,17 +11,21 @@ mirror (read from apt's sources), plus Node and npm from the npm registry, `impo
 
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TextIO
 
 from .config import Backend
 from .container_argv import ContainerRun
@@ -130,15 +134,55 @@ def exists(engine: list[str], ref: str) -> bool:
     return probe.returncode == 0
 
 
-def _run(argv: list[str], step: str, fix: str, **kw: object) -> None:
+QUIET_TICK = 5.0  # no silent gap longer than this during a build: say what is still running
+_STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+)/(\d+): (.*)$")
+
+
+def _run(argv: list[str], step: str, fix: str, *, env: Mapping[str, str] | None = None,
+         out: TextIO | None = None, tick: float = QUIET_TICK) -> None:
+    """Run one build stage with its output digested: the engine's `STEP n/m: ...` lines become one
+    line each, a quiet stretch says what is still running every `tick` s, and the rest (layer ids,
+    npm's chatter) is kept for the failure report only."""
+    out = out or sys.stderr
     try:
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        kw.setdefault("stdout", sys.stderr)
-        proc = subprocess.run(argv, stderr=sys.stderr, **kw)  # type: ignore[call-overload]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=dict(env) if env is not None else None)
     except FileNotFoundError:
         raise ImageError(f"{step}: {argv[0]} is not installed; fix: {fix}") from None
-    if proc.returncode != 0:
-        raise ImageError(f"{step} failed (exit {proc.returncode}); fix: {fix}")
+    assert proc.stdout is not None
+    start = last = time.monotonic()
+    current, pending, tail = step, b"", collections.deque(maxlen=40)
+
+    def show(text: str) -> None:
+        print(f"hive-relay: {text}", file=out, flush=True)
+
+    fd = proc.stdout.fileno()
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0.0, last + tick - time.monotonic()))
+        if not ready:
+            show(f"{current}: still running ({time.monotonic() - start:.0f} s)")
+            last = time.monotonic()
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip("\r")
+            tail.append(line)
+            if m := _STEP.match(line):
+                current = f"{step} {m.group(1)}/{m.group(2)}"
+                show(f"{current}: {m.group(3)[:160]}")
+                last = time.monotonic()
+            elif time.monotonic() - last >= tick:
+                show(f"{current}: still running ({time.monotonic() - start:.0f} s): {line.strip()[:120]}")
+                last = time.monotonic()
+    rc = proc.wait()
+    if rc != 0:
+        for line in tail:
+            print(line, file=out)
+        raise ImageError(f"{step} failed (exit {rc}); fix: {fix}")
 
 
 def debian_mirror(paths: tuple[str, ...] = ("/etc/apt/sources.list.d/*.sources", "/etc/apt/sources.list",
