@@ -651,10 +651,11 @@ def _summary(state: AgentState, aside: list[_Change], dropped: int) -> str:
            for rel, why in state.extra_kept]
     conflicts = sum(1 for c in aside if c.action == "conflict")
     shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
-    return (f"kept aside {len(names)} file(s) the box changed in the agent's state"
-            + (f" ({conflicts} in conflict with the host)" if conflicts else "")
-            + f": {shown}; nothing of them runs until you review {state.kept_dir} and accept with "
-            f"`{ENTRY} accept-state {state.run_id}`"
+    # Plain words first: nothing is needed of the user; the files wait, inert, until they want them.
+    return (f"nothing needs you: {len(names)} file(s) the box changed in the agent's state are kept aside "
+            "(yours are as they were, and nothing of the box's runs)"
+            + (f"; {conflicts} in conflict with the host (its version stays)" if conflicts else "")
+            + f": {shown}; to take them, review {state.kept_dir}, then `{ENTRY} accept-state {state.run_id}`"
             + (f" ({dropped} listed only: over the {KEPT_BUDGET >> 20} MiB bound)" if dropped else "")
             + (f"; {state.overflow} more entries were dropped unseen (over {MAX_CHANGES})" if state.overflow else ""))
 
