@@ -26,6 +26,7 @@ from .options import (  # noqa: F401 - re-exported: tasks.py and the tests read 
     MODES,
     OPTIONS,
     REPEATABLE,
+    TERMS,
     flag_name,
 )
 from .plan import Request, resolve, with_image
@@ -304,7 +305,7 @@ def build_parser():  # noqa: ANN201
     parser = _argument_parser(
         prog="contribute-hive",
         description=f"{DESCRIPTION} (the same surface as `invoke contribute-hive`). {COMMAND_HELP}",
-        epilog=f"{SUBCOMMANDS_LINE}. {EPILOG}",
+        epilog=f"{SUBCOMMANDS_LINE}. {TERMS}. {EPILOG}",
     )
     parser.add_argument("backend_pos", nargs="?", metavar="BACKEND", help=HELP["backend"])
     parser.add_argument("mode_pos", nargs="?", metavar="MODE", help=HELP["mode"])

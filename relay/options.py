@@ -82,6 +82,10 @@ MODES = ("local", "container", "kube")
 DESCRIPTION = "Run a coding agent inside the hive relay box: BACKEND [local|container] [options] [-- CMD ARGS...]"
 COMMAND_HELP = ("-- CMD ARGS...: shell backend only: run CMD with ARGS in the box, each argument passed as is "
                 "(no shell string to quote); its exit code passes through")
+TERMS = ("the banner's words: supervised = a bubblewrap box (every namespace, seccomp, Landlock, the host-side "
+         "egress proxy); process = Landlock and seccomp only, no network; container = podman; vm = a microVM; "
+         "profile NAME (DIGEST) = the policy the box enforces, DIGEST its hash (the same digest is the same policy); "
+         "staged/live = where the box's writes to the workdir land")
 EPILOG = "exit codes: the agent's own; 2 usage/config; 3 refused (unenforceable or opt-in missing); 124 timeout; 128+N signal"
 HELP_FIX = "`contribute-hive --help` (or `invoke --help contribute-hive`) lists the options"
 

@@ -86,6 +86,7 @@ def test_every_task_is_a_subcommand_and_help_lists_them(sandbox: Sandbox) -> Non
     helped = subprocess.run([ENTRY, "--help"], capture_output=True, text=True, env=sandbox.env, timeout=60)
     assert helped.returncode == 0
     text = " ".join(helped.stdout.split())
+    assert "supervised = a bubblewrap box" in text and "profile NAME (DIGEST)" in text  # the banner's words
     for sub in ("login BACKEND", "doctor", "selftest", "logs", "clean", "allow", "deny", "ask", "accept-state",
                 "changes", "diff", "apply", "discard", "build-image", "bench", "completion"):
         assert sub in text, sub
