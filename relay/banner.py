@@ -45,6 +45,12 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
     if plan.log_path:
         second += f" · log {short_path(plan.log_path, home)}"
     lines = [first, second]
+    if plan.interactive and plan.credentials:  # what the box holds, per route: a short table, not a paragraph
+        for r in plan.credentials:
+            source = f"~/{r.login.file.removeprefix(home.rstrip('/') + '/')}" if r.login else \
+                (next(iter(r.secret_env), "") or "a grant")
+            lines.append(f"hive-relay: credential {r.name:<16} {source} -> {r.upstream_host}:{r.upstream_port}  "
+                         "(the box holds a placeholder; the proxy adds the real one)")
     if plan.sockets:  # --allow-socket: said loudly, every launch
         shown = ", ".join(f"{s.name} -> {s.box}" for s in plan.sockets)
         lines.append(f"hive-relay: WARNING: host sockets in this box (AF_UNIX allowed): {shown}")

@@ -117,3 +117,19 @@ def test_a_run_without_a_credential_says_what_to_set_or_which_login_to_run(sandb
         assert backend == "claude" or "login" not in notes[0]  # codex's login would sit in the box as it is
     keyed = s.relay("claude", "--dry-run", extra_env={"ANTHROPIC_API_KEY": "sk-test-not-real"})
     assert keyed.returncode == 0 and "credentials: none" not in keyed.stdout + keyed.stderr
+
+
+def test_an_interactive_banner_lists_what_the_box_holds_per_route(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    env = {**s.env, "ANTHROPIC_API_KEY": "sk-ant-test-not-real"}
+    child = pexpect.spawn(sys.executable, ["-m", "relay", "claude", "local"], cwd=str(s.workdir), env=env,
+                          encoding="utf-8", timeout=90, dimensions=(40, 200))
+    try:
+        child.expect(r"credential anthropic\s+ANTHROPIC_API_KEY -> api\.anthropic\.com:443")
+        child.expect("the box holds a placeholder")
+        child.sendline("echo KEY=$ANTHROPIC_API_KEY; exit")
+        child.expect("KEY=hive-relay-placeholder")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert "sk-ant-test-not-real" not in (child.before or "")
