@@ -393,9 +393,9 @@ def _workdir_mode(d: _Draft) -> None:
             raise UsageError("--apply applies a staged run's changes at exit; fix: add --staged (or drop --apply)")
         return
     why = None
-    if d.request.mode != "local":
+    if d.request.mode == "kube":
         why = f"{d.request.mode} mode has no staged workdir yet; fix: use local mode, or drop --staged"
-    elif d.tier != Tier.SUPERVISED:
+    elif d.tier not in (Tier.SUPERVISED, Tier.CONTAINER):
         why = (f"the {d.tier} tier has no mount namespace to stage the workdir in; fix: install bubblewrap "
                "(the supervised tier), or drop --staged")
     elif unsafe_path(d.workdir):
@@ -796,12 +796,27 @@ def _container_tier(d: _Draft) -> None:
         return
     choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir)
     d.container, d.limits = choice.run, replace(d.limits, method=choice.limit_method)
+    if d.staged is not None:
+        _refuse_staged_container(choice.run, d.staged)
     if choice.run.ctl_dir:
         d.env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
     d.command = container_argv.build(
         run=choice.run, backend=d.backend.name, workdir=d.workdir, home=d.home, mounts=d.fsplan.mounts,
         env_set=d.env_set, env_pass=d.env_pass, interactive=d.interactive, tty=d.facts.tty, argv=d.argv,
+        staged=(d.staged.upper, d.staged.work) if d.staged else None,
     )
+
+
+def _refuse_staged_container(run: ContainerRun, layer: StagedLayer) -> None:
+    """--staged in a container: podman's overlay volume with our upper dir (`:O,upperdir=`); docker's
+    volumes have no such thing, and the volume's option string cannot name every path."""
+    if run.kind != "podman":
+        raise RefusedError(f"--staged: {run.kind} has no overlay volume with an upper dir of our own; fix: use "
+                           "podman (HIVE_RELAY_ENGINE=podman), --mode local, or drop --staged")
+    if unsafe_path(layer.root):
+        raise RefusedError(f"--staged: the staged layer's path {layer.root} holds {unsafe_path(layer.root)!r}, "
+                           "which a podman volume cannot name; fix: set XDG_STATE_HOME to a plain path, or drop "
+                           "--staged")
 
 
 def _supervised_tier(d: _Draft) -> None:

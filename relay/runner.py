@@ -143,6 +143,10 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
     if plan.staged is not None:
         from .changes_text import apply_at_exit, exit_line
 
+        if plan.container is not None and plan.container.rootless:  # the engine's scratch dir, ours to drop
+            from .staged import drop_engine_work
+
+            drop_engine_work(plan.staged.root, plan.container.engine, caller_env)
         if plan.staged.apply_at_exit:
             messages += apply_at_exit(plan.staged)
         messages.append(exit_line(plan.staged))
