@@ -86,7 +86,8 @@ def _is_whiteout(st: os.stat_result) -> bool:
 def _xattr(fd: int, names: Sequence[str]) -> bool:
     for name in names:
         try:
-            os.getxattr(f"/proc/self/fd/{fd}", name, follow_symlinks=False)
+            os.getxattr(fd, name)  # fgetxattr: on the dir fd itself (an lgetxattr of /proc/self/fd/N
+            # would read the magic link's own xattrs: none, so no opaque dir was ever seen)
             return True
         except OSError:
             continue

@@ -182,3 +182,32 @@ def test_dry_run_shows_the_staged_layer_and_the_overlay_volume(csandbox: Sandbox
                           f"workdir={plan['staged']['root']}/work")
     r = s.relay("shell", "kube", "--staged", "--dry-run", "--json")
     assert r.returncode == 3 and "--staged" in r.stderr and "fix:" in r.stderr
+
+
+def test_whiteouts_opaque_dirs_and_renamed_dirs_are_read_right(csandbox: Sandbox) -> None:
+    """The engine's overlay as the review reads it: a deleted file and dir (whiteouts), a dir
+    removed and made again (opaque), a renamed dir (copied: no redirect), then apply gives the
+    tree the box saw."""
+    s = csandbox
+    w = s.workdir
+    for d, files in {"gone": ["a", "b"], "again": ["x", "y"], "old": ["m", "n"]}.items():
+        (w / d).mkdir()
+        for f in files:
+            (w / d / f).write_text(f"{d}/{f}\n")
+    (w / "del.txt").write_text("bye\n")
+    r, run = cstaged(s, "rm del.txt; rm -rf gone; rm -rf again && mkdir again && echo new > again/z; mv old new; "
+                        "find README.md again new old gone del.txt -type f 2>/dev/null | sort")
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = r.stdout.split()
+    upper = _layer(s, run) / "upper"
+    for name in ("del.txt", "gone", "old"):  # whiteouts: 0/0 character devices
+        st = os.lstat(upper / name)
+        assert (st.st_mode & 0o170000) == 0o020000 and st.st_rdev == 0, name
+    kinds = {p: c["kind"] for p, c in by_path(receipt(s, run)).items()}
+    assert kinds == {"del.txt": "deleted", "gone": "deleted", "again/x": "deleted", "again/y": "deleted",
+                     "again/z": "added", "old": "deleted", "new/m": "added", "new/n": "added"}
+    applied = s.relay("apply", run)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    host = sorted(str(p.relative_to(w)) for p in w.rglob("*") if p.is_file())
+    assert host == seen == ["README.md", "again/z", "new/m", "new/n"]
+    assert by_path(receipt(s, run)) == {}  # all applied: nothing left staged
