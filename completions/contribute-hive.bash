@@ -3,7 +3,7 @@
 _hive_relay_complete() {
     local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} i w n=0 first=
     local backends="claude codex gemini opencode shell" modes="local container kube" profiles="agent default" isolations="auto process supervised container vm"
-    local options="-a --allow-host -b --backend -c --count -d --dry-run -i --isolation -j --json -m --mode -k --parallel -p --profile -q --quiet -r --prompt -t --timeout -v --version -w --workdir -l --allow-socket -o --allow-ssh -e --allow-preset -s --ask -g --no-grants -z --staged -y --apply -h --help"
+    local options="-a --allow-host -b --backend -c --count -d --dry-run -i --isolation -j --json -m --mode -k --parallel -p --profile -q --quiet -r --prompt -t --timeout -v --version -w --workdir -l --allow-socket -o --allow-ssh -e --allow-preset -s --ask -g --no-grants -z --staged -y --apply -L --live -S --shared-live -h --help"
     for ((i = 1; i < COMP_CWORD; i++)); do
         if [[ ${COMP_WORDS[i]} == -- ]]; then
             if ((i == COMP_CWORD - 1)); then COMPREPLY=($(compgen -c -- "$cur")); else COMPREPLY=($(compgen -f -- "$cur")); fi

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from .plan import Plan
+from .vocab import WorkdirMode
 
 
 def human_size(n: int) -> str:
@@ -49,8 +50,13 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
     if plan.ssh:
         lines.append(f"hive-relay: ssh through the proxy to: {', '.join(plan.ssh)}")
     if plan.staged is not None:
+        from .denial import ENTRY
+
         lines.append(f"hive-relay: staged: the box's writes stay in {short_path(plan.staged.root, home)} until you "
-                     f"apply them (`hive-relay changes {plan.staged.run}`)")
+                     f"apply them (`{short_path(ENTRY, home)} changes {plan.staged.run}`)")
+    elif plan.workdir_mode == WorkdirMode.LIVE:
+        lines.append("hive-relay: live: the box writes your checkout directly, and what it plants there runs when "
+                     "you next build or commit (staged is the default: drop --live, or `workdir: live` in your config)")
     return lines
 
 

@@ -207,9 +207,21 @@ def review(run: staged.Run) -> Review:
     return out
 
 
+def _placeholder(run: staged.Run, rel: str, st: os.stat_result, dfd: int | None) -> bool:
+    """An empty file or dir at one of the plan's mask targets (relay/staged.py): the plan made it
+    there, under a read-only mask the box could not write through."""
+    if os.path.join(run.workdir, rel) not in (run.meta.get("placeholders") or []):
+        return False
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size == 0
+    return stat.S_ISDIR(st.st_mode) and dfd is not None and not os.listdir(dfd)
+
+
 def _judge(run: staged.Run, ufd: int, wfd: int, rel: str, st: os.stat_result, dfd: int | None,
            applied: Mapping[str, dict], out: Review) -> Entry | None:
     host = _host_lstat(wfd, rel)
+    if host is None and _placeholder(run, rel, st, dfd):
+        return None
     if host == "unsafe":
         return Entry(rel, "modified", st.st_mode, refused="a symbolic link on the host is in the way")
     assert not isinstance(host, str)

@@ -58,6 +58,9 @@ def exit_line(layer: staged.StagedLayer) -> str:
     except (RelayError, OSError):
         return f"staged: the box's changes are in {layer.root}; review: {ENTRY} changes {layer.run}"
     if not s["files"] and not s["git"]:
+        # Nothing to review (the layer holds at most the masks' placeholders and copied-up dirs):
+        # staged is the default, so an idle run must not leave a layer behind.
+        staged.remove_layer(layer.root)
         return f"staged: the box changed nothing in the workdir (run {layer.run})"
     return (f"staged: {s['files']} change(s) in the layer, {s['flagged']} flagged, not applied; review: {ENTRY} changes "
             f"{layer.run} (diff: {ENTRY} diff {layer.run}); apply: {ENTRY} apply {layer.run} --skip-flagged")

@@ -108,19 +108,25 @@ def contribute(
 
         ensure_ready(plan.container, matrix, env)
         return run(plan, env, quiet=quiet)
+    from .runner import hold_live
     from .verify import verify
 
-    problem = verify(plan, env)
-    mark("verified")
-    fallback = profile_fallback(request.profile, plan.profile, problem) if problem else None
-    if fallback:
-        profile, note = fallback
-        retry = resolve(backend, matrix, replace(request, profile=profile), facts, env)
-        plan = replace(retry, notes=retry.notes + (note,))
+    live_lock = hold_live(plan, env)  # before the probe: a second live box is refused as itself
+    try:
         problem = verify(plan, env)
-    if problem:
-        raise RefusedError(f"the {plan.tier} box with profile {plan.profile} cannot start here: {problem}")
-    return run(plan, env, quiet=quiet)
+        mark("verified")
+        fallback = profile_fallback(request.profile, plan.profile, problem) if problem else None
+        if fallback:
+            profile, note = fallback
+            retry = resolve(backend, matrix, replace(request, profile=profile), facts, env)
+            plan = replace(retry, notes=retry.notes + (note,))
+            problem = verify(plan, env)
+        if problem:
+            raise RefusedError(f"the {plan.tier} box with profile {plan.profile} cannot start here: {problem}")
+        return run(plan, env, quiet=quiet, live_lock=live_lock)
+    finally:
+        if live_lock is not None:
+            os.close(live_lock)
 
 
 def build_image(*, base: str | None = None, rebuild: bool = False, base_only: bool = False,
@@ -585,7 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
             command=command, allow_sockets=tuple(ns.allow_socket), allow_ssh=tuple(ns.allow_ssh),
             allow_presets=tuple(ns.allow_preset), ask=ns.ask, no_grants=ns.no_grants, staged=ns.staged,
-            apply=ns.apply,
+            apply=ns.apply, live=ns.live, shared_live=ns.shared_live,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet, count=count(ns.count, "--count"),
                           parallel=count(ns.parallel, "--parallel"))

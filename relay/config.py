@@ -158,7 +158,8 @@ class Matrix:
     sources: tuple[str, ...]
     presets: Mapping[str, tuple[str, ...]] = _field(default_factory=dict)  # the user config's named presets
     grants: tuple[CredentialRoute, ...] = ()  # the user config's `auth:` (never a repo's)
-    workdir_mode: str = "live"  # `workdir: staged | live` (user config; a repo may only force staged)
+    workdir_mode: str = "staged"  # `workdir: staged | live` (user config; a repo may only force staged)
+    workdir_forced: str | None = None  # the repo config that forces `workdir: staged` (its path)
 
 
 class _Where:
@@ -882,7 +883,8 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
     opt_ins: frozenset[str] = frozenset()
     presets: dict[str, tuple[str, ...]] = {}
     grants: tuple[CredentialRoute, ...] = ()
-    mode = "live"
+    mode = "staged"
+    forced = None
     user_path = user_config_path(env)
     data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")))
     if data is not ABSENT:
@@ -896,10 +898,11 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
         data = read_yaml(repo_path, REPO, required=False)
         if data is not ABSENT:
             backends = apply_repo(backends, repo_path, data)
-            mode = workdir_mode(data, repo_path, repo=True) or mode
+            if workdir_mode(data, repo_path, repo=True):
+                mode, forced = "staged", str(repo_path)
             sources.append(str(repo_path))
     return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources),
-                  grants=grants, presets=presets, workdir_mode=mode)
+                  grants=grants, presets=presets, workdir_mode=mode, workdir_forced=forced)
 
 
 def backend_names(matrix: Matrix) -> list[str]:

@@ -33,10 +33,16 @@ HELP = {
     "timeout": "seconds before a --prompt run is killed (exit 124); interactive sessions have none",
     "no_grants": ("use none of the `auth:` grants of your user config in this run (their secrets are not "
                   "read); --dry-run lists which grants apply and why the others do not"),
-    "staged": ("the box's writes to the workdir land in a private copy-on-write layer, never in the checkout; "
-               "review and apply them from the host: `hive-relay changes|diff|apply|discard RUN`"),
-    "apply": ("with --staged: when the box ends, apply its changes that are not flagged (conflicts and flagged "
+    "staged": ("the default: the box's writes to the workdir land in a private copy-on-write layer, never in the "
+               "checkout; review and apply them from the host: `hive-relay changes|diff|apply|discard RUN` "
+               "(given explicitly, it overrides `workdir: live` in your user config)"),
+    "apply": ("staged runs: when the box ends, apply its changes that are not flagged (conflicts and flagged "
               "entries stay staged for review)"),
+    "live": ("let the box write the checkout directly, as before staging (files it plants there can run when you "
+             "next build or commit); `workdir: live` in your user config makes it the default"),
+    "shared_live": ("with --live: start even though another live box runs on this checkout (two live boxes "
+                    "overwrite each other's git index and see each other's placeholders; staged boxes share "
+                    "a checkout safely)"),
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
     "quiet": "no banner (notes and refusals are still printed)",
@@ -66,6 +72,8 @@ OPTIONS = (
     ("no_grants", "g", None),
     ("staged", "z", None),
     ("apply", "y", None),
+    ("live", "L", None),
+    ("shared_live", "S", None),
 )
 SHORT_FLAGS = {dest: short for dest, short, _ in OPTIONS}  # invoke's task takes them from here too (tasks.py)
 REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")

@@ -36,7 +36,7 @@ from .sockets import CONNECT_ENV, BoxSocket, connect_script, parse_ssh_hosts, re
 from .staged import StagedLayer
 from .staged import for_run as staged_for_run
 from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
-from .vocab import MountKind, Tier
+from .vocab import MountKind, Tier, WorkdirMode
 from .workdir import own_checkout_in
 from .workdir import refusal as workdir_refusal
 
@@ -75,6 +75,8 @@ class Request:
     no_grants: bool = False  # --no-grants: no `auth:` grant of the user config applies to this run
     staged: bool = False  # --staged: the box's workdir writes land in a private layer (relay/staged.py)
     apply: bool = False  # --apply: at exit, apply what is not flagged; the flagged stay staged
+    live: bool = False  # --live: the box writes the checkout itself (staged is the default)
+    shared_live: bool = False  # --shared-live: a live box even while another live box runs on the checkout
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
 
@@ -128,8 +130,11 @@ class Plan:
     ssh: tuple[str, ...] = ()  # --allow-ssh: HOST:PORT reached by ssh through the proxy
     # The user config's `auth:` grants: (name, "" when it applies to this run, else why it does not).
     auth_grants: tuple[tuple[str, str], ...] = ()
-    workdir_mode: str = "live"  # "staged": the workdir's writes go to `staged`'s layer, reviewed on the host
+    # Where the workdir's writes go: `staged`'s layer (reviewed on the host), the checkout (live), or
+    # kube's patch files. An unsandboxed run is live: the CLI runs on the host.
+    workdir_mode: WorkdirMode = WorkdirMode.LIVE
     staged: StagedLayer | None = None
+    shared_live: bool = False  # --shared-live: this live box may join another on the same checkout
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -297,6 +302,7 @@ class _Draft:
     container: ContainerRun | None = None
     sockets: tuple[BoxSocket, ...] = ()
     staged: StagedLayer | None = None
+    workdir_mode: WorkdirMode = WorkdirMode.LIVE
 
     @property
     def home(self) -> str:
@@ -386,24 +392,45 @@ def _refuse_workdir(d: _Draft) -> None:
 
 
 def _workdir_mode(d: _Draft) -> None:
-    """--staged: the box writes into a copy-on-write layer of its own (relay/overlay.py), mounted by
-    the launcher; only the supervised tier has the mount namespace for it."""
-    if not (d.request.staged or d.matrix.workdir_mode == "staged"):
-        if d.request.apply:
-            raise UsageError("--apply applies a staged run's changes at exit; fix: add --staged (or drop --apply)")
+    """Staged is the default: the box writes into a copy-on-write layer of its own (relay/overlay.py),
+    reviewed and applied from the host. `--live` (or `workdir: live` in the user config) lets it write
+    the checkout itself; a repo's `workdir: staged` forces staged, and --live then stops the run.
+    Where this host cannot stage, the run stops (exit 3) rather than quietly going live: the fix is
+    `--live`, said in the same line."""
+    request, matrix = d.request, d.matrix
+    if request.live and request.staged:
+        raise UsageError("--live and --staged contradict each other; fix: pick one (staged is the default)")
+    if request.shared_live and not (request.live or matrix.workdir_mode == WorkdirMode.LIVE):
+        raise UsageError("--shared-live is for a live box beside another live box; fix: add --live, or drop it "
+                         "(staged boxes share a checkout without it)")
+    if request.mode == "kube":  # the checkout is never written: each box's changes come back as a patch
+        if request.live or request.apply:
+            raise UsageError(f"{'--live' if request.live else '--apply'} has no meaning in kube mode: its boxes run "
+                             "on the cluster and each one's changes come back as a patch file; fix: drop it")
+        d.workdir_mode = WorkdirMode.PATCHES
         return
+    if request.live and matrix.workdir_forced:
+        raise RefusedError(f"--live: the repo's {matrix.workdir_forced} forces `workdir: staged`, so the box may not "
+                           "write this checkout directly; fix: drop --live (review and apply the box's changes)")
+    live = request.live or (matrix.workdir_mode == WorkdirMode.LIVE and not request.staged)
+    if live:
+        if request.apply:
+            raise UsageError("--apply applies a staged run's changes at exit; fix: drop --live (or drop --apply)")
+        d.workdir_mode = WorkdirMode.LIVE
+        return
+    asked = "--staged" if request.staged else "staged (the default)"
+    live_fix = "" if request.staged else ", or --live to let the box write the checkout directly"
     why = None
-    if d.request.mode == "kube":
-        why = f"{d.request.mode} mode has no staged workdir yet; fix: use local mode, or drop --staged"
-    elif d.tier not in (Tier.SUPERVISED, Tier.CONTAINER):
+    if d.tier not in (Tier.SUPERVISED, Tier.CONTAINER):  # container mode: podman's overlay volumes
         why = (f"the {d.tier} tier has no mount namespace to stage the workdir in; fix: install bubblewrap "
-               "(the supervised tier), or drop --staged")
+               f"(the supervised tier){live_fix}")
     elif unsafe_path(d.workdir):
         why = (f"the workdir {d.workdir} holds {unsafe_path(d.workdir)!r}, which an overlay mount cannot name; "
-               "fix: rename the directory, or drop --staged")
+               f"fix: rename the directory{live_fix}")
     if why:
-        raise RefusedError(f"--staged: {why}")
-    d.staged = replace(staged_for_run(d.env, d.request.run_id or "dry"), apply_at_exit=d.request.apply)
+        raise RefusedError(f"{asked}: {why}")
+    d.workdir_mode = WorkdirMode.STAGED
+    d.staged = replace(staged_for_run(d.env, request.run_id or "dry"), apply_at_exit=request.apply)
 
 
 def _home_grants(d: _Draft) -> None:
@@ -797,7 +824,7 @@ def _container_tier(d: _Draft) -> None:
     choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir)
     d.container, d.limits = choice.run, replace(d.limits, method=choice.limit_method)
     if d.staged is not None:
-        _refuse_staged_container(choice.run, d.staged)
+        _refuse_staged_container(d, choice.run, d.staged)
     if choice.run.ctl_dir:
         d.env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
     d.command = container_argv.build(
@@ -807,16 +834,17 @@ def _container_tier(d: _Draft) -> None:
     )
 
 
-def _refuse_staged_container(run: ContainerRun, layer: StagedLayer) -> None:
-    """--staged in a container: podman's overlay volume with our upper dir (`:O,upperdir=`); docker's
+def _refuse_staged_container(d: _Draft, run: ContainerRun, layer: StagedLayer) -> None:
+    """Staged in a container: podman's overlay volume with our upper dir (`:O,upperdir=`); docker's
     volumes have no such thing, and the volume's option string cannot name every path."""
+    asked = "--staged" if d.request.staged else "staged (the default)"
+    live_fix = "" if d.request.staged else ", or --live to let the box write the checkout directly"
     if run.kind != "podman":
-        raise RefusedError(f"--staged: {run.kind} has no overlay volume with an upper dir of our own; fix: use "
-                           "podman (HIVE_RELAY_ENGINE=podman), --mode local, or drop --staged")
+        raise RefusedError(f"{asked}: {run.kind} has no overlay volume with an upper dir of our own; fix: use podman "
+                           f"(HIVE_RELAY_ENGINE=podman) or --mode local{live_fix}")
     if unsafe_path(layer.root):
-        raise RefusedError(f"--staged: the staged layer's path {layer.root} holds {unsafe_path(layer.root)!r}, "
-                           "which a podman volume cannot name; fix: set XDG_STATE_HOME to a plain path, or drop "
-                           "--staged")
+        raise RefusedError(f"{asked}: the staged layer's path {layer.root} holds {unsafe_path(layer.root)!r}, which "
+                           f"a podman volume cannot name; fix: set XDG_STATE_HOME to a plain path{live_fix}")
 
 
 def _supervised_tier(d: _Draft) -> None:
@@ -868,6 +896,11 @@ def _plan(d: _Draft) -> Plan:
         policy["sockets"] = [asdict(s) for s in d.sockets]
     if d.staged:
         policy["workdir"] = "staged"
+        # Staged: bwrap makes the mount targets of the workdir's masks inside the overlay, so they land
+        # in the layer (and review skips them), never in the checkout, where other boxes would see them.
+        inside = tuple(p for p in fsplan.placeholders if _lies_in(p, d.workdir))
+        fsplan = replace(fsplan, placeholders=tuple(p for p in fsplan.placeholders if p not in inside))
+        d.staged = replace(d.staged, placeholders=inside)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(d.now))
     log_path = os.path.join(state_dir(d.env), "logs", f"{stamp}-{d.backend.name}-{d.request.run_id or 'dry'}.jsonl")
     return Plan(
@@ -886,7 +919,8 @@ def _plan(d: _Draft) -> Plan:
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
         ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
-        auth_grants=d.auth_grants, workdir_mode="staged" if d.staged else "live", staged=d.staged,
+        auth_grants=d.auth_grants, workdir_mode=d.workdir_mode, staged=d.staged,
+        shared_live=d.request.shared_live,
     )
 
 

@@ -10,7 +10,20 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from . import agentstate, bwrap_runner, exitreport, guard, janitor, jobctl, limits, process_runner, procs, safefs, trace
+from . import (
+    agentstate,
+    bwrap_runner,
+    exitreport,
+    guard,
+    janitor,
+    jobctl,
+    limits,
+    livelock,
+    process_runner,
+    procs,
+    safefs,
+    trace,
+)
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
 from .handshake import BoxProcess
@@ -19,7 +32,7 @@ from .placeholders import Registry
 from .plan import Plan
 from .proxy import EgressProxy
 from .trace import mark
-from .vocab import MountKind, Tier
+from .vocab import MountKind, Tier, WorkdirMode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -116,8 +129,17 @@ def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
     return _finish(outcome or (f"signal {sigs.received}" if sigs.received else None), rc, plan)
 
 
-def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
-    """Launch the box, serve its proxy, wait, tear down. Returns the exit code to use."""
+def hold_live(plan: Plan, caller_env: Mapping[str, str]) -> int | None:
+    """A live plan's checkout lock (relay/livelock.py), or None for a staged one; close it at the end."""
+    if plan.unsandboxed or plan.workdir_mode != WorkdirMode.LIVE:
+        return None
+    run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+    return livelock.hold(state_dir(dict(caller_env)), plan.workdir, run_id, plan.shared_live)
+
+
+def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False, live_lock: int | None = None) -> int:
+    """Launch the box, serve its proxy, wait, tear down. Returns the exit code to use. A caller
+    that holds the checkout's live lock already (the launcher, across its verify probe) passes it."""
     if plan.unsandboxed:
         return run_unsandboxed(plan, caller_env)
     mark("run")
@@ -128,8 +150,17 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False) -> int:
         from . import hostsecrets
 
         hostsecrets.read_keys(plan.credentials, caller_env)
-    state = _prepare(plan, caller_env)
     run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+    own_lock = hold_live(plan, caller_env) if live_lock is None else None  # one live box per checkout
+    try:
+        return _run(plan, caller_env, run_id)
+    finally:
+        if own_lock is not None:
+            os.close(own_lock)
+
+
+def _run(plan: Plan, caller_env: Mapping[str, str], run_id: str) -> int:
+    state = _prepare(plan, caller_env)
     own_cgroup = plan.container is None and plan.limits.method.startswith("cgroup")
     state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
     box = _Box(plan, caller_env, state)
@@ -174,7 +205,9 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
         try:
             kinds = {m.dst: m.kind for m in plan.mounts}
             missing = [(p, kinds.get(p) == MountKind.MASK_DIR) for p in plan.placeholders]
-            state.registry.claim(os.getpid(), missing, plan.protected + plan.denied,
+            # A staged run's mask targets in the workdir are made in its layer (by bwrap), never here.
+            in_layer = frozenset(plan.staged.placeholders) if plan.staged else frozenset()
+            state.registry.claim(os.getpid(), missing, [p for p in plan.protected + plan.denied if p not in in_layer],
                                  bases=(plan.workdir, state.home),
                                  dirs=frozenset(p for p, kind in kinds.items() if kind == MountKind.MASK_DIR),
                                  mounted=frozenset(kinds))

@@ -45,6 +45,9 @@ class StagedLayer:
     run: str
     root: str  # staged/RUN
     apply_at_exit: bool = False  # --apply: what is not flagged is applied when the box ends
+    # The mount targets of the workdir's masks (protected paths that do not exist): bwrap makes them
+    # in the layer as empty files or dirs; they are the plan's, not the box's work, so review skips them.
+    placeholders: tuple[str, ...] = ()
 
     @property
     def upper(self) -> str:
@@ -208,7 +211,7 @@ def launch_meta(plan) -> dict:  # noqa: ANN001 - plan.Plan (plan imports this mo
     engine = {"engine": run.engine, "rootless": run.rootless} if run is not None else {}
     return {**engine,"backend": plan.backend, "mode": plan.mode, "tier": str(plan.tier), "profile": plan.profile,
             "profile_digest": plan.profile_digest, "protected": list(plan.protected), "denied": list(plan.denied),
-            "interactive": plan.interactive,
+            "interactive": plan.interactive, "placeholders": list(plan.staged.placeholders) if plan.staged else [],
             "git": [{"host": g.host, "private": g.private} for g in plan.git.dirs] if plan.git else []}
 
 

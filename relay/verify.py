@@ -81,6 +81,7 @@ def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
         notes=(),
         run_dir=run_dir,
         credentials=(),  # `true` sends nothing: a grant's host command runs for the real run only
+        shared_live=True,  # `true` writes nothing; the launcher holds the live lock across this probe
         # --staged: the probe mounts a layer of its own (the overlay is part of what must start), dropped after
         staged=replace(plan.staged, run=plan.staged.run + "-verify", root=plan.staged.root + "-verify")
         if plan.staged else None,

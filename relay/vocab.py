@@ -38,6 +38,14 @@ class MountKind(_Word):
     PROC = "proc"
 
 
+class WorkdirMode(_Word):
+    """Where the box's writes to the workdir land (relay/staged.py, relay/plan.py `_workdir_mode`)."""
+
+    STAGED = "staged"  # a private copy-on-write layer, reviewed and applied from the host (the default)
+    LIVE = "live"  # the checkout itself (`--live`, or `workdir: live` in the user config)
+    PATCHES = "patches"  # kube: the boxes run on the cluster; each one's changes come back as a patch file
+
+
 class LimitsMethod(_Word):
     """How memory and process limits are enforced (the banner says which)."""
 

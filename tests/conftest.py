@@ -20,7 +20,11 @@ sys.path.insert(0, str(REPO))
 
 from relay.probe import probe  # noqa: E402
 
+# `workdir: live`: most box tests check what the box itself can and cannot do, and read its writes
+# straight from the workdir. The staged default has tests of its own (tests/escape/test_staged.py,
+# tests/test_staged*.py), which pass --staged or use a config without this key.
 SH_BACKENDS_CONFIG = """
+workdir: live
 backends:
 {entries}
 profiles:

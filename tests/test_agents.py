@@ -137,6 +137,10 @@ def test_tool_call_writes_workdir_but_not_outside_and_cannot_read_ssh(agent, bac
     proc = run(s, backend, port, prompt="run the probe")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     bodies = "\n".join(r["body"] for r in server.requests)
+    # Staged (the default): the real CLI's write is in the run's layer, and lands on apply.
+    assert not (s.workdir / "made-by-agent.txt").exists()
+    applied = s.relay("apply", "last")
+    assert applied.returncode == 0, applied.stderr
     assert (s.workdir / "made-by-agent.txt").read_text() == "made-by-agent\n"
     assert "WORKDIR-WRITE-OK" in bodies
     assert not (s.root / "escaped-by-agent.txt").exists()  # ../ is the box's private /tmp

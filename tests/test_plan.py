@@ -23,7 +23,7 @@ FACTS = HostFacts(uid=1000, gid=1000, home="/", user="u", shell="/bin/bash", tty
 def plan_for(sandbox: Sandbox, backend: str, mode: str = "local", facts: HostFacts | None = None, **req):
     env = dict(sandbox.env)
     env.pop("HIVE_RELAY_CONFIG", None)
-    (sandbox.home / ".config" / "hive-relay" / "config.yaml").unlink()
+    (sandbox.home / ".config" / "hive-relay" / "config.yaml").unlink(missing_ok=True)
     matrix = load_matrix(env, Path(sandbox.workdir))
     facts = replace(facts or FACTS, home=str(sandbox.home))
     request = Request(backend=backend, mode=mode, workdir=str(sandbox.workdir), run_id="1-test", **req)
@@ -173,10 +173,13 @@ def test_unknown_isolation_and_mode_are_usage_errors(sandbox: Sandbox) -> None:
 
 def test_protected_paths_inside_workdir(sandbox: Sandbox) -> None:
     (sandbox.workdir / ".git" / "hooks").mkdir(parents=True)
-    plan = plan_for(sandbox, "shell")
+    plan = plan_for(sandbox, "shell", live=True)
     wd = str(sandbox.workdir)
     assert f"{wd}/.git/hooks" in plan.protected
     assert f"{wd}/.vscode" in plan.placeholders  # missing: masked so it cannot be created
+    staged = plan_for(sandbox, "shell")  # the default: the mask's placeholder is made in the layer
+    assert f"{wd}/.vscode" not in staged.placeholders and f"{wd}/.vscode" in staged.staged.placeholders
+    assert staged.mounts == plan.mounts
     ro = {m.dst for m in plan.mounts if m.kind == "ro-bind"}
     assert f"{wd}/.git/hooks" in ro
 

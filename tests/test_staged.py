@@ -14,7 +14,7 @@ import pytest
 
 from relay import changes, changes_text, staged
 from relay.config import Matrix, load_matrix, load_shipped
-from relay.errors import ConfigError, RefusedError
+from relay.errors import ConfigError, RefusedError, UsageError
 from relay.plan import Request, resolve
 
 from .fakefs import WORKDIR, fake_host, no_host_io
@@ -31,36 +31,64 @@ def _resolve(request: Request, facts=SUPERVISED, matrix: Matrix | None = None): 
     return plan
 
 
-def test_staged_is_opt_in_and_shown_in_the_plan(fake_checkout: None) -> None:  # noqa: F811
-    live = _resolve(Request(""))
-    assert live.workdir_mode == "live" and live.staged is None
-    assert live.to_json()["workdir_mode"] == "live" and "staged" not in live.to_json()
-    plan = _resolve(Request("", staged=True))
+def test_staged_is_the_default_and_shown_in_the_plan(fake_checkout: None) -> None:  # noqa: F811
+    plan = _resolve(Request(""))
     data = plan.to_json()
     assert data["workdir_mode"] == "staged" and data["staged"]["run"] == "1-t"
     assert data["staged"]["root"].endswith("/.local/state/hive-relay/staged/1-t")
+    assert _resolve(Request("", staged=True)).to_json() == data  # --staged says the default out loud
+    live = _resolve(Request("", live=True))
+    assert live.workdir_mode == "live" and live.staged is None
+    assert live.to_json()["workdir_mode"] == "live" and "staged" not in live.to_json()
     assert plan.profile_digest != live.profile_digest  # the policy says which mode it is
-    # The same mounts: the overlay is mounted under them, at the workdir's own path.
+    # The same mounts: the overlay is mounted under them, at the workdir's own path. The masks'
+    # placeholders in the workdir are made in the layer (by bwrap), not in the checkout.
     assert plan.mounts == live.mounts
+    inside = [p for p in live.placeholders if p.startswith(WORKDIR + "/")]
+    assert inside and not [p for p in plan.placeholders if p.startswith(WORKDIR + "/")]
+    assert list(plan.staged.placeholders) == inside
 
 
 def test_tiers_without_a_mount_namespace_and_other_modes_refuse(fake_checkout: None) -> None:  # noqa: F811
-    for request, facts in ((Request("", staged=True, profile="default"), PROCESS),
-                           (Request("", staged=True, isolation="process", profile="default"), SUPERVISED),
-                           (Request("", staged=True, mode="kube"), SUPERVISED),
-                           (Request("", staged=True, mode="container"), replace(SUPERVISED, podman=None,
-                                                                                 docker="/usr/bin/docker"))):
-        with pytest.raises(RefusedError) as err:
-            _resolve(request, facts)
-        assert err.value.exit_code == 3 and err.value.message.startswith("--staged: ")
-        assert "; fix: " in err.value.message and "\n" not in err.value.message
+    for staged_flag in (True, False):  # asked for, or the default: refused either way, never quietly live
+        for request, facts in ((Request("", staged=staged_flag, profile="default"), PROCESS),
+                               (Request("", staged=staged_flag, isolation="process", profile="default"), SUPERVISED),
+                               (Request("", staged=staged_flag, mode="container"),
+                                replace(SUPERVISED, podman=None, docker="/usr/bin/docker"))):
+            with pytest.raises(RefusedError) as err:
+                _resolve(request, facts)
+            assert err.value.exit_code == 3 and "; fix: " in err.value.message and "\n" not in err.value.message
+            assert err.value.message.startswith("--staged: " if staged_flag else "staged (the default): ")
+            assert ("--live" in err.value.message) is not staged_flag  # the way past, when it is the default
+    live = _resolve(Request("", live=True, isolation="process", profile="default"), SUPERVISED)
+    assert live.workdir_mode == "live"
+
+
+def test_live_and_its_companions_are_checked(fake_checkout: None) -> None:  # noqa: F811
+    for request, words in ((Request("", live=True, staged=True), "contradict"),
+                           (Request("", live=True, apply=True), "--apply"),
+                           (Request("", shared_live=True), "--shared-live"),
+                           (Request("", mode="kube", live=True), "kube")):
+        with pytest.raises(UsageError) as err:
+            _resolve(request)
+        assert err.value.exit_code == 2 and words in err.value.message and "fix:" in err.value.message
+    assert _resolve(Request("", live=True, shared_live=True)).to_json()["shared_live"] is True
+    forced = Matrix(backends=load_shipped(), profiles={}, allow_unsandboxed=frozenset(), sources=(),
+                    workdir_mode="staged", workdir_forced="/w/.hive-relay.yaml")
+    with pytest.raises(RefusedError) as refused:
+        _resolve(Request("", live=True), matrix=forced)
+    assert refused.value.exit_code == 3 and "/w/.hive-relay.yaml" in refused.value.message
+    user_live = Matrix(backends=load_shipped(), profiles={}, allow_unsandboxed=frozenset(), sources=(),
+                       workdir_mode="live")
+    assert _resolve(Request(""), matrix=user_live).workdir_mode == "live"
+    assert _resolve(Request("", staged=True), matrix=user_live).workdir_mode == "staged"  # the flag wins
 
 
 def test_container_mode_stages_through_podman_overlay_volumes(fake_checkout: None) -> None:  # noqa: F811
     """The workdir and each writable bind inside it become `:O,upperdir=` volumes whose upper dirs
     are the places in the one upper layer (the layout local mode's review and git apply read)."""
-    live = _resolve(Request("", mode="container"))
-    plan = _resolve(Request("", staged=True, mode="container"))
+    live = _resolve(Request("", mode="container", live=True))
+    plan = _resolve(Request("", mode="container"))  # staged: the default
     assert plan.workdir_mode == "staged" and plan.mounts == live.mounts
     assert plan.staged is not None
     up, work = plan.staged.upper, plan.staged.work
@@ -80,12 +108,14 @@ def test_the_config_key_and_a_repo_may_only_force_staged(tmp_path: Path) -> None
     work = tmp_path / "work"
     work.mkdir()
     env = {"HOME": str(tmp_path), "HIVE_RELAY_CONFIG": str(cfg)}
+    assert load_matrix({"HOME": str(tmp_path)}, work).workdir_mode == "staged"  # the default, no config at all
     cfg.write_text("workdir: staged\n")
     assert load_matrix(env, work).workdir_mode == "staged"
     cfg.write_text("workdir: live\n")
     assert load_matrix(env, work).workdir_mode == "live"
     (work / ".hive-relay.yaml").write_text("workdir: staged\n")
     assert load_matrix(env, work).workdir_mode == "staged"  # the repo narrows the box
+    assert load_matrix(env, work).workdir_forced == str(work / ".hive-relay.yaml")
     (work / ".hive-relay.yaml").write_text("workdir: live\n")
     with pytest.raises(ConfigError) as err:
         load_matrix(env, work)
@@ -200,7 +230,8 @@ def test_apply_at_exit_needs_a_staged_run(fake_checkout: None) -> None:  # noqa:
     from relay.errors import UsageError
 
     with pytest.raises(UsageError):
-        _resolve(Request("", apply=True))
+        _resolve(Request("", apply=True, live=True))
+    assert _resolve(Request("", apply=True)).to_json()["staged"]["apply_at_exit"] is True
     assert _resolve(Request("", staged=True, apply=True)).to_json()["staged"]["apply_at_exit"] is True
 
 

@@ -285,7 +285,7 @@ SHORT_FLAGS_FROZEN = {
     "allow_host": "a", "backend": "b", "count": "c", "dry_run": "d", "allow_preset": "e", "isolation": "i",
     "json": "j", "parallel": "k", "allow_socket": "l", "mode": "m", "allow_ssh": "o", "profile": "p",
     "quiet": "q", "prompt": "r", "ask": "s", "timeout": "t", "version": "v", "workdir": "w",
-    "no_grants": "g", "staged": "z", "apply": "y",
+    "no_grants": "g", "staged": "z", "apply": "y", "live": "L", "shared_live": "S",
 }
 
 

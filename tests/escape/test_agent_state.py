@@ -155,8 +155,8 @@ def _await(path: Path, proc: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-def _popen(s: Sandbox, backend: str, script: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "relay", backend, "local", "--quiet", "--prompt", script],
+def _popen(s: Sandbox, backend: str, script: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "relay", backend, "local", "--quiet", *args, "--prompt", script],
                             cwd=s.workdir, env=s.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -167,7 +167,8 @@ def test_two_concurrent_boxes_of_one_backend_both_keep_their_sessions(box: Sandb
     for name in ("a", "b"):
         procs[name] = _popen(box, "codex", _gate(box, name)
                              + f'mkdir -p ~/.codex/sessions && echo {name} > ~/.codex/sessions/{name}.jsonl; '
-                             f'echo \'{{"n":"{name}"}}\' >> ~/.codex/history.jsonl; ls ~/.codex/sessions')
+                             f'echo \'{{"n":"{name}"}}\' >> ~/.codex/history.jsonl; ls ~/.codex/sessions',
+                             "--shared-live")  # two live boxes: the gates are workdir files the host reads
     for name, proc in procs.items():
         _await(box.workdir / f"{name}.in", proc)  # both boxes run, each with its own copy
     outs = {}

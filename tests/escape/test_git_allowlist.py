@@ -438,9 +438,11 @@ def test_two_boxes_in_a_workdir_without_git_both_start(box: Sandbox, report) -> 
         while not (box.workdir / "first-up").exists() and time.monotonic() < deadline and first.poll() is None:
             time.sleep(0.05)
         assert (box.workdir / ".git").is_dir(), "the first box masks the missing .git (the setup of this test)"
-        second = box.box("echo SECOND")
+        second = box.box("echo SECOND", "shell", "--shared-live")  # a second live box, insisted on
         report.legit(second.returncode == 0 and "SECOND" in second.stdout)
         assert second.returncode == 0 and "SECOND" in second.stdout, second.stderr
+        third = box.box("echo THIRD", "shell", "--staged")  # and a staged one beside them
+        assert third.returncode == 0 and "THIRD" in third.stdout, third.stderr
     finally:
         (box.workdir / "release").write_text("")
         first.communicate(timeout=60)

@@ -188,7 +188,7 @@ def test_reused_pid_is_not_an_owner_while_a_live_launcher_is(box_sandbox: Sandbo
             _wait_for(lambda: _owned_by(s, first.pid) and _run_dirs(s, first.pid), "the first box's run dir and placeholders")
             first_dir = _run_dirs(s, first.pid)[0]
             first_refs = _owned_by(s, first.pid)
-            second = s.box("echo second", "claude")
+            second = s.box("echo second", "claude", "--shared-live")
             assert second.returncode == 0, second.stderr
             swept = not stale_dir.exists() and not stale_file.exists() and str(stale_file) not in _registry(s) \
                 and not (made_cgroup and os.path.isdir(fake_cgroup))

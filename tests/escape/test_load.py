@@ -81,7 +81,7 @@ def test_ten_boxes_two_hundred_tunnels(box: Sandbox, report) -> None:
     (box.workdir / "client.py").write_text(CLIENT)
     try:
         launchers = [subprocess.Popen(
-            [sys.executable, "-m", "relay", "shell", "--quiet", "--timeout", "120", "--allow-host",
+            [sys.executable, "-m", "relay", "shell", "--quiet", "--staged", "--timeout", "120", "--allow-host",
              f"echo.test:{port}=127.0.0.1:{port},tls=false", "--prompt", f"/usr/bin/python3 client.py {port}"],
             cwd=box.workdir, env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(10)]
         results = [p.communicate(timeout=300) for p in launchers]
