@@ -86,7 +86,8 @@ def _is_whiteout(st: os.stat_result) -> bool:
 def _xattr(fd: int, names: Sequence[str]) -> bool:
     for name in names:
         try:
-            os.getxattr(f"/proc/self/fd/{fd}", name, follow_symlinks=False)
+            os.getxattr(fd, name)  # fgetxattr: on the dir fd itself (an lgetxattr of /proc/self/fd/N
+            # would read the magic link's own xattrs: none, so no opaque dir was ever seen)
             return True
         except OSError:
             continue
@@ -394,8 +395,51 @@ def _prune_empty_dirs(ufd: int) -> None:
     walk(ufd)
 
 
-def _apply_one(run: staged.Run, ufd: int, wfd: int, e: Entry) -> os.stat_result | None:
+def checkout_owner(wfd: int) -> tuple[int, int] | None:
+    """(uid, gid) that what root lands in a checkout takes: the checkout's own owner. None when the
+    caller is not root (what it writes is its own) or the checkout is root's."""
+    if os.geteuid() != 0:
+        return None
+    st = os.fstat(wfd)
+    return None if (st.st_uid, st.st_gid) == (0, 0) else (st.st_uid, st.st_gid)
+
+
+def missing_parents(fd: int, rel: str) -> list[str]:
+    """The parent dirs of rel under the dir fd that do not exist yet (what a create=True makes)."""
+    parts = rel.strip("/").split("/")[:-1]
+    out = []
+    for i in range(1, len(parts) + 1):
+        sub = "/".join(parts[:i])
+        try:
+            if safefs.lstat_beneath(fd, sub) is None:
+                out.append(sub)
+        except OSError:
+            break
+    return out
+
+
+def give(fd: int, rels: Sequence[str], owner: tuple[int, int] | None) -> None:
+    """chown what we just made under the dir fd to `owner`, no link followed (a root apply into a
+    user's checkout leaves the user's files, as the user's own edit would)."""
+    if owner is None:
+        return
+    for rel in rels:
+        with safefs.parent_of(fd, rel) as (pfd, name):
+            os.chown(name, *owner, dir_fd=pfd, follow_symlinks=False)
+
+
+def _apply_one(run: staged.Run, ufd: int, wfd: int, e: Entry,
+               owner: tuple[int, int] | None = None) -> os.stat_result | None:
     """Land one entry on the host; returns the host's lstat after (None when it is gone)."""
+    if e.kind != "deleted" and owner is not None:
+        made = missing_parents(wfd, e.path)
+        _land(ufd, wfd, e)
+        give(wfd, [*made, e.path], owner)
+        return safefs.lstat_beneath(wfd, e.path)
+    return _land(ufd, wfd, e)
+
+
+def _land(ufd: int, wfd: int, e: Entry) -> os.stat_result | None:
     if e.kind == "deleted":
         with safefs.parent_of(wfd, e.path) as (pfd, name):
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
@@ -464,6 +508,7 @@ def apply(run: staged.Run, paths: Sequence[str] = (), skip_flagged: bool = False
         ufd = os.open(run.layer.upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             with safefs.base_dir(run.workdir) as wfd:
+                owner = checkout_owner(wfd)
                 for e in sorted(chosen, key=lambda x: (x.kind == "deleted", x.path)):
                     why = _held(e, skip_flagged) or ("protected: never written by an apply"
                                                     if _protected(run, e.path) else None)
@@ -471,7 +516,7 @@ def apply(run: staged.Run, paths: Sequence[str] = (), skip_flagged: bool = False
                         held.append((e, why))
                         continue
                     try:
-                        after = _apply_one(run, ufd, wfd, e)
+                        after = _apply_one(run, ufd, wfd, e, owner)
                     except OSError as err:
                         held.append((e, f"not applied: {err.strerror or err}"))
                         continue

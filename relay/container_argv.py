@@ -60,14 +60,45 @@ def limit_flags(kind: str, rootless: bool, cgroup: str | None, limits: Limits, n
     return tuple(flags), f"cgroup ({kind})"
 
 
-def volume_args(mounts: Iterable[Mount], home: str, kind: str = "podman") -> list[str]:
+def staged_volume(src: str, dst: str, upper: str, work: str) -> list[str]:
+    """--staged: a host dir as podman's overlay volume with an upper dir of ours (relay/staged.py),
+    which podman keeps, unlike a plain `:O`'s. podman passes no metacopy or redirect_dir option, so
+    the kernel's defaults hold (relay/container_runner.py refuses when they are on)."""
+    return ["--volume", f"{src}:{dst}:O,upperdir={upper},workdir={work}"]
+
+
+def staged_binds(mounts: Iterable[Mount], workdir: str) -> list[Mount]:
+    """The writable binds inside the workdir (the .git allowlist's objects/, refs/, ...). In a local
+    box they are resolved through the overlay; an engine resolves a volume's source on the host,
+    so each becomes an overlay volume of its own, its upper dir at its place in the run's upper
+    layer: the layout, and so the review and the git apply, are local mode's."""
+    inside = workdir.rstrip("/") + "/"
+    return [m for m in mounts if m.kind == MountKind.BIND and m.src and m.src.startswith(inside) and m.src == m.dst]
+
+
+def staged_work(work: str, i: int) -> str:
+    """The scratch dir of the i-th writable bind's overlay (next to the workdir's own)."""
+    return f"{work}-{i}"
+
+
+def volume_args(mounts: Iterable[Mount], home: str, kind: str = "podman",
+                staged: tuple[str, str, str] | None = None) -> list[str]:
     """Host binds become volumes, private dirs sized tmpfs. Deny-list masks apply everywhere, as
     in local mode: over the host binds they hide secrets, over the image's own files (its
-    /etc/shadow) they keep the entrypoint's guard meaningful for every path."""
+    /etc/shadow) they keep the entrypoint's guard meaningful for every path. `staged` is
+    (workdir, upper, work): the workdir's bind, and every writable bind inside it, become staged
+    overlay volumes; the read-only binds and masks inside stack on top (podman orders mounts by
+    destination)."""
     mounts = [m for m in mounts if m.kind not in SKIPPED_KINDS and not (m.kind == MountKind.RO_BIND and m.dst == "/")]
+    inner = {m.dst: i for i, m in enumerate(staged_binds(mounts, staged[0]))} if staged else {}
     args: list[str] = []
     for m in mounts:
-        if m.kind in HOST_KINDS and m.src:
+        if staged is not None and m.kind == MountKind.BIND and m.dst == staged[0] and m.src:
+            args += staged_volume(m.src, m.dst, staged[1], staged[2])
+        elif staged is not None and m.kind == MountKind.BIND and m.dst in inner and m.src:
+            rel = m.dst[len(staged[0].rstrip("/")) + 1:]
+            args += staged_volume(m.src, m.dst, f"{staged[1]}/{rel}", staged_work(staged[2], inner[m.dst]))
+        elif m.kind in HOST_KINDS and m.src:
             suffix = "ro" if m.kind == MountKind.RO_BIND else "rw"
             args += ["--volume", f"{m.src}:{m.dst}:{suffix}"]
         elif m.kind == MountKind.TMPFS:
@@ -97,6 +128,7 @@ def build(
     interactive: bool,
     tty: bool,
     argv: list[str],
+    staged: tuple[str, str] | None = None,
 ) -> list[str]:
     """Read-only root, no capabilities, no network but our proxy, the same binds as local mode."""
     # Engine warnings (e.g. rootless podman's "/ is not a shared mount") would land in the agent's
@@ -117,7 +149,7 @@ def build(
     if run.seccomp_profile:
         args += ["--security-opt", f"seccomp={run.seccomp_profile}"]
     args += list(run.limit_flags)
-    args += volume_args(mounts, home, run.kind)
+    args += volume_args(mounts, home, run.kind, (workdir, *staged) if staged else None)
     if run.ctl_dir:
         args += ["--volume", f"{run.ctl_dir}:{CTL_DIR}:ro"]
     for name in sorted(env_set):

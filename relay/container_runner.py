@@ -14,7 +14,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from . import janitor
+from . import container_argv, janitor, overlay, safefs, staged
 from .container_argv import ContainerRun
 from .errors import RefusedError, RelayError
 from .handshake import release, start_proxy
@@ -94,9 +94,36 @@ def _container_pid(plan: Plan, proc: subprocess.Popen) -> int | None:
     raise RelayError(f"the container did not start within {START_TIMEOUT:.0f} s; see `{run.engine} logs {run.name}`")
 
 
+def create_layer(plan: Plan) -> None:
+    """--staged: the run's layer, made as local mode makes it (relay/staged.py), before the engine
+    mounts it. A rootful engine's overlay takes the kernel's defaults: refused when they would put
+    what the box wrote outside the upper layer (rootless mounts in a user namespace never do)."""
+    run = plan.container
+    assert run is not None and plan.staged is not None
+    on = [] if run.rootless else overlay.kernel_defaults_on()
+    if on:
+        raise RefusedError(f"--staged: this kernel's overlayfs turns on {' and '.join(on)} by default, which "
+                           f"{run.engine}'s overlay volume cannot turn off, and the review reads the upper layer "
+                           "alone; fix: boot with overlay.metacopy=N overlay.redirect_dir=N, use --mode local, or "
+                           "drop --staged")
+    staged.create(plan.staged, plan.workdir, staged.launch_meta(plan))
+    for i, m in enumerate(container_argv.staged_binds(plan.mounts, plan.workdir)):
+        # Each writable bind's upper dir at its place in the upper layer (a dir there is a merged
+        # dir, as a copy-up makes), and its own scratch dir beside the workdir's.
+        rel = os.path.relpath(m.dst, plan.workdir)
+        with safefs.base_dir(plan.staged.upper) as ufd, safefs.parent_of(ufd, rel, create=True) as (pfd, name):
+            try:
+                os.mkdir(name, 0o755, dir_fd=pfd)
+            except FileExistsError:
+                pass
+        os.mkdir(container_argv.staged_work(plan.staged.work, i), 0o700)
+
+
 def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) -> tuple[ContainerProcess, EgressProxy | None]:
     run = plan.container
     assert run is not None
+    if plan.staged is not None:
+        create_layer(plan)
     try:
         # The engine client gets the caller's environment: `--env NAME` copies values by name from it.
         popen = subprocess.Popen(list(plan.command), env=dict(caller_env), cwd=plan.workdir, close_fds=True)

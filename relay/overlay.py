@@ -53,6 +53,24 @@ class Layer:
         return ",".join(opts)
 
 
+PARAMS = "/sys/module/overlay/parameters"
+
+
+def kernel_defaults_on(params: str = PARAMS) -> list[str]:
+    """The overlay features the kernel turns on by default that the review cannot read from the
+    upper layer alone (a metacopy file's data and a redirected directory's content are in the
+    lower layer). An engine's mount (podman's `:O`) passes no option for them, so these hold."""
+    on = []
+    for name in ("metacopy", "redirect_dir"):
+        try:
+            with open(os.path.join(params, name)) as fh:
+                if fh.read().strip() in ("Y", "y", "1", "on"):
+                    on.append(name)
+        except OSError:
+            continue  # no such parameter (the module is built without the feature, or not loaded yet)
+    return on
+
+
 def unsafe_path(path: str) -> str | None:
     """The character of `path` that the overlay option string cannot carry; None when it can."""
     return next((c for c in path if c in UNSAFE_CHARS), None)

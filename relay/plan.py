@@ -422,9 +422,7 @@ def _workdir_mode(d: _Draft) -> None:
     asked = "--staged" if request.staged else "staged (the default)"
     live_fix = "" if request.staged else ", or --live to let the box write the checkout directly"
     why = None
-    if request.mode != "local":
-        why = f"{request.mode} mode has no staged workdir yet; fix: use local mode{live_fix}"
-    elif d.tier != Tier.SUPERVISED:
+    if d.tier not in (Tier.SUPERVISED, Tier.CONTAINER):  # container mode: podman's overlay volumes
         why = (f"the {d.tier} tier has no mount namespace to stage the workdir in; fix: install bubblewrap "
                f"(the supervised tier){live_fix}")
     elif unsafe_path(d.workdir):
@@ -838,12 +836,28 @@ def _container_tier(d: _Draft) -> None:
         return
     choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir)
     d.container, d.limits = choice.run, replace(d.limits, method=choice.limit_method)
+    if d.staged is not None:
+        _refuse_staged_container(d, choice.run, d.staged)
     if choice.run.ctl_dir:
         d.env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
     d.command = container_argv.build(
         run=choice.run, backend=d.backend.name, workdir=d.workdir, home=d.home, mounts=d.fsplan.mounts,
         env_set=d.env_set, env_pass=d.env_pass, interactive=d.interactive, tty=d.facts.tty, argv=d.argv,
+        staged=(d.staged.upper, d.staged.work) if d.staged else None,
     )
+
+
+def _refuse_staged_container(d: _Draft, run: ContainerRun, layer: StagedLayer) -> None:
+    """Staged in a container: podman's overlay volume with our upper dir (`:O,upperdir=`); docker's
+    volumes have no such thing, and the volume's option string cannot name every path."""
+    asked = "--staged" if d.request.staged else "staged (the default)"
+    live_fix = "" if d.request.staged else ", or --live to let the box write the checkout directly"
+    if run.kind != "podman":
+        raise RefusedError(f"{asked}: {run.kind} has no overlay volume with an upper dir of our own; fix: use podman "
+                           f"(HIVE_RELAY_ENGINE=podman) or --mode local{live_fix}")
+    if unsafe_path(layer.root):
+        raise RefusedError(f"{asked}: the staged layer's path {layer.root} holds {unsafe_path(layer.root)!r}, which "
+                           f"a podman volume cannot name; fix: set XDG_STATE_HOME to a plain path{live_fix}")
 
 
 def _supervised_tier(d: _Draft) -> None:

@@ -171,6 +171,10 @@ def _run(plan: Plan, caller_env: Mapping[str, str], run_id: str) -> int:
     summary = box.proxy.log.summary_lines() if box.proxy is not None else []
     if box.proxy is not None and box.proxy.log.write_errors:
         summary.append(f"the egress log could not be fully written ({box.proxy.log.write_errors} errors): {plan.log_path}")
+    if plan.staged is not None and plan.container is not None and plan.container.rootless:
+        from .staged import drop_engine_work  # the rootless engine's scratch dir (subuid-owned), ours to drop
+
+        drop_engine_work(plan.staged.root, plan.container.engine, caller_env)
     emit([f"hive-relay: {line}" for line in summary + messages])
     if plan.staged is not None:  # the box is gone and the terminal back: the layer's lines, or its prompt
         from .staged_exit import finish

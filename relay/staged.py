@@ -207,7 +207,9 @@ def keep_git_state(git, run_dir: str, layer_root: str) -> list[str]:  # noqa: AN
 
 def launch_meta(plan) -> dict:  # noqa: ANN001 - plan.Plan (plan imports this module)
     """What meta.json records from the plan: enough to list, review and apply without it."""
-    return {"backend": plan.backend, "mode": plan.mode, "tier": str(plan.tier), "profile": plan.profile,
+    run = plan.container
+    engine = {"engine": run.engine, "rootless": run.rootless} if run is not None else {}
+    return {**engine,"backend": plan.backend, "mode": plan.mode, "tier": str(plan.tier), "profile": plan.profile,
             "profile_digest": plan.profile_digest, "protected": list(plan.protected), "denied": list(plan.denied),
             "interactive": plan.interactive, "placeholders": list(plan.staged.placeholders) if plan.staged else [],
             "git": [{"host": g.host, "private": g.private} for g in plan.git.dirs] if plan.git else []}
@@ -233,8 +235,39 @@ def remove_tree(pfd: int, name: str) -> None:
     os.rmdir(name, dir_fd=pfd)
 
 
+def drop_engine_work(root: str, engine: str | None, env: Mapping[str, str] | None = None) -> None:
+    """A rootless engine's overlay makes its scratch dir `work/work` as the user namespace's root
+    (a subordinate uid, mode 000): only that namespace can remove it, so `ENGINE unshare` does.
+    The path is in our owner-only state dir, which no box reaches; `rm -rf` follows no link."""
+    try:
+        names = [n for n in os.listdir(root) if n == "work" or n.startswith("work-")]
+    except OSError:
+        return
+    targets = []
+    for name in names:
+        target = os.path.join(root, name, "work")
+        try:
+            if os.lstat(target).st_uid != os.getuid():
+                targets.append(target)
+        except OSError:
+            continue
+    if not targets or not engine:
+        return
+    import subprocess
+
+    try:
+        subprocess.run([engine, "unshare", "rm", "-rf", "--", *targets], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
+                       env=dict(env) if env is not None else None)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
 def remove_layer(root: str) -> None:
     """Drop a whole layer dir (discard, the verify probe's, the bench's); gone already is fine."""
+    meta = read_json(root, META) or {}
+    if meta.get("rootless") and isinstance(meta.get("engine"), str):
+        drop_engine_work(root, meta["engine"])
     try:
         with safefs.base_dir(os.path.dirname(root)) as pfd:
             remove_tree(pfd, os.path.basename(root))

@@ -98,6 +98,9 @@ def apply(run: staged.Run) -> tuple[list[str], bool]:
         files = _files(ufd, GIT)
         base = run.base_ctime_ns
         with safefs.base_dir(git_dir) as gfd:
+            from .changes import checkout_owner, give, missing_parents
+
+            owner = checkout_owner(gfd)  # root applying into a user's repository: the files stay the user's
             copied = 0
             for rel, _ in files:  # 1. objects: data named by their hash, never over an existing file
                 if not (_LOOSE.fullmatch(rel) or _PACK.fullmatch(rel)):
@@ -106,6 +109,7 @@ def apply(run: staged.Run) -> tuple[list[str], bool]:
                     data = safefs.read_beneath(ufd, f"{GIT}/{rel}", OBJECT_LIMIT)
                     if data is None:
                         continue
+                    made = missing_parents(gfd, rel) if owner else []
                     with safefs.parent_of(gfd, rel, create=True, mode=0o755) as (pfd, name):
                         tmp = safefs.unique_name(name, "obj")
                         safefs.create_new(pfd, tmp, data, 0o444)
@@ -113,6 +117,7 @@ def apply(run: staged.Run) -> tuple[list[str], bool]:
                             safefs.rename_noreplace(pfd, tmp, name)
                         except FileExistsError:  # the host got it meanwhile: the same bytes by name
                             os.unlink(tmp, dir_fd=pfd)
+                    give(gfd, [*made, rel], owner)
                     copied += 1
                 _drop(ufd, f"{GIT}/{rel}")
             if copied:
@@ -133,14 +138,18 @@ def apply(run: staged.Run) -> tuple[list[str], bool]:
                 moved = not _unchanged(gfd, ref, base) or (current is None and _packed_value(gfd, ref)
                                                            and not _unchanged(gfd, "packed-refs", base))
                 target = ref if not moved else f"refs/heads/hive-relay/{run.layer.run}/{ref.split('/', 2)[2]}"
+                made = missing_parents(gfd, target) if owner else []
                 with safefs.parent_of(gfd, target, create=True, mode=0o755) as (pfd, name):
                     safefs.replace_in(pfd, name, (value + "\n").encode(), 0o644)
+                give(gfd, [*made, target], owner)
                 _drop(ufd, f"{GIT}/{rel}")
                 lines.append(f"git: {ref} -> {value[:12]}" if not moved else
                              f"git: {ref} moved on the host during the run; the box's is {target} ({value[:12]})")
             # 3. HEAD and the index of the workdir's own checkout, from the layer's git/ state copy
             for name in ("HEAD", "index"):
                 held |= _state(run, gfd, name, base, lines)
+                if safefs.lstat_beneath(gfd, name) is not None:
+                    give(gfd, [name], owner)
     finally:
         os.close(ufd)
     return lines, held

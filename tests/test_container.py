@@ -267,7 +267,11 @@ def test_real_cli_completes_a_turn_in_the_container(csandbox: Sandbox, backend: 
     assert f"{backend} · container · profile agent" in proc.stderr and "container · container" not in proc.stderr
     assert ANSWER in proc.stdout
     bodies = "\n".join(r["body"] for r in server.requests)
-    assert PROBE and "WORKDIR-WRITE-OK" in bodies and (s.workdir / "made-by-agent.txt").exists()
+    # Staged (the default, podman's overlay volume): the real CLI's write is in the layer, and lands on apply.
+    assert PROBE and "WORKDIR-WRITE-OK" in bodies and not (s.workdir / "made-by-agent.txt").exists()
+    applied = s.relay("apply", "last")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert (s.workdir / "made-by-agent.txt").read_text() == "made-by-agent\n"
     assert "OUTSIDE-WRITE-REFUSED" in bodies and "SSH-REFUSED" in bodies
     assert "PRIVATE-KEY-DO-NOT-LEAK" not in bodies
     assert "example.com connect=403" in bodies

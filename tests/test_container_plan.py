@@ -52,7 +52,7 @@ def test_merged_profile_refuses_unix_sockets_and_tty_injection_only() -> None:
 @pytest.mark.parametrize("backend", ["shell", "codex"])
 def test_container_argv_has_the_policy_and_no_values_of_secrets(sandbox: Sandbox, backend: str) -> None:
     sandbox.env["OPENAI_API_KEY"] = "sk-secret-value"
-    plan = plan_for(sandbox, backend, "container", prompt="hi")
+    plan = plan_for(sandbox, backend, "container", prompt="hi", live=True)  # staged: tests/test_staged.py
     argv = list(plan.command)
     joined = " ".join(argv)
     for flag in ("--read-only", "--rm", "--http-proxy=false"):
@@ -118,7 +118,7 @@ def test_dockerfile_pins_match_the_config_and_the_tag_follows_them() -> None:
 
 def test_docker_gets_the_same_policy_without_podman_only_flags(sandbox: Sandbox) -> None:
     facts = replace(FACTS, podman=None, docker="/usr/bin/docker", cgroup="v2")
-    plan = plan_for(sandbox, "shell", "container", facts=facts)
+    plan = plan_for(sandbox, "shell", "container", facts=facts, live=True)  # docker cannot stage: refused
     argv = list(plan.command)
     assert argv[:3] == ["/usr/bin/docker", "--log-level=error", "run"]
     for flag in ("--userns", "--pidfile", "--http-proxy=false"):

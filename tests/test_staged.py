@@ -52,7 +52,9 @@ def test_staged_is_the_default_and_shown_in_the_plan(fake_checkout: None) -> Non
 def test_tiers_without_a_mount_namespace_and_other_modes_refuse(fake_checkout: None) -> None:  # noqa: F811
     for staged_flag in (True, False):  # asked for, or the default: refused either way, never quietly live
         for request, facts in ((Request("", staged=staged_flag, profile="default"), PROCESS),
-                               (Request("", staged=staged_flag, isolation="process", profile="default"), SUPERVISED)):
+                               (Request("", staged=staged_flag, isolation="process", profile="default"), SUPERVISED),
+                               (Request("", staged=staged_flag, mode="container"),
+                                replace(SUPERVISED, podman=None, docker="/usr/bin/docker"))):
             with pytest.raises(RefusedError) as err:
                 _resolve(request, facts)
             assert err.value.exit_code == 3 and "; fix: " in err.value.message and "\n" not in err.value.message
@@ -80,6 +82,25 @@ def test_live_and_its_companions_are_checked(fake_checkout: None) -> None:  # no
                        workdir_mode="live")
     assert _resolve(Request(""), matrix=user_live).workdir_mode == "live"
     assert _resolve(Request("", staged=True), matrix=user_live).workdir_mode == "staged"  # the flag wins
+
+
+def test_container_mode_stages_through_podman_overlay_volumes(fake_checkout: None) -> None:  # noqa: F811
+    """The workdir and each writable bind inside it become `:O,upperdir=` volumes whose upper dirs
+    are the places in the one upper layer (the layout local mode's review and git apply read)."""
+    live = _resolve(Request("", mode="container", live=True))
+    plan = _resolve(Request("", mode="container"))  # staged: the default
+    assert plan.workdir_mode == "staged" and plan.mounts == live.mounts
+    assert plan.staged is not None
+    up, work = plan.staged.upper, plan.staged.work
+    volumes = [a for a in plan.command if ":O," in a]
+    assert volumes[0] == f"{WORKDIR}:{WORKDIR}:O,upperdir={up},workdir={work}"
+    for v in volumes[1:]:
+        src, dst, opts = v.split(":", 2)
+        assert src == dst and src.startswith(WORKDIR + "/")
+        assert opts.startswith(f"O,upperdir={up}/{os.path.relpath(dst, WORKDIR)},workdir={work}-")
+    # Nothing writable from the host's side inside the workdir is left a plain bind.
+    plain = [a for a in plan.command if a.startswith(WORKDIR + "/") and a.endswith(":rw")]
+    assert plain == []
 
 
 def test_the_config_key_and_a_repo_may_only_force_staged(tmp_path: Path) -> None:
