@@ -41,18 +41,18 @@ PROCESS = replace(SUPERVISED, bwrap=None, bwrap_version=None, bwrap_error="bubbl
 
 def cases() -> Iterator[tuple[str, HostFacts, Request, dict[str, str]]]:
     """(name, facts, request, env) for one backend: each tier the host allows, each profile. The
-    process tier and container mode cannot stage the workdir, so their cases ask for --live (the
-    default's refusal there is a case of its own)."""
+    process tier cannot stage the workdir, so its cases ask for --live (the default's refusal there
+    is a case of its own)."""
     for profile in (None, "default", "agent"):
         yield f"local/supervised-host/{profile or 'auto'}", SUPERVISED, Request("", profile=profile), ENV
         yield f"local/process-host/{profile or 'auto'}", PROCESS, Request("", profile=profile, live=True), ENV
-        yield f"container/{profile or 'auto'}", SUPERVISED, Request("", mode="container", profile=profile,
-                                                                    live=True), ENV
+        yield f"container/{profile or 'auto'}", SUPERVISED, Request("", mode="container", profile=profile), ENV
     yield "local/process-host/staged-default", PROCESS, Request(""), ENV
     yield "local/supervised-host/live", SUPERVISED, Request("", live=True), ENV
     yield "local/supervised-host/process", SUPERVISED, Request("", isolation="process", live=True), ENV
     yield "local/supervised-host/agent-prompt", SUPERVISED, Request("", prompt="fix the bug", timeout=60), ENV
-    yield "container/prompt", SUPERVISED, Request("", mode="container", prompt="fix the bug", live=True), ENV
+    yield "container/prompt", SUPERVISED, Request("", mode="container", prompt="fix the bug"), ENV
+    yield "container/live", SUPERVISED, Request("", mode="container", live=True), ENV
     yield "local/process-host/opted-in", PROCESS, Request("", live=True), {**ENV, "HIVE_RELAY_UNSANDBOXED_ALL": "1"}
     sockets = {"allow_sockets": ("ssh-agent",), "allow_ssh": ("git.test",)}
     yield "local/supervised-host/sockets", SUPERVISED, Request("", **sockets), ENV
