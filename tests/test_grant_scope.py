@@ -98,7 +98,7 @@ def test_no_grants_turns_them_all_off_and_says_so() -> None:
 
 @pytest.mark.usefixtures("fake_checkout")
 def test_a_run_without_network_says_so() -> None:
-    plan = plan_for("shell", grant("forall"), facts=PROCESS)
+    plan = plan_for("shell", grant("forall"), facts=PROCESS, live=True)  # the process tier cannot stage
     assert plan.credentials == () and plan.to_json()["auth_grants"] == {
         "forall": {"applies": False, "skipped": "this run has no network"}}
 

@@ -172,8 +172,17 @@ def _layer(s: Sandbox, run: str) -> Path:
 
 def _start(s: Sandbox, script: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "relay", "shell", "local", "--quiet", "--staged", "--prompt",
-                             script], cwd=s.workdir, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             script], cwd=s.workdir, env=s.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _go(proc: subprocess.Popen) -> None:
+    """Release a box waiting at WAIT_GO. Through its stdin, not a file in the checkout: a staged box
+    caches the name's absence (an overlay's negative dentry), so a file the host makes there later
+    may stay unseen for the rest of the run."""
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
 
 
 def _new_run(s: Sandbox, known: set[str], timeout: float = 120) -> str:
@@ -188,7 +197,7 @@ def _new_run(s: Sandbox, known: set[str], timeout: float = 120) -> str:
         time.sleep(0.05)
 
 
-WAIT_GO = "i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"
+WAIT_GO = "read -r _go || true"
 
 
 def test_a_host_edit_during_the_run_is_a_conflict_and_survives_apply(box: Sandbox, report) -> None:
@@ -201,7 +210,7 @@ def test_a_host_edit_during_the_run_is_a_conflict_and_survives_apply(box: Sandbo
     run = _new_run(s, known)
     _wait_for(_layer(s, run) / "upper" / "b.txt")
     (s.workdir / "a.txt").write_text("the user's edit\n")  # the user keeps working meanwhile
-    (s.workdir / "go").write_text("")
+    _go(proc)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     changes = by_path(receipt(s, run))
@@ -225,7 +234,7 @@ def test_two_staged_boxes_on_one_checkout_do_not_see_each_other(box: Sandbox, re
     _wait_for(_layer(s, run1) / "upper" / "one.txt")
     two = _start(s, "cat shared.txt; ls; echo two > shared.txt; echo two > two.txt")
     out2, err2 = two.communicate(timeout=300)
-    (s.workdir / "go").write_text("")
+    _go(one)
     out1, err1 = one.communicate(timeout=300)
     assert one.returncode == 0 and two.returncode == 0, err1 + err2
     assert out2.startswith("base\n") and "one.txt" not in out2  # box two never saw box one's writes
@@ -302,7 +311,7 @@ def test_a_host_commit_during_the_run_puts_the_box_branch_aside(box: Sandbox, re
     subprocess.run(git + ["add", "host.txt"], check=True)
     subprocess.run(git + ["commit", "-qm", "host"], check=True)  # the user commits meanwhile
     host_head = subprocess.run(git + ["rev-parse", "main"], capture_output=True, text=True).stdout.strip()
-    (s.workdir / "go").write_text("")
+    _go(proc)
     assert proc.wait(timeout=300) == 0
     applied = s.relay("apply", run)
     assert f"refs/heads/hive-relay/{run}/main" in applied.stdout, applied.stdout + applied.stderr
