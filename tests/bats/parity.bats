@@ -47,27 +47,29 @@ py_list() { PYTHONPATH="$ROOT" "$PY" -m relay.denylist "$@"; }
 }
 
 @test "the container entrypoint starts the agent when nothing denied is readable" {
-  # Where the deny list is masked, as in our box (the host itself shows /etc/shadow to root).
+  # Where the deny list is masked, as in our box (the host itself shows /etc/shadow to root). Live:
+  # the test reads the last lines, and a staged run adds its exit line (and keeps the FIFO in a layer).
   work="$(mktemp -d)"
   cp "$ROOT/bin/container-entrypoint" "$ROOT/bin/denylist.sh" "$work/"
-  run "$ROOT/bin/contribute-hive" shell local --quiet --workdir "$work" --prompt "./container-entrypoint echo started"
+  run "$ROOT/bin/contribute-hive" shell local --live --quiet --workdir "$work" --prompt "./container-entrypoint echo started"
   rm -rf "$work"
   [ "$status" -eq 0 ]
   [ "${lines[-1]}" = "started" ]
 }
 
 @test "the container entrypoint waits for go, and stops when the launcher goes away" {
-  # In the local box, as above, so the deny list is masked; the FIFO lives in the workdir.
+  # In the local box, as above, so the deny list is masked; the FIFO lives in the workdir (and goes
+  # before the box ends, or the exit report names it after the lines the test reads).
   work="$(mktemp -d)"
   cp "$ROOT/bin/container-entrypoint" "$ROOT/bin/denylist.sh" "$work/"
-  run "$ROOT/bin/contribute-hive" shell local --quiet --workdir "$work" --prompt \
-    'mkfifo go; (sleep 0.3; echo go > go) & HIVE_RELAY_GO=./go ./container-entrypoint sh -c "echo started; echo go=\${HIVE_RELAY_GO:-unset}"'
+  run "$ROOT/bin/contribute-hive" shell local --live --quiet --workdir "$work" --prompt \
+    'mkfifo go; (sleep 0.3; echo go > go) & HIVE_RELAY_GO=./go ./container-entrypoint sh -c "echo started; echo go=\${HIVE_RELAY_GO:-unset}"; rc=$?; rm -f go; exit $rc'
   [ "$status" -eq 0 ]
   [ "${lines[-2]}" = "started" ]
   [ "${lines[-1]}" = "go=unset" ]
   rm -f "$work/go"
-  run "$ROOT/bin/contribute-hive" shell local --quiet --workdir "$work" --prompt \
-    'mkfifo go; (sleep 0.3; : > go) & HIVE_RELAY_GO=./go ./container-entrypoint echo started'
+  run "$ROOT/bin/contribute-hive" shell local --live --quiet --workdir "$work" --prompt \
+    'mkfifo go; (sleep 0.3; : > go) & HIVE_RELAY_GO=./go ./container-entrypoint echo started; rc=$?; rm -f go; exit $rc'
   rm -rf "$work"
   [ "$status" -eq 70 ]
   [[ "$output" == *"the launcher went away before the box was ready"* ]]
