@@ -129,11 +129,16 @@ def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
     return _finish(outcome or (f"signal {sigs.received}" if sigs.received else None), rc, plan)
 
 
+def _run_id(plan: Plan) -> str:
+    """The run's id, from its run dir's name (`hive-relay-RUNID`); our pid for a plan without one."""
+    return os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+
+
 def hold_live(plan: Plan, caller_env: Mapping[str, str]) -> int | None:
     """A live plan's checkout lock (relay/livelock.py), or None for a staged one; close it at the end."""
     if plan.unsandboxed or plan.workdir_mode != WorkdirMode.LIVE:
         return None
-    run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+    run_id = _run_id(plan)
     return livelock.hold(state_dir(dict(caller_env)), plan.workdir, run_id, plan.shared_live)
 
 
@@ -150,7 +155,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False, live_loc
         from . import hostsecrets
 
         hostsecrets.read_keys(plan.credentials, caller_env)
-    run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+    run_id = _run_id(plan)
     own_lock = hold_live(plan, caller_env) if live_lock is None else None  # one live box per checkout
     try:
         return _run(plan, caller_env, run_id)
@@ -245,7 +250,7 @@ class _Box:
         # Staged: the host checkout does not change, so there is nothing to watch (the review lists it all).
         self.watch = None if plan.staged else exitreport.begin(plan, caller_env)
         if self.watch is not None:  # judged by the janitor, after everything else it does (relay/janitor.py)
-            run_id = os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+            run_id = _run_id(plan)
             state.exit_report = functools.partial(exitreport.end, self.watch, plan, dict(caller_env), run_id)
         self.jpid, self.lifeline = janitor.spawn(state)
         if plan.container is not None:

@@ -18,24 +18,12 @@ import pexpect
 
 from relay.config import load_shipped
 from relay.login import login_argv
+from relay.procs import children
 
 from .conftest import REPO, Sandbox
 
 TOOLS = os.environ.get("HIVE_RELAY_TOOLS", "/var/cache/hive-relay/npm")
 ENTRY = str(REPO / "bin" / "contribute-hive")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 def test_login_runs_the_real_cli_on_the_host_in_an_empty_dir(sandbox: Sandbox) -> None:
@@ -47,7 +35,7 @@ def test_login_runs_the_real_cli_on_the_host_in_an_empty_dir(sandbox: Sandbox) -
         child.expect("outside any box")
         child.expect("https://auth.openai.com/oauth/authorize")
         child.expect("redirect_uri=http%3A%2F%2F127.0.0.1%3A1455")  # the callback: the host's own loopback
-        codex = [p for p in _children(child.pid) if b"codex" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        codex = [p for p in sorted(children(child.pid)) if b"codex" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert codex, "the login is the codex CLI, a child of the launcher"
         pid = codex[0]
         cwd = os.readlink(f"/proc/{pid}/cwd")
@@ -63,7 +51,7 @@ def test_login_runs_the_real_cli_on_the_host_in_an_empty_dir(sandbox: Sandbox) -
     while Path(cwd).exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(cwd).exists()  # the empty dir went with it
-    assert not [p for p in _children(child.pid)]
+    assert not [p for p in sorted(children(child.pid))]
 
 
 def test_login_of_a_backend_without_one_names_the_variable(sandbox: Sandbox) -> None:
