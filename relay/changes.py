@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from . import runs_later, safefs, staged
+from . import kube_stage, runs_later, safefs, staged
 from .digest import sha256
 from .errors import RelayError, UsageError
 
@@ -172,10 +172,15 @@ def _receipt(run: staged.Run) -> dict:
     return staged.read_json(run.layer.root, staged.RECEIPT) or {}
 
 
+def _mine(st: os.stat_result | None, applied: Mapping[str, dict], rel: str) -> bool:
+    """True when the host's path is what our own last apply of this run left there."""
+    mine = applied.get(rel)
+    return st is not None and bool(mine) and mine.get("ino") == st.st_ino and mine.get("ctime_ns") == st.st_ctime_ns
+
+
 def _host_changed(st: os.stat_result, run: staged.Run, applied: Mapping[str, dict], rel: str) -> bool:
     """True when the user changed this host path during the run (or since our own last apply)."""
-    mine = applied.get(rel)
-    if mine and mine.get("ino") == st.st_ino and mine.get("ctime_ns") == st.st_ctime_ns:
+    if _mine(st, applied, rel):
         return False
     return st.st_ctime_ns >= run.base_ctime_ns
 
@@ -228,6 +233,10 @@ def _judge(run: staged.Run, ufd: int, wfd: int, rel: str, st: os.stat_result, df
     assert not isinstance(host, str)
     conflict = "changed on the host during the run" if host is not None and _host_changed(host, run, applied, rel) \
         else None
+    if conflict is None and not _mine(host, applied, rel) and kube_stage.host_differs(run.meta, wfd, rel, host,
+                                                                                     APPLY_LIMIT):
+        conflict = "differs on the host from the commit the box started from" if host is not None \
+            else "deleted on the host (the box started from the commit, which has it)"
     before = host.st_mode if host is not None else None
     e = _judge_kind(run, ufd, wfd, rel, st, dfd, applied, out, host, conflict, before)
     if e is not None and host is not None:

@@ -90,7 +90,7 @@ def changes_main(spec: str | None, as_json: bool, env: Mapping[str, str] | None 
             print(json.dumps(rows, indent=2))
             return 0
         if not rows:
-            print("hive-relay: no staged runs (launch with --staged)")
+            print("hive-relay: no staged runs (a local or container run is staged unless --live; kube runs are staged when they end)")
             return 0
         print(f"{'RUN':<40} {'BACKEND':<9} {'AGE':>5} {'FILES':>5} {'FLAGGED':>7}  STATE    WORKDIR")
         for r in rows:

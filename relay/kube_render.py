@@ -48,15 +48,17 @@ PRIVATE_V4 = ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.25
 PRIVATE_V6 = ("::1/128", "fc00::/7", "fe80::/10", "ff00::/8")
 RESULT_BEGIN = "hive-relay-patch-begin"
 RESULT_END = "hive-relay-patch-end"
-# The box's wrapper: run the agent in the workspace, then print the workspace's change as a base64
-# git diff between markers (the runner turns it into RUN/box-N.patch for review; nothing is applied).
+# The box's wrapper: run the agent in the workspace, then print the workspace's change since the
+# cloned commit (its own commits included) as a base64 git diff between markers. The runner keeps it
+# as RUN/box-N.patch and stages it (relay/kube_stage.py); nothing is applied to the checkout.
 BOX_SCRIPT = (
     'cd "$HIVE_RELAY_WORKSPACE" || exit 70\n'
+    'base=$(git rev-parse HEAD) || exit 70\n'
     '"$@"\n'
     'rc=$?\n'
     'git add -A >/dev/null 2>&1\n'
     f'echo {RESULT_BEGIN}\n'
-    'git diff --cached --binary HEAD | base64\n'
+    'git diff --cached --binary --full-index "$base" | base64\n'
     f'echo {RESULT_END} "$rc"\n'
     'exit "$rc"\n'
 )

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .errors import EXIT_REFUSED, EXIT_TIMEOUT, RefusedError, RelayError, UsageError
@@ -30,6 +30,7 @@ from .kube_render import (
     render_objects,
     to_yaml,
 )
+from .kube_stage import Outcome, bundle_head, stage_box, stamp_ctime
 from .plan import Plan
 
 MAX_PATCH = 64 << 20  # a box's patch larger than this is not written (its log is kept instead)
@@ -106,11 +107,42 @@ def progress_line(index: int, phase: str, exit_code: int | None = None, patch: s
     return line
 
 
-def summary(results: list[BoxResult], run_dir: str) -> str:
+def summary(results: list[BoxResult], run_dir: str, staged_runs: Sequence[str] = ()) -> str:
+    """The run's last line. With staged runs, it names the commands that review and apply them."""
+    from .denial import ENTRY
+
     failed = sum(1 for r in results if r.exit_code != 0)
     with_patch = sum(1 for r in results if r.patch)
-    return (f"hive-relay: {len(results)} box(es), {failed} failed, {with_patch} with changes; patches in {run_dir} "
-            "(review, then `git apply FILE`; nothing was applied to your checkout)")
+    line = f"hive-relay: {len(results)} box(es), {failed} failed, {with_patch} with changes; "
+    if staged_runs:
+        return line + (f"staged as {', '.join(staged_runs)}; nothing was applied to your checkout; review: {ENTRY} "
+                       f"changes {staged_runs[0]}; apply: {ENTRY} apply {staged_runs[0]} (patches and logs in {run_dir})")
+    return line + f"patches in {run_dir} (nothing was applied to your checkout)"
+
+
+def stage_results(plan: Plan, run_id: str, base: str | None, base_ctime_ns: int, results: Sequence[BoxResult],
+                  env: Mapping[str, str]) -> list[Outcome]:
+    """Each box's patch as the staged run `RUN-INDEX` (relay/kube_stage.py), reviewed and applied with
+    the same commands as a local run's. A patch that does not apply to the base is left as a file."""
+    from .staged import launch_meta
+
+    meta = {**launch_meta(plan), "mode": "kube", "fanout": run_id, "placeholders": [], "git": []}
+    out = []
+    for r in results:
+        if not r.patch:
+            out.append(Outcome(r.index))
+        elif base is None:
+            out.append(Outcome(r.index, error="the bundle named no commit"))
+        else:
+            out.append(stage_box(plan.workdir, base, r.patch, f"{run_id}-{r.index}", meta, base_ctime_ns, env,
+                                 MAX_PATCH))
+    return out
+
+
+def outcome_line(o: Outcome) -> str:
+    if o.error:
+        return f"box {o.index:<3} not staged: {o.error}"
+    return f"box {o.index:<3} staged {o.run} ({o.files} file(s))" if o.run else f"box {o.index:<3} no changes"
 
 
 def make_bundle(workdir: str) -> bytes:
@@ -195,7 +227,10 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
 
     ns = namespace(run.run_id)
     keys = {n: v for r in plan.credentials for n in r.secret_env if (v := route_key(r, env)) is not None}
-    objects = render_objects(plan, run, make_bundle(plan.workdir), keys)
+    base_ctime = stamp_ctime(env)  # before the bundle: a host edit from here on is a conflict at apply
+    bundle = make_bundle(plan.workdir)
+    base = bundle_head(bundle)
+    objects = render_objects(plan, run, bundle, keys)
     run_dir = os.path.join(env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state"),
                            "hive-relay", "kube", ns)
     deadline = time.monotonic() + (plan.timeout or 1800) + 60
@@ -204,15 +239,17 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
         if plan.proxy_listen:
             ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
                           "jsonpath={.spec.clusterIP}").strip()
-            objects = render_objects(plan, replace(run, proxy_ip=ip), make_bundle(plan.workdir), keys)
+            objects = render_objects(plan, replace(run, proxy_ip=ip), bundle, keys)
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
         results, logs = _follow(kubectl, env, ns, run.count, deadline)
-        written = write_patches(run_dir, results)
+        write_patches(run_dir, results)
         write_logs(run_dir, logs)
         for r in results:
             print(progress_line(r.index, "done", r.exit_code, patch_path(run_dir, r.index) if r.patch else None))
-        print(summary(results, run_dir), file=sys.stderr)
-        del written
+        outcomes = stage_results(plan, run.run_id, base, base_ctime, results, env)
+        for o in outcomes:
+            print(outcome_line(o))
+        print(summary(results, run_dir, [o.run for o in outcomes if o.run]), file=sys.stderr)
         return 0 if all(r.exit_code == 0 for r in results) else 1
     finally:
         subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True, env=dict(env))

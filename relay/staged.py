@@ -72,9 +72,10 @@ def _mkdir_private(path: str) -> None:
     os.mkdir(path, 0o700)  # a fresh run id: never there before (EEXIST is a refusal)
 
 
-def create(layer: StagedLayer, workdir: str, meta: Mapping[str, object]) -> Layer:
+def create(layer: StagedLayer, workdir: str, meta: Mapping[str, object], base_ctime_ns: int | None = None) -> Layer:
     """Make the run's layer dirs and its meta.json; returns the overlay to mount. The upper dir
-    takes the workdir's own mode and owner: it becomes the merged root the box sees."""
+    takes the workdir's own mode and owner: it becomes the merged root the box sees.
+    `base_ctime_ns`: the run's start when it began before its layer was made (kube mode's boxes)."""
     base = os.path.dirname(layer.root)
     os.makedirs(base, mode=0o700, exist_ok=True)
     os.chmod(base, 0o700)
@@ -87,7 +88,7 @@ def create(layer: StagedLayer, workdir: str, meta: Mapping[str, object]) -> Laye
         os.chown(layer.upper, st.st_uid, st.st_gid)
     with safefs.base_dir(layer.root) as rfd:
         safefs.create_new(rfd, STAMP, b"", 0o600, durable=False)
-        base_ctime = os.stat(STAMP, dir_fd=rfd).st_ctime_ns
+        base_ctime = os.stat(STAMP, dir_fd=rfd).st_ctime_ns if base_ctime_ns is None else base_ctime_ns
         record = {**meta, "run": layer.run, "workdir": workdir, "base_ctime_ns": base_ctime,
                   "started": time.time(), "uid": os.getuid()}
         # Not fsynced: the layer it describes is page cache too until the kernel writes it back.
@@ -172,7 +173,7 @@ def find(env: Mapping[str, str], spec: str) -> Run:
 
     found = runs(env)
     if not found:
-        raise UsageError("no staged runs; fix: launch a box with --staged")
+        raise UsageError("no staged runs; fix: launch a box (staged is the default; --live is not staged)")
     if spec == "last":
         return found[-1]
     exact = [r for r in found if r.layer.run == spec]

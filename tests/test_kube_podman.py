@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from relay import kube_podman
+from relay import changes, kube_podman, staged
 from relay.config import get_backend, load_matrix
-from relay.kube_run import kube_run_for, make_bundle, write_patches
+from relay.kube_run import kube_run_for, make_bundle, stage_results, write_patches
+from relay.kube_stage import bundle_head, stamp_ctime
 from relay.plan import Request, resolve, with_image
 from relay.probe import probe
 from relay.vocab import LimitsMethod
@@ -89,8 +90,11 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 3, 2, env), env)
     assert run.image == image
     kube_podman.build_proxy_image(["podman"], run.image, env)
+    env = {**env, "XDG_STATE_HOME": str(tmp_path / "state")}
+    base_ctime = stamp_ctime(env)
+    bundle = make_bundle(str(work))
     try:
-        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300)
+        played = kube_podman.play(plan, run, bundle, env, str(tmp_path / "play"), timeout=300)
     finally:
         server.shutdown()
     assert [r.index for r in played.results] == [0, 1, 2]
@@ -126,6 +130,16 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
     assert subprocess.run(["git", "-C", str(work), "status", "--porcelain"], capture_output=True,
                           text=True).stdout == ""
     subprocess.run(["git", "-C", str(work), "apply", "--check", written[1]], check=True)
+    # Each box's patch is a staged run; apply box 0, then box 1: its README edit is a conflict, its new file lands.
+    outcomes = stage_results(plan, run.run_id, bundle_head(bundle), base_ctime, played.results, env)
+    assert [o.error for o in outcomes] == [None] * 3 and all(o.run for o in outcomes), outcomes
+    first, second = (staged.find(env, o.run) for o in outcomes[:2])
+    done, held = changes.apply(first)
+    assert sorted(e.path for e in done) == ["README.md", "new-0.txt"] and not held
+    done, held = changes.apply(second)
+    assert [e.path for e in done] == ["new-1.txt"] and [e.path for e, _ in held] == ["README.md"]
+    assert (work / "README.md").read_text() == "hello\nchanged by box 0\n"
+    assert (work / "new-1.txt").read_text() == "new\n"
     leftovers = subprocess.run(["podman", "pod", "ls", "-q", "--filter", f"name={kube_podman.pod_prefix(run.run_id)}"],
                                capture_output=True, text=True, env=env).stdout
     assert leftovers.strip() == ""

@@ -224,7 +224,8 @@ case "$*" in
     [ "$MODE" = fail ] && { echo "the server is gone" >&2; exit 1; }
     printf '{"items": [%s]}' "$(for i in 0 1; do [ $i = 1 ] && printf ,; printf '{"metadata": {"name": "boxes-%s", "annotations": {"batch.kubernetes.io/job-completion-index": "%s"}}, "status": {"phase": "Succeeded"}}' $i $i; done)" ;;
   *" logs boxes-"*)
-    echo "agent output"; echo hive-relay-patch-begin; printf 'diff --git a/f b/f\n+box\n' | base64; echo "hive-relay-patch-end 0" ;;
+    n=${*#*logs boxes-}; n=${n%% *}
+    echo "agent output"; echo hive-relay-patch-begin; printf 'diff --git a/f b/f\nnew file mode 100644\n--- /dev/null\n+++ b/f\n@@ -0,0 +1 @@\n+box %s\n' "$n" | base64; echo "hive-relay-patch-end 0" ;;
   *"delete namespace"*) ;;
   *) echo "unexpected: $*" >&2; exit 1 ;;
 esac
@@ -265,7 +266,21 @@ def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_
     assert [p.name for p in patches] == ["box-0.log", "box-0.patch", "box-1.log", "box-1.patch"]
     assert "agent output" in patches[0].read_text()
     patches = [p for p in patches if p.suffix == ".patch"]
-    assert patches[0].read_text() == "diff --git a/f b/f\n+box\n"
+    assert patches[0].read_text().endswith("+++ b/f\n@@ -0,0 +1 @@\n+box 0\n")
     assert "box 0   succeeded" in proc.stdout and "box 1   done  exit 0  patch" in proc.stdout
     assert "nothing was applied to your checkout" in proc.stderr
     assert subprocess.run(["git", "-C", str(work), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
+    # Each box's patch is a staged run RUN-INDEX, listed and applied like a local run's.
+    runs = [ln.split()[3] for ln in proc.stdout.splitlines() if " staged " in ln]
+    assert len(runs) == 2 and runs[0].endswith("-0") and runs[1].endswith("-1"), proc.stdout
+    assert f"apply {runs[0]}" in proc.stderr
+    listed = json.loads(subprocess.run([sys.executable, "-m", "relay", "changes", "--json"], capture_output=True,
+                                       text=True, env=env, cwd=REPO, check=True).stdout)
+    assert sorted(r["run"] for r in listed) == sorted(runs)
+    first = subprocess.run([sys.executable, "-m", "relay", "apply", runs[0]], capture_output=True, text=True, env=env,
+                           cwd=REPO)
+    assert first.returncode == 0 and (work / "f").read_text() == "box 0\n", first.stdout + first.stderr
+    second = subprocess.run([sys.executable, "-m", "relay", "apply", runs[1]], capture_output=True, text=True, env=env,
+                            cwd=REPO)
+    assert second.returncode == 1 and "conflict" in second.stdout, second.stdout  # the same path, another box
+    assert (work / "f").read_text() == "box 0\n"
