@@ -213,3 +213,85 @@ def test_whiteouts_opaque_dirs_and_renamed_dirs_are_read_right(csandbox: Sandbox
     host = sorted(str(p.relative_to(w)) for p in w.rglob("*") if p.is_file())
     assert host == seen == ["README.md", "again/z", "new/m", "new/n"]
     assert by_path(receipt(s, run)) == {}  # all applied: nothing left staged
+
+
+WAIT_GO = "read -r _go || true"
+
+
+def _cstart(s: Sandbox, script: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "relay", "shell", "container", "--quiet", "--staged", "--prompt",
+                             script], cwd=s.workdir, env=s.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _go(proc: subprocess.Popen) -> None:
+    """Release a box waiting at WAIT_GO through its stdin (a file the host makes in the checkout
+    during a staged run may stay unseen: the overlay caches the name's absence)."""
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+def _wait_upper(s: Sandbox, known: set[str], name: str, proc: subprocess.Popen, timeout: float = 300) -> str:
+    """The new run whose upper layer has `name`: the box got that far and is waiting."""
+    root = s.home / ".local" / "state" / "hive-relay" / "staged"
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in root.glob("*") if root.exists() else []:
+            if p.name not in known and not p.name.endswith("-verify") and (p / "upper" / name).exists():
+                return p.name
+        if proc.poll() is not None:
+            raise AssertionError(f"the box ended before it wrote {name}: {proc.communicate()}")
+        assert time.monotonic() < deadline, f"no staged run wrote {name}"
+        time.sleep(0.1)
+
+
+def test_a_host_edit_during_a_container_run_is_a_conflict_and_survives_apply(csandbox: Sandbox) -> None:
+    s = csandbox
+    (s.workdir / "a.txt").write_text("original\n")
+    (s.workdir / "b.txt").write_text("b original\n")
+    known = {r["run"] for r in runs(s)}
+    proc = _cstart(s, f"echo box > a.txt; echo box > b.txt; {WAIT_GO}; echo ended")
+    try:
+        run = _wait_upper(s, known, "b.txt", proc)
+        (s.workdir / "a.txt").write_text("the user's edit\n")  # the user keeps working meanwhile
+        _go(proc)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "ended" in out, err[-3000:]
+    changes = by_path(receipt(s, run))
+    assert changes["a.txt"].get("conflict") and not changes["b.txt"].get("conflict"), changes
+    applied = s.relay("apply", run)
+    assert applied.returncode == 1 and "conflict" in applied.stdout, applied.stdout + applied.stderr
+    assert (s.workdir / "a.txt").read_text() == "the user's edit\n"  # never overwritten
+    assert (s.workdir / "b.txt").read_text() == "box\n"  # the twin: the rest applied
+    assert "a.txt" in by_path(receipt(s, run))  # the box's version is still staged
+
+
+def test_two_container_boxes_on_one_checkout_do_not_see_each_other(csandbox: Sandbox) -> None:
+    s = csandbox
+    (s.workdir / "shared.txt").write_text("base\n")
+    known = {r["run"] for r in runs(s)}
+    one = _cstart(s, f"echo one > shared.txt; echo one > one.txt; {WAIT_GO}; cat shared.txt; ls")
+    try:
+        run1 = _wait_upper(s, known, "one.txt", one)
+        two = _cstart(s, "cat shared.txt; ls; echo two > shared.txt; echo two > two.txt")
+        out2, err2 = two.communicate(timeout=600)
+        _go(one)
+        out1, err1 = one.communicate(timeout=300)
+    finally:
+        if one.poll() is None:
+            one.kill()
+    assert one.returncode == 0 and two.returncode == 0, err1[-2000:] + err2[-2000:]
+    assert out2.startswith("base\n") and "one.txt" not in out2, out2  # box two never saw box one's writes
+    assert out1.startswith("one\n") and "two.txt" not in out1, out1
+    assert (s.workdir / "shared.txt").read_text() == "base\n"
+    run2 = next(r["run"] for r in runs(s) if r["run"] not in known | {run1})
+    assert set(by_path(receipt(s, run1))) == {"shared.txt", "one.txt"}
+    assert set(by_path(receipt(s, run2))) == {"shared.txt", "two.txt"}
+    assert s.relay("apply", run1).returncode == 0
+    second = s.relay("apply", run2)  # the first apply changed shared.txt on the host: a conflict
+    assert second.returncode == 1 and "conflict" in second.stdout
+    assert (s.workdir / "shared.txt").read_text() == "one\n" and (s.workdir / "two.txt").read_text() == "two\n"
