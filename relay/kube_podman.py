@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from .digest import sha256
 from .image import PROXY_REPO
 from .kube_render import (
+    BUNDLE_PORT,
     PROXY_NAME,
     PROXY_PORT,
     PROXY_PYTHONPATH,
@@ -190,16 +191,19 @@ def flat_profile(name: str) -> str:
 
 
 def box_pods(objects: list[dict], prefix: str, count: int, ids: tuple[int, int] | None = None,
-             host_port: int | None = None) -> list[tuple[dict, list[str]]]:
+             host_port: int | None = None, bundle_port: int | None = None) -> list[tuple[dict, list[str]]]:
     """The Job's template as one Pod per index, as the Job controller would make them, each with
     its own volumes; (pod, its volume names). `ids`: the image's contributor uid and gid when
-    they are not the cluster image's 1000 (rootless: local_run). `host_port`: the pods run on the
+    they are not the cluster image's 1000 (rootless: local_run). `host_port` (and `bundle_port`,
+    the workspace server's): the pods run on the
     host's network (doctor's leaky-CNI stand-in) and reach the proxy pod on that port directly."""
     job = next(o for o in objects if o["kind"] == "Job")
     text = json.dumps(job["spec"]["template"]["spec"])
     if host_port is not None:
         text = text.replace(f"{PROXY_NAME}:{PROXY_PORT}", f"{PROXY_NAME}:{host_port}").replace(
             f"{PROXY_NAME}/{PROXY_PORT}", f"{PROXY_NAME}/{host_port}")
+    if bundle_port is not None:
+        text = text.replace(f"{PROXY_NAME}:{BUNDLE_PORT}", f"{PROXY_NAME}:{bundle_port}")
     pods = []
     for i in range(count):
         # podman 4.3 ignores hostAliases under --network none, so the proxy's name is written as
@@ -226,22 +230,30 @@ def box_pods(objects: list[dict], prefix: str, count: int, ids: tuple[int, int] 
     return pods
 
 
-def proxy_pod(objects: list[dict], prefix: str, port: int) -> tuple[list[dict], list[str]]:
-    """The proxy Deployment's template as a Pod, and its ConfigMap listening on `port` of the host."""
+def proxy_pod(objects: list[dict], prefix: str, port: int, bundle_port: int) -> tuple[list[dict], list[str]]:
+    """The proxy Deployment's template as a Pod (and its ConfigMap, when the run has egress), the
+    proxy listening on `port` of the host and the workspace server on `bundle_port`."""
     dep = next(o for o in objects if o["kind"] == "Deployment")
-    conf = copy.deepcopy(next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "proxy-config"))
-    data = json.loads(conf["data"]["proxy.json"])
-    data["listen"] = f"127.0.0.1:{port}"
-    conf["data"]["proxy.json"] = json.dumps(data)
+    docs: list[dict] = []
+    found = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "proxy-config"]
+    if found:
+        conf = copy.deepcopy(found[0])
+        data = json.loads(conf["data"]["proxy.json"])
+        data["listen"] = f"127.0.0.1:{port}"
+        conf["data"]["proxy.json"] = json.dumps(data)
+        conf["metadata"] = {"name": f"{prefix}-proxy-cm-proxy-config"}
+        docs.append(conf)
     spec = copy.deepcopy(dep["spec"]["template"]["spec"])
     volumes = private_volumes(spec, f"{prefix}-proxy")
-    conf["metadata"] = {"name": f"{prefix}-proxy-cm-proxy-config"}
-    spec["containers"][0].pop("readinessProbe", None)
-    spec["containers"][0].pop("ports", None)  # host network: podman maps no ports there
+    for c in spec["containers"]:
+        c.pop("readinessProbe", None)
+        c.pop("ports", None)  # host network: podman maps no ports there
+        if c["name"] == "bundle":
+            c["command"] = [f"127.0.0.1:{bundle_port}" if a == f"0.0.0.0:{BUNDLE_PORT}" else a for a in c["command"]]
     # On the host's network a fresh user namespace cannot mount /sys (runc: EPERM); the cluster's
     # proxy pod keeps hostUsers: false. Still non-root, read-only, no capabilities.
     spec.pop("hostUsers", None)
-    return [conf, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-proxy"}, "spec": spec}], volumes
+    return [*docs, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-proxy"}, "spec": spec}], volumes
 
 
 def pod_prefix(run_id: str) -> str:
@@ -386,9 +398,11 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
     rlimits = rootless and plan.limits.method is not LimitsMethod.CGROUP_V2
     ids = (os.getuid(), os.getgid()) if rootless and not env.get("HIVE_RELAY_KUBE_IMAGE") else None
     port = _free_port() if plan.proxy_listen else 0
+    bport = _free_port()
     host_port = port if box_network == "host" and plan.proxy_listen else None
     pods, box_volumes = [], []
-    for pod, volumes in box_pods(objects, prefix, run.count, ids, host_port):
+    for pod, volumes in box_pods(objects, prefix, run.count, ids, host_port,
+                                 bport if box_network == "host" else None):
         if rlimits:
             rlimit_resources(pod["spec"], plan.limits.pids)
         pods.append(pod)
@@ -401,17 +415,17 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         json.dump(profile, fh)
     proxy_log = ""
     try:
-        if plan.proxy_listen:
-            docs, volumes = proxy_pod(objects, prefix, port)
-            if ids is not None:
-                _run_as(docs[1]["spec"], *ids)
-            if rlimits:
-                rlimit_resources(docs[1]["spec"])
-            p.pods.append(docs[1]["metadata"]["name"])
-            p.volumes += volumes
-            _play(p, docs, "proxy.yaml", ["--network", "host"])
-            _wait_port(port, time.monotonic() + 60)
-        workspace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "workspace")
+        docs, volumes = proxy_pod(objects, prefix, port, bport)
+        if ids is not None:
+            _run_as(docs[-1]["spec"], *ids)
+        if rlimits:
+            rlimit_resources(docs[-1]["spec"])
+        p.pods.append(docs[-1]["metadata"]["name"])
+        p.volumes += volumes
+        _play(p, docs, "proxy.yaml", ["--network", "host"])
+        for wait in ([port] if plan.proxy_listen else []) + [bport]:
+            _wait_port(wait, time.monotonic() + 60)
+        _upload_bundle(p, f"{prefix}-proxy-bundle", run, bundle)
         p.pods += [pod["metadata"]["name"] for pod in pods]
         p.volumes += box_volumes
         # One play per pod, so that `parallel` bounds how many run at once, as the Job controller does.
@@ -426,7 +440,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 name = pod["metadata"]["name"]
                 file = os.path.join(work, f"{name}.yaml")
                 with open(file, "w") as fh:
-                    fh.write(to_yaml([{**workspace, "metadata": {"name": f"{name}-cm-workspace"}}, pod]))
+                    fh.write(to_yaml([pod]))
                 created = subprocess.run([*podman, "kube", "play", "--start=false", "--network", box_network,
                                           "--seccomp-profile-root", root, file], capture_output=True, text=True, env=p.env)
                 if created.returncode != 0:
@@ -434,12 +448,15 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 pidfile = _infra_pidfile(p, name)
                 proc = subprocess.Popen([*podman, "pod", "start", name], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, env=p.env)
-                if plan.proxy_listen and host_port is None:
+                if box_network != "host":
                     pid = _infra_pid(pidfile, name, deadline, proc)
-                    listener = listen_in(pid, "127.0.0.1:3128", join_userns=rootless)
-                    t = threading.Thread(target=_forward, args=(p, listener, port), daemon=True)
-                    t.start()
-                    p.threads.append(t)
+                    # The box's ways out, each spliced to the proxy pod's port on the host: the
+                    # proxy's (when the run has egress) and the workspace server's.
+                    for inside, to in ([(PROXY_PORT, port)] if plan.proxy_listen else []) + [(BUNDLE_PORT, bport)]:
+                        listener = listen_in(pid, f"127.0.0.1:{inside}", join_userns=rootless)
+                        t = threading.Thread(target=_forward, args=(p, listener, to), daemon=True)
+                        t.start()
+                        p.threads.append(t)
                 running.append((pod, proc))
             for pod, proc in list(running):
                 name = pod["metadata"]["name"]
@@ -467,6 +484,16 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         return PlayResult(sorted(results, key=lambda r: r.index), logs, proxy_log)
     finally:
         p.down()
+
+
+def _upload_bundle(p: Played, container: str, run: KubeRun, bundle: bytes) -> None:
+    """The bundle into the proxy pod's workspace server, as `kubectl exec -i` does on a cluster."""
+    from .kube_run import bundle_upload_argv
+
+    proc = subprocess.run([*p.podman, "exec", "-i", container, *bundle_upload_argv(run, bundle)], input=bundle,
+                          capture_output=True, env=p.env, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"streaming the bundle into {container} failed: {proc.stderr.decode(errors='replace')[-500:]}")
 
 
 def _play(p: Played, docs: list[dict], name: str, extra: list[str]) -> None:

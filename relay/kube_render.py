@@ -6,9 +6,12 @@ One namespace per run holds everything, so deleting it ends the run (Ctrl-C, tim
   mode's `podman run` is: non-root, read-only root, no capabilities, no privilege escalation, its
   own user namespace (`hostUsers: false`), the same merged seccomp profile (a `Localhost` profile
   the nodes must carry), sized emptyDirs for /tmp, $HOME and the workspace, the profile's limits;
-- the workspace as a git bundle in a ConfigMap that an init container clones with no network;
 - the egress proxy (relay/proxy_main.py: our proxy, the same allowlist and JSON decision log) as
   its own Deployment and Service: not a sidecar, because NetworkPolicy selects whole pods;
+- the workspace as a git bundle served by that pod (relay/kube_bundle.py, port 3129): the launcher
+  streams it in through `kubectl exec` once the pod is up, so no object in the API server carries
+  it and its size has no 1 MiB limit; each box's init container fetches it, checks its sha256 (the
+  Job's annotation) and clones it. With no egress at all, the pod serves the bundle alone;
 - two NetworkPolicies: boxes may reach the proxy's port and nothing else (no DNS: the proxy's
   name comes from `hostAliases`); the proxy may reach public addresses on the allowed ports, and DNS;
 - the credential routes' keys as a Secret mounted only into the proxy (never into a box).
@@ -20,7 +23,6 @@ and renders the Job with it (`proxy_ip`); a dry run without it shows PROXY_IP_UN
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,8 +39,7 @@ PROXY_IP_UNSET = "0.0.0.0"  # a dry run's stand-in: the Service's ClusterIP is k
 BOX_UID = 1000  # the image's contributor user (Dockerfile.contributor)
 BUNDLE_KEY = "workspace.bundle"
 BUNDLE_DIR = "/run/hive-relay/bundle"
-# A ConfigMap holds at most 1 MiB (etcd's object limit); the bundle rides in one, base64-encoded.
-MAX_BUNDLE = 900 * 1024
+BUNDLE_PORT = 3129  # relay/kube_bundle.py's, in the proxy pod
 SECCOMP_DIR = "hive-relay"  # under the kubelet's seccomp root (/var/lib/kubelet/seccomp)
 PROXY_CONFIG = "/etc/hive-relay/proxy.json"
 PROXY_PYTHONPATH = "/opt/hive-relay/python"
@@ -61,6 +62,20 @@ BOX_SCRIPT = (
     'git diff --cached --binary --full-index "$base" | base64\n'
     f'echo {RESULT_END} "$rc"\n'
     'exit "$rc"\n'
+)
+# The box's first init container: the bundle from the proxy pod (503 until the launcher has streamed
+# it in), checked against the Job's sha256, then cloned. No proxy variable: a direct connection to
+# the pod's bundle port, the one other port the boxes' NetworkPolicy opens.
+FETCH_BUNDLE = (
+    'i=0\n'
+    f'until curl -sf --noproxy "*" -o {BUNDLE_DIR}/{BUNDLE_KEY} http://{PROXY_NAME}:{BUNDLE_PORT}/{BUNDLE_KEY}; do\n'
+    '  i=$((i+1))\n'
+    '  if [ "$i" -ge 600 ]; then echo "hive-relay: the workspace bundle did not arrive in 300 s" >&2; exit 69; fi\n'
+    '  sleep 0.5\n'
+    'done\n'
+    f'echo "$HIVE_RELAY_BUNDLE_SHA256  {BUNDLE_DIR}/{BUNDLE_KEY}" | sha256sum -c --quiet - || {{\n'
+    '  echo "hive-relay: the workspace bundle does not match the sha256 the launcher computed" >&2; exit 65; }\n'
+    f'git clone --quiet {BUNDLE_DIR}/{BUNDLE_KEY} "$HIVE_RELAY_WORKSPACE"\n'
 )
 WAIT_PROXY = (
     'i=0\n'
@@ -85,6 +100,8 @@ class KubeRun:
     runtime_class: str | None = None
     proxy_ip: str | None = None
     ttl_seconds: int = 3600
+    bundle_sha256: str = ""
+    bundle_bytes: int = 0
 
 
 def namespace(run_id: str) -> str:
@@ -134,6 +151,11 @@ def _hardened(read_only: bool = True) -> dict:
             "allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
 
 
+def _bundle_size(run: KubeRun) -> str:
+    """The bundle volume's size: the bundle and a MiB, in whole MiB."""
+    return f"{(run.bundle_bytes >> 20) + 2}Mi"
+
+
 def box_pod_spec(plan: Plan, run: KubeRun, seccomp_file: str) -> dict:
     """The agent box's pod spec: the Job's template, and what `podman kube play` runs per index."""
     home = dict(plan.env_set).get("HOME", "/home/contributor")
@@ -142,11 +164,11 @@ def box_pod_spec(plan: Plan, run: KubeRun, seccomp_file: str) -> dict:
               {"name": "workspace", "mountPath": plan.workdir}]
     init = [{
         "name": "unpack", "image": run.image, "imagePullPolicy": "IfNotPresent",
-        # The workspace arrives as a bundle: cloned from a read-only volume, no network involved.
-        "command": ["git", "clone", "--quiet", f"{BUNDLE_DIR}/{BUNDLE_KEY}", plan.workdir],
-        "env": [{"name": "HOME", "value": home}],
+        "command": ["bash", "-c", FETCH_BUNDLE],
+        "env": [{"name": "HOME", "value": home}, {"name": "HIVE_RELAY_WORKSPACE", "value": plan.workdir},
+                {"name": "HIVE_RELAY_BUNDLE_SHA256", "value": run.bundle_sha256}],
         "securityContext": _hardened(), "resources": _resources(plan),
-        "volumeMounts": [{"name": "bundle", "mountPath": BUNDLE_DIR, "readOnly": True}] + mounts,
+        "volumeMounts": [{"name": "bundle", "mountPath": BUNDLE_DIR}] + mounts,
     }]
     if plan.proxy_listen:
         init.append({"name": "wait-proxy", "image": run.image, "imagePullPolicy": "IfNotPresent",
@@ -173,11 +195,11 @@ def box_pod_spec(plan: Plan, run: KubeRun, seccomp_file: str) -> dict:
             {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": tmp_size}},
             {"name": "home", "emptyDir": {"medium": "Memory", "sizeLimit": tmp_size}},
             {"name": "workspace", "emptyDir": {"sizeLimit": "2Gi"}},
-            {"name": "bundle", "configMap": {"name": "workspace", "defaultMode": 0o444}},
+            {"name": "bundle", "emptyDir": {"sizeLimit": _bundle_size(run)}},
         ],
     }
-    if plan.proxy_listen:
-        spec["hostAliases"] = [{"ip": run.proxy_ip or PROXY_IP_UNSET, "hostnames": [PROXY_NAME]}]
+    # The proxy pod's name: it serves the bundle even when the run has no egress at all.
+    spec["hostAliases"] = [{"ip": run.proxy_ip or PROXY_IP_UNSET, "hostnames": [PROXY_NAME]}]
     if run.runtime_class:
         spec["runtimeClassName"] = run.runtime_class
     return spec
@@ -217,16 +239,20 @@ def _allowed_ports(plan: Plan) -> list[int]:
     return sorted(ports) or [443]
 
 
+def with_bundle(run: KubeRun, bundle: bytes) -> KubeRun:
+    """The run with its bundle's sha256 and size: what the Job checks and the volumes are sized by."""
+    from dataclasses import replace
+
+    return replace(run, bundle_sha256=sha256(bundle).hexdigest(), bundle_bytes=len(bundle))
+
+
 def render_objects(plan: Plan, run: KubeRun, bundle: bytes, secret_values: Mapping[str, str] | None = None) -> list[dict]:
     """Every object of one run, in apply order. `secret_values` (the routes' keys, by variable name)
-    is given only on a real apply; a dry run shows the Secret's key names without values."""
+    is given only on a real apply; a dry run shows the Secret's key names without values. The
+    bundle itself is in no object: only its sha256 and size (the runner streams it to the proxy pod)."""
     if plan.container is not None or plan.mode != "kube":
         raise ValueError("render_objects needs a kube-mode plan")
-    if len(bundle) > MAX_BUNDLE:
-        from .errors import UsageError
-
-        raise UsageError(f"the workspace bundle is {len(bundle) >> 10} KiB, over kube mode's {MAX_BUNDLE >> 10} KiB "
-                         "ConfigMap limit; fix: run on a smaller checkout (commit less history, e.g. a shallow clone)")
+    run = with_bundle(run, bundle)
     ns = namespace(run.run_id)
     profile = seccomp_profile(plan)
     seccomp_file = seccomp_name(profile)
@@ -234,20 +260,17 @@ def render_objects(plan: Plan, run: KubeRun, bundle: bytes, secret_values: Mappi
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": ns, "labels": {**_labels(run, "run"),
                                             "pod-security.kubernetes.io/enforce": "restricted"}},
-    }, {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "workspace", "namespace": ns, "labels": _labels(run, "workspace")},
-        "binaryData": {BUNDLE_KEY: base64.b64encode(bundle).decode()},
     }]
-    if plan.proxy_listen:
-        objects += _proxy_objects(plan, run, ns, secret_values)
+    objects += _proxy_objects(plan, run, ns, secret_values)
     objects += _network_policies(plan, run, ns)
     parallel = min(run.parallel or run.count, run.count)
     objects.append({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": "boxes", "namespace": ns, "labels": _labels(run, "box"),
                      "annotations": {"hive-relay/profile": f"{plan.profile} ({plan.profile_digest})",
-                                     "hive-relay/seccomp": seccomp_file}},
+                                     "hive-relay/seccomp": seccomp_file,
+                                     "hive-relay/bundle-sha256": run.bundle_sha256,
+                                     "hive-relay/bundle-bytes": str(run.bundle_bytes)}},
         "spec": {
             "completionMode": "Indexed", "completions": run.count, "parallelism": parallel,
             "backoffLimit": 0, "activeDeadlineSeconds": plan.timeout or 1800,
@@ -259,11 +282,34 @@ def render_objects(plan: Plan, run: KubeRun, bundle: bytes, secret_values: Mappi
     return objects
 
 
+def _bundle_container(run: KubeRun) -> dict:
+    """The workspace server (relay/kube_bundle.py) beside the proxy: stdlib only, its own port."""
+    return {
+        "name": "bundle", "image": run.proxy_image, "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-m", "relay.kube_bundle", "serve", "--dir", BUNDLE_DIR,
+                    "--listen", f"0.0.0.0:{BUNDLE_PORT}"],
+        "env": [{"name": "PYTHONPATH", "value": PROXY_PYTHONPATH}],
+        "ports": [{"name": "bundle", "containerPort": BUNDLE_PORT, "protocol": "TCP"}],
+        "securityContext": _hardened(),
+        "resources": {"limits": {"memory": "128Mi", "cpu": "1"}, "requests": {"memory": "32Mi", "cpu": "50m"}},
+        "readinessProbe": {"tcpSocket": {"port": BUNDLE_PORT}, "periodSeconds": 2},
+        "volumeMounts": [{"name": "bundle", "mountPath": BUNDLE_DIR}],
+    }
+
+
+def _server_ports(plan: Plan) -> list[int]:
+    """The proxy pod's ports the boxes may reach: the proxy's (when the run has egress) and the bundle's."""
+    return ([PROXY_PORT] if plan.proxy_listen else []) + [BUNDLE_PORT]
+
+
 def _proxy_objects(plan: Plan, run: KubeRun, ns: str, secret_values: Mapping[str, str] | None) -> list[dict]:
     names = sorted({n for r in kube_routes(plan) for n in r.secret_env})
     labels = _labels(run, "proxy")
+    bundle = {"name": "bundle", "emptyDir": {"sizeLimit": _bundle_size(run)}}
+    if not plan.proxy_listen:  # no egress at all: the pod only serves the workspace
+        return _server_objects(run, ns, labels, [_bundle_container(run)], [bundle], [BUNDLE_PORT])
     volumes = [{"name": "config", "configMap": {"name": "proxy-config", "defaultMode": 0o444}},
-               {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
+               {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}, bundle]
     container: dict = {
         "name": "proxy", "image": run.proxy_image, "imagePullPolicy": "IfNotPresent",
         "command": ["python3", "-m", "relay.proxy_main", "--config", PROXY_CONFIG],
@@ -289,38 +335,49 @@ def _proxy_objects(plan: Plan, run: KubeRun, ns: str, secret_values: Mapping[str
             secret["stringData"] = {n: secret_values[n] for n in names if n in secret_values}
         objects.append(secret)
         container["envFrom"] = [{"secretRef": {"name": "proxy-credentials"}}]
-    objects.append({
+    return objects + _server_objects(run, ns, labels, [container, _bundle_container(run)], volumes,
+                                     [PROXY_PORT, BUNDLE_PORT])
+
+
+def _server_objects(run: KubeRun, ns: str, labels: dict, containers: list[dict], volumes: list[dict],
+                    ports: list[int]) -> list[dict]:
+    """The proxy pod's Deployment and its Service."""
+    names = {PROXY_PORT: "proxy", BUNDLE_PORT: "bundle"}
+    return [{
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": PROXY_NAME, "namespace": ns, "labels": labels},
         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels}, "spec": {
                      "automountServiceAccountToken": False, "enableServiceLinks": False, "hostUsers": False,
                      "securityContext": {"runAsNonRoot": True, "runAsUser": BOX_UID, "runAsGroup": BOX_UID,
-                                         "seccompProfile": {"type": "RuntimeDefault"}},
-                     "containers": [container], "volumes": volumes}}},
-    })
-    objects.append({
+                                         "fsGroup": BOX_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+                     "containers": containers, "volumes": volumes}}},
+    }, {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": PROXY_NAME, "namespace": ns, "labels": labels},
-        "spec": {"selector": labels, "ports": [{"name": "proxy", "port": PROXY_PORT, "targetPort": PROXY_PORT,
-                                                 "protocol": "TCP"}]},
-    })
-    return objects
+        "spec": {"selector": labels, "ports": [{"name": names[p], "port": p, "targetPort": p, "protocol": "TCP"}
+                                               for p in ports]},
+    }]
 
 
 def _network_policies(plan: Plan, run: KubeRun, ns: str) -> list[dict]:
     box, proxy = _labels(run, "box"), _labels(run, "proxy")
-    box_egress: list[dict] = []
-    if plan.proxy_listen:
-        box_egress = [{"to": [{"podSelector": {"matchLabels": proxy}}],
-                       "ports": [{"protocol": "TCP", "port": PROXY_PORT}]}]
+    reach = [{"protocol": "TCP", "port": p} for p in _server_ports(plan)]
+    box_egress = [{"to": [{"podSelector": {"matchLabels": proxy}}], "ports": reach}]
     objects = [{
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"name": "boxes-reach-only-the-proxy", "namespace": ns, "labels": box},
-        # No DNS and no other pod: an empty list denies all; the proxy's port is the one way out.
+        # No DNS and no other pod: the proxy pod's ports (egress, the bundle) are the one way out.
         "spec": {"podSelector": {"matchLabels": box}, "policyTypes": ["Ingress", "Egress"], "ingress": [],
                  "egress": box_egress},
     }]
+    if not plan.proxy_listen:
+        objects.append({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "bundle-server-reaches-nothing", "namespace": ns, "labels": proxy},
+            "spec": {"podSelector": {"matchLabels": proxy}, "policyTypes": ["Ingress", "Egress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": box}}], "ports": reach}], "egress": []},
+        })
     if plan.proxy_listen:
         ports = [{"protocol": "TCP", "port": p} for p in _allowed_ports(plan)]
         objects.append({
@@ -328,8 +385,7 @@ def _network_policies(plan: Plan, run: KubeRun, ns: str) -> list[dict]:
             "metadata": {"name": "proxy-reaches-public-allowed-ports", "namespace": ns, "labels": proxy},
             "spec": {
                 "podSelector": {"matchLabels": proxy}, "policyTypes": ["Ingress", "Egress"],
-                "ingress": [{"from": [{"podSelector": {"matchLabels": box}}],
-                             "ports": [{"protocol": "TCP", "port": PROXY_PORT}]}],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": box}}], "ports": reach}],
                 "egress": [
                     {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_V4)}},
                             {"ipBlock": {"cidr": "::/0", "except": list(PRIVATE_V6)}}], "ports": ports},
@@ -366,4 +422,6 @@ def describe(plan: Plan, run: KubeRun) -> dict:
     return {"namespace": namespace(run.run_id), "count": run.count, "parallel": min(run.parallel or run.count, run.count),
             "image": run.image, "proxy_image": run.proxy_image, "runtime_class": run.runtime_class,
             "seccomp_profile": seccomp_name(seccomp_profile(plan)),
-            "credentials": [route_json(r)["route"] for r in plan.credentials]}
+            "credentials": [route_json(r)["route"] for r in plan.credentials],
+            "workspace": {"bundle_bytes": run.bundle_bytes, "bundle_sha256": run.bundle_sha256,
+                          "served_by": f"{PROXY_NAME}:{BUNDLE_PORT}"}}

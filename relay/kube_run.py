@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from .digest import sha256
 from .errors import EXIT_REFUSED, EXIT_TIMEOUT, RefusedError, RelayError, UsageError
 from .kube_render import (
     RESULT_BEGIN,
@@ -29,6 +30,7 @@ from .kube_render import (
     namespace,
     render_objects,
     to_yaml,
+    with_bundle,
 )
 from .kube_stage import Outcome, bundle_head, stage_box, stamp_ctime
 from .plan import Plan
@@ -190,10 +192,11 @@ def kube_main(plan: Plan, env: Mapping[str, str], *, dry_run: bool, as_json: boo
                          "local or container mode for an interactive session")
     run = kube_run_for(plan, run_id, count, parallel, env)
     if dry_run:
-        objects = render_objects(plan, run, make_bundle(plan.workdir))
+        bundle = make_bundle(plan.workdir)
+        objects = render_objects(plan, run, bundle)
         if as_json:
             data = plan.to_json()
-            data["kube"] = {**describe(plan, run), "objects": objects}
+            data["kube"] = {**describe(plan, with_bundle(run, bundle)), "objects": objects}
             print(json.dumps(data, indent=2))
         else:
             sys.stdout.write(to_yaml(objects))
@@ -220,6 +223,29 @@ def _kubectl(kubectl: str, env: Mapping[str, str], *args: str, stdin: str | None
     return proc.stdout
 
 
+def bundle_upload_argv(run: KubeRun, bundle: bytes) -> list[str]:
+    """Pure: what the proxy pod's bundle container runs to take the bundle from its stdin."""
+    from .kube_render import BUNDLE_DIR
+
+    return ["python3", "-m", "relay.kube_bundle", "receive", "--dir", BUNDLE_DIR,
+            "--sha256", sha256(bundle).hexdigest(), "--bytes", str(len(bundle))]
+
+
+def _serve_bundle(kubectl: str, env: Mapping[str, str], ns: str, run: KubeRun, bundle: bytes) -> str:
+    """Wait for the proxy pod, stream the bundle into it (`kubectl exec -i`: the API server relays
+    the stream, etcd stores nothing), and return the Service's address for the boxes' hostAliases."""
+    ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
+                  "jsonpath={.spec.clusterIP}").strip()
+    _kubectl(kubectl, env, "-n", ns, "rollout", "status", "deployment/hive-relay-proxy", "--timeout=300s")
+    proc = subprocess.run([kubectl, "-n", ns, "exec", "-i", "deployment/hive-relay-proxy", "-c", "bundle", "--",
+                           *bundle_upload_argv(run, bundle)], input=bundle, capture_output=True, env=dict(env),
+                          timeout=1800)
+    if proc.returncode != 0:
+        raise RelayError("kube mode could not stream the workspace to the proxy pod: "
+                         f"{proc.stderr.decode(errors='replace').strip()[-300:]}")
+    return ip
+
+
 def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, str]) -> int:
     """Apply the run's objects (the Job last, once the proxy Service has its address), print a line
     per box as it changes, collect the patches, and delete the namespace however the run ends."""
@@ -236,10 +262,8 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
     deadline = time.monotonic() + (plan.timeout or 1800) + 60
     try:
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] != "Job"]))
-        if plan.proxy_listen:
-            ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
-                          "jsonpath={.spec.clusterIP}").strip()
-            objects = render_objects(plan, replace(run, proxy_ip=ip), bundle, keys)
+        ip = _serve_bundle(kubectl, env, ns, run, bundle)
+        objects = render_objects(plan, replace(run, proxy_ip=ip), bundle, keys)
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
         results, logs = _follow(kubectl, env, ns, run.count, deadline)
         write_patches(run_dir, results)
@@ -321,11 +345,11 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
         runtime_ok = subprocess.run([kubectl, "get", "runtimeclass", run.runtime_class], capture_output=True,
                                     env=dict(env)).returncode == 0
     try:
-        objects = render_objects(plan, run, make_bundle(here))
+        bundle = make_bundle(here)
+        objects = render_objects(plan, run, bundle)
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] != "Job"]))
-        ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
-                      "jsonpath={.spec.clusterIP}").strip()
-        objects = render_objects(plan, replace(run, proxy_ip=ip), make_bundle(here))
+        ip = _serve_bundle(kubectl, env, ns, run, bundle)
+        objects = render_objects(plan, replace(run, proxy_ip=ip), bundle)
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
         try:
             _, logs = _follow(kubectl, env, ns, 1, time.monotonic() + 180)

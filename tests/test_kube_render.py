@@ -5,6 +5,7 @@ for a fixed plan is golden (regenerate with HIVE_RELAY_GOLDEN=1, then review the
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -59,7 +60,7 @@ def kinds(objs: list[dict]) -> list[str]:
 @pytest.mark.parametrize("backend", ["claude", "codex", "gemini", "opencode", "shell"])
 def test_every_object_validates_against_the_kubernetes_schema(backend: str, fake_checkout: None) -> None:
     objs = objects(backend, runtime_class="gvisor", proxy_ip="10.96.0.12")
-    assert kinds(objs)[:2] == ["Namespace", "ConfigMap"] and kinds(objs)[-1] == "Job"
+    assert kinds(objs)[0] == "Namespace" and kinds(objs)[-1] == "Job"
     for obj in yaml.safe_load_all(to_yaml(objs)):  # what kubectl would read, not the dicts
         kubernetes_validate.validate(obj, K8S, strict=True)
 
@@ -98,7 +99,10 @@ def test_the_job_carries_every_required_setting(fake_checkout: None) -> None:
     mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["/tmp"] == "tmp" and mounts[dict(plan.env_set)["HOME"]] == "home"
     assert vols["tmp"]["emptyDir"]["sizeLimit"] and vols["home"]["emptyDir"]["sizeLimit"]
-    assert pod["initContainers"][0]["command"][:2] == ["git", "clone"]  # the bundle, no network
+    unpack = pod["initContainers"][0]
+    assert unpack["command"][:2] == ["bash", "-c"] and "sha256sum -c" in unpack["command"][2]  # checked, then cloned
+    sha = {e["name"]: e["value"] for e in unpack["env"]}["HIVE_RELAY_BUNDLE_SHA256"]
+    assert sha == job["metadata"]["annotations"]["hive-relay/bundle-sha256"] == hashlib.sha256(b"x").hexdigest()
 
 
 def test_the_seccomp_profile_is_container_modes(fake_checkout: None, fixed_seccomp: None) -> None:
@@ -138,7 +142,8 @@ def test_network_policies_box_to_proxy_only_and_proxy_to_public(fake_checkout: N
     box = pols["boxes-reach-only-the-proxy"]
     assert box["policyTypes"] == ["Ingress", "Egress"] and box["ingress"] == []
     assert box["egress"] == [{"to": [{"podSelector": {"matchLabels": kube_render._labels(RUN, "proxy")}}],
-                              "ports": [{"protocol": "TCP", "port": 3128}]}]  # no port 53: no DNS
+                              "ports": [{"protocol": "TCP", "port": 3128}, {"protocol": "TCP", "port": 3129}]}]
+    # no port 53: no DNS; 3129 is the proxy pod's workspace server
     proxy = pols["proxy-reaches-public-allowed-ports"]
     public, dns = proxy["egress"]
     assert public["to"][0]["ipBlock"]["cidr"] == "0.0.0.0/0"
@@ -146,12 +151,17 @@ def test_network_policies_box_to_proxy_only_and_proxy_to_public(fake_checkout: N
         public["to"][0]["ipBlock"]["except"])
     assert {p["port"] for p in public["ports"]} == {443}
     assert {p["port"] for p in dns["ports"]} == {53}
-    # Twin: a profile without network has no proxy at all, and its boxes reach nothing.
+    # Twin: a profile without network has no proxy, only the workspace server, which reaches nothing;
+    # its boxes reach that server's port and nothing else.
     plan = kube_plan("shell", profile="default")
     objs = render_objects(plan, RUN, b"x")
-    assert "Deployment" not in kinds(objs) and "Service" not in kinds(objs)
-    (only,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
-    assert only["spec"]["egress"] == []
+    (dep,) = [o for o in objs if o["kind"] == "Deployment"]
+    assert [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]] == ["bundle"]
+    assert "proxy-config" not in json.dumps(objs)
+    pols = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "NetworkPolicy"}
+    assert set(pols) == {"boxes-reach-only-the-proxy", "bundle-server-reaches-nothing"}
+    assert pols["boxes-reach-only-the-proxy"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": 3129}]
+    assert pols["bundle-server-reaches-nothing"]["egress"] == []
 
 
 def test_golden_yaml(fake_checkout: None, fixed_seccomp: None) -> None:
@@ -162,11 +172,51 @@ def test_golden_yaml(fake_checkout: None, fixed_seccomp: None) -> None:
     assert text == path.read_text(), f"{path} differs: review, then regenerate with HIVE_RELAY_GOLDEN=1"
 
 
-def test_a_bundle_over_the_configmap_limit_is_one_clear_line(fake_checkout: None) -> None:
-    from relay.errors import UsageError
+def test_a_bundle_of_any_size_is_in_no_object(fake_checkout: None) -> None:
+    """A real checkout's bundle (here 5 MiB, five times a ConfigMap's limit) travels outside the API
+    server: no object carries its bytes, only its sha256 and size, and the volumes fit it."""
+    bundle = os.urandom(5 << 20)
+    objs = render_objects(kube_plan("shell"), RUN, bundle)
+    text = to_yaml(objs)
+    assert len(text) < 200_000 and base64.b64encode(bundle[:64]).decode()[:40] not in text
+    job = objs[-1]
+    assert job["metadata"]["annotations"]["hive-relay/bundle-bytes"] == str(5 << 20)
+    vols = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert vols["bundle"]["emptyDir"]["sizeLimit"] == "7Mi"
 
-    with pytest.raises(UsageError, match="ConfigMap limit; fix:"):
-        render_objects(kube_plan("shell"), RUN, b"x" * (kube_render.MAX_BUNDLE + 1))
+
+def test_the_bundle_server_serves_only_a_complete_checked_bundle(tmp_path: Path) -> None:
+    """relay/kube_bundle.py: 503 before the bundle is in, a wrong sha256 or size is refused and
+    serves nothing, any other path is 404; the twin: the right bundle is served byte for byte."""
+    import io
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from relay import kube_bundle
+
+    data = os.urandom(3 << 20)
+    good = hashlib.sha256(data).hexdigest()
+    assert kube_bundle.receive(str(tmp_path), "0" * 64, len(data), io.BytesIO(data)) == 65
+    assert kube_bundle.receive(str(tmp_path), good, len(data) - 1, io.BytesIO(data)) == 65
+    assert list(tmp_path.iterdir()) == []  # nothing half-written stays
+    import http.server
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), kube_bundle.handler_for(str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url}/workspace.bundle", timeout=10)
+        assert err.value.code == 503
+        assert kube_bundle.receive(str(tmp_path), good, len(data), io.BytesIO(data)) == 0
+        for path in ("/", "/../etc/passwd", "/workspace.bundle/x", "/.incoming-1"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(url + path, timeout=10)
+            assert err.value.code == 404
+        assert urllib.request.urlopen(f"{url}/workspace.bundle", timeout=10).read() == data
+    finally:
+        server.shutdown()
 
 
 def test_the_patch_comes_back_from_the_log_and_garbage_is_no_patch(tmp_path: Path) -> None:
@@ -220,6 +270,8 @@ case "$*" in
   "config current-context") echo stub-context ;;
   "apply -f -") cat >> "$STUB_DIR/applied" ;;
   *"get service hive-relay-proxy"*) printf 10.96.0.9 ;;
+  *"rollout status deployment/hive-relay-proxy"*) ;;
+  *" exec -i deployment/hive-relay-proxy -c bundle -- python3 -m relay.kube_bundle receive "*) cat > "$STUB_DIR/bundle" ;;
   *"get pods"*)
     [ "$MODE" = fail ] && { echo "the server is gone" >&2; exit 1; }
     printf '{"items": [%s]}' "$(for i in 0 1; do [ $i = 1 ] && printf ,; printf '{"metadata": {"name": "boxes-%s", "annotations": {"batch.kubernetes.io/job-completion-index": "%s"}}, "status": {"phase": "Succeeded"}}' $i $i; done)" ;;
@@ -261,6 +313,12 @@ def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_
     assert proc.returncode == 0, proc.stderr
     assert [d["kind"] for d in applied][-1] == "Job" and "Job" not in [d["kind"] for d in applied[:-1]]
     assert applied[-1]["spec"]["template"]["spec"]["hostAliases"] == [{"ip": "10.96.0.9", "hostnames": ["hive-relay-proxy"]}]
+    # The workspace went to the proxy pod's server once it was up, before the Job; no object carries it.
+    bundle = (tmp_path / "bundle").read_bytes()
+    assert bundle.startswith(b"# v2 git bundle\n")
+    assert applied[-1]["metadata"]["annotations"]["hive-relay/bundle-sha256"] == hashlib.sha256(bundle).hexdigest()
+    order = [c.split()[2] for c in calls if c.startswith("-n ")]
+    assert order.index("rollout") < order.index("exec") and "binaryData" not in (tmp_path / "applied").read_text()
     ns = deleted[0].split()[2]
     patches = sorted((tmp_path / "state" / "hive-relay" / "kube" / ns).iterdir())
     assert [p.name for p in patches] == ["box-0.log", "box-0.patch", "box-1.log", "box-1.patch"]
