@@ -54,7 +54,7 @@ RESULT_END = "hive-relay-patch-end"
 # as RUN/box-N.patch and stages it (relay/kube_stage.py); nothing is applied to the checkout.
 BOX_SCRIPT = (
     'cd "$HIVE_RELAY_WORKSPACE" || exit 70\n'
-    'base=$(git rev-parse HEAD) || exit 70\n'
+    'base=${HIVE_RELAY_BASE:-$(git rev-parse HEAD)} || exit 70\n'
     '"$@"\n'
     'rc=$?\n'
     'git add -A >/dev/null 2>&1\n'
@@ -75,7 +75,13 @@ FETCH_BUNDLE = (
     'done\n'
     f'echo "$HIVE_RELAY_BUNDLE_SHA256  {BUNDLE_DIR}/{BUNDLE_KEY}" | sha256sum -c --quiet - || {{\n'
     '  echo "hive-relay: the workspace bundle does not match the sha256 the launcher computed" >&2; exit 65; }\n'
-    f'git clone --quiet {BUNDLE_DIR}/{BUNDLE_KEY} "$HIVE_RELAY_WORKSPACE"\n'
+    f'git clone --quiet {BUNDLE_DIR}/{BUNDLE_KEY} "$HIVE_RELAY_WORKSPACE" || exit 70\n'
+    # The checkout's uncommitted changes (a snapshot commit on top of HEAD): in the worktree as
+    # uncommitted changes again, HEAD and the index where the user's are.
+    'cd "$HIVE_RELAY_WORKSPACE" || exit 70\n'
+    'if [ "$HIVE_RELAY_BASE" != "$(git rev-parse HEAD)" ]; then\n'
+    '  git read-tree -u --reset "$HIVE_RELAY_BASE" && git reset -q || exit 70\n'
+    'fi\n'
 )
 WAIT_PROXY = (
     'i=0\n'
@@ -102,6 +108,7 @@ class KubeRun:
     ttl_seconds: int = 3600
     bundle_sha256: str = ""
     bundle_bytes: int = 0
+    bundle_base: str = ""  # the commit the boxes start from (relay/kube_stage.bundle_head)
 
 
 def namespace(run_id: str) -> str:
@@ -166,7 +173,8 @@ def box_pod_spec(plan: Plan, run: KubeRun, seccomp_file: str) -> dict:
         "name": "unpack", "image": run.image, "imagePullPolicy": "IfNotPresent",
         "command": ["bash", "-c", FETCH_BUNDLE],
         "env": [{"name": "HOME", "value": home}, {"name": "HIVE_RELAY_WORKSPACE", "value": plan.workdir},
-                {"name": "HIVE_RELAY_BUNDLE_SHA256", "value": run.bundle_sha256}],
+                {"name": "HIVE_RELAY_BUNDLE_SHA256", "value": run.bundle_sha256},
+                {"name": "HIVE_RELAY_BASE", "value": run.bundle_base}],
         "securityContext": _hardened(), "resources": _resources(plan),
         "volumeMounts": [{"name": "bundle", "mountPath": BUNDLE_DIR}] + mounts,
     }]
@@ -186,7 +194,7 @@ def box_pod_spec(plan: Plan, run: KubeRun, seccomp_file: str) -> dict:
             "name": "box", "image": run.image, "imagePullPolicy": "IfNotPresent",
             "command": ["/bin/sh", "-c", BOX_SCRIPT, "hive-relay-box", *plan.argv],
             "workingDir": plan.workdir,
-            "env": _box_env(plan),
+            "env": [*_box_env(plan), {"name": "HIVE_RELAY_BASE", "value": run.bundle_base}],
             "securityContext": _hardened(),
             "resources": _resources(plan),
             "volumeMounts": mounts,
@@ -243,7 +251,10 @@ def with_bundle(run: KubeRun, bundle: bytes) -> KubeRun:
     """The run with its bundle's sha256 and size: what the Job checks and the volumes are sized by."""
     from dataclasses import replace
 
-    return replace(run, bundle_sha256=sha256(bundle).hexdigest(), bundle_bytes=len(bundle))
+    from .kube_stage import bundle_head
+
+    return replace(run, bundle_sha256=sha256(bundle).hexdigest(), bundle_bytes=len(bundle),
+                   bundle_base=bundle_head(bundle) or "")
 
 
 def render_objects(plan: Plan, run: KubeRun, bundle: bytes, secret_values: Mapping[str, str] | None = None) -> list[dict]:

@@ -147,13 +147,61 @@ def outcome_line(o: Outcome) -> str:
     return f"box {o.index:<3} staged {o.run} ({o.files} file(s))" if o.run else f"box {o.index:<3} no changes"
 
 
+SNAPSHOT_REF = "refs/hive-relay/snapshot"
+_IDENT = {"GIT_AUTHOR_NAME": "hive relay", "GIT_AUTHOR_EMAIL": "hive-relay@localhost",
+          "GIT_COMMITTER_NAME": "hive relay", "GIT_COMMITTER_EMAIL": "hive-relay@localhost"}
+
+
+def _snapshot(workdir: str, tmp: str) -> str | None:
+    """A commit of the checkout as it is now (HEAD plus uncommitted and untracked, not ignored,
+    files), made through a private index so the user's own index is untouched; None when it equals
+    HEAD. Its objects go to the object store (inert data); no ref of the user's moves."""
+    env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index"), "LC_ALL": "C", **_IDENT}
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", workdir, "-c", "core.hooksPath=/dev/null", *args], capture_output=True,
+                              text=True, env=env, stdin=subprocess.DEVNULL, timeout=600)
+        if proc.returncode != 0:
+            raise UsageError(f"kube mode ships the workdir as a git bundle, and `git {args[0]}` failed: "
+                             f"{proc.stderr.strip()[-200:]}; fix: run in a git checkout with at least one commit")
+        return proc.stdout.strip()
+
+    git("read-tree", "HEAD")
+    git("add", "-A", "--", ".")
+    tree = git("write-tree")
+    if tree == git("rev-parse", "HEAD^{tree}"):
+        return None
+    return git("commit-tree", tree, "-p", "HEAD", "-m", "hive relay: the checkout's uncommitted changes at launch")
+
+
 def make_bundle(workdir: str) -> bytes:
-    """The workdir's HEAD (and its history) as a git bundle: what the boxes clone. Uncommitted
-    changes do not travel (a bundle carries commits)."""
+    """The workdir as a git bundle: what the boxes clone. HEAD with its history (and the current
+    branch, so the clone is on it), plus, when the checkout has uncommitted or untracked files
+    (ignored ones stay home), a snapshot commit of them on top under refs/hive-relay/snapshot:
+    the box's init container puts those files in its worktree as uncommitted changes, so the box
+    starts from the checkout as the user sees it, and its patch is taken against that snapshot."""
     with tempfile.TemporaryDirectory(prefix="hive-relay-bundle-") as tmp:
         out = os.path.join(tmp, "workspace.bundle")
-        proc = subprocess.run(["git", "-C", workdir, "bundle", "create", out, "HEAD"], capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL)
+        try:
+            snap = _snapshot(workdir, tmp)
+        except subprocess.TimeoutExpired as err:
+            raise UsageError("kube mode could not snapshot the checkout in 600 s; fix: commit or ignore large "
+                             "untracked files") from err
+        refs = ["HEAD"]
+        branch = subprocess.run(["git", "-C", workdir, "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL).stdout.strip()
+        if branch.startswith("refs/heads/"):
+            refs.append(branch)
+        tag = f"{SNAPSHOT_REF}-{os.getpid()}-{os.urandom(4).hex()}"
+        if snap:
+            subprocess.run(["git", "-C", workdir, "update-ref", tag, snap], check=True, capture_output=True)
+            refs.append(tag)
+        try:
+            proc = subprocess.run(["git", "-C", workdir, "bundle", "create", out, *refs], capture_output=True,
+                                  text=True, stdin=subprocess.DEVNULL)
+        finally:
+            if snap:
+                subprocess.run(["git", "-C", workdir, "update-ref", "-d", tag], capture_output=True)
         if proc.returncode != 0:
             raise UsageError(f"kube mode ships the workdir as a git bundle, and `git bundle create` failed: "
                              f"{proc.stderr.strip()[-200:]}; fix: run in a git checkout with at least one commit")

@@ -52,12 +52,17 @@ class Outcome:
 
 
 def bundle_head(bundle: bytes) -> str | None:
-    """The commit a bundle we made carries (`# v2 git bundle` then `OID REF` lines)."""
-    for line in bundle.split(b"\n", 8)[1:8]:
+    """The commit the boxes start from, in a bundle we made (`# v2 git bundle` then `OID REF`
+    lines): the snapshot of uncommitted changes when it has one (relay/kube_run.make_bundle), else HEAD."""
+    heads: dict[str, str] = {}
+    for line in bundle.split(b"\n", 16)[1:16]:
+        if not line:
+            break
         oid, _, ref = line.partition(b" ")
         if ref and len(oid) in (40, 64) and all(c in b"0123456789abcdef" for c in oid):
-            return oid.decode()
-    return None
+            heads[ref.decode(errors="replace")] = oid.decode()
+    snap = [oid for ref, oid in heads.items() if ref.startswith("refs/hive-relay/snapshot")]
+    return snap[0] if snap else heads.get("HEAD") or next(iter(heads.values()), None)
 
 
 def stamp_ctime(env: Mapping[str, str]) -> int:

@@ -224,3 +224,50 @@ def test_rootless_plays_the_users_own_image() -> None:
     mine = kube_podman.local_run(run, {}, uid=4242)
     assert mine.image.endswith("-u4242") and mine.proxy_image == kube_podman.proxy_image_tag(mine.image)
     assert kube_podman.local_run(run, {"HIVE_RELAY_KUBE_IMAGE": "x"}, uid=4242) == run
+
+
+def test_a_real_checkout_travels_with_its_uncommitted_work_and_comes_back_staged(tmp_path: Path, image: str) -> None:
+    """The workspace outside the API server, at a size no ConfigMap holds (8 MiB of history and
+    files), with the user's uncommitted edit and untracked file: the box sees the checkout as the
+    user does (and not the ignored secret), its patch is staged against that snapshot, and applies
+    on top of the user's uncommitted work without a conflict. The user's index and refs never move."""
+    work = _checkout(tmp_path)
+    git = ["git", "-C", str(work), "-c", "user.email=t@t", "-c", "user.name=t"]
+    (work / "blobs").mkdir()
+    for i in range(8):
+        (work / "blobs" / f"b{i}.bin").write_bytes(os.urandom(1 << 20))  # incompressible: the bundle is > 8 MiB
+    (work / ".gitignore").write_text(".env\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "blobs"], check=True)
+    (work / "README.md").write_text("hello\nthe user's uncommitted line\n")
+    (work / "notes.txt").write_text("untracked notes\n")
+    (work / ".env").write_text("SECRET=ignored-stays-home\n")
+    status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout
+    refs = subprocess.run([*git, "for-each-ref"], capture_output=True, text=True).stdout
+    env = {**podman_env(), "XDG_STATE_HOME": str(tmp_path / "state")}
+    script = ('cat README.md; cat notes.txt; test -e .env && echo ENV-SEEN; git status --porcelain | sed "s/^/st /"; '
+              'echo "box line" >> README.md')
+    req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubebig-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", argv_override=("/bin/bash", "-c", script))
+    matrix = load_matrix(env, workdir=None)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
+    kube_podman.build_proxy_image(["podman"], run.image, env)
+    base_ctime = stamp_ctime(env)
+    bundle = make_bundle(str(work))
+    assert len(bundle) > 8 << 20
+    assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout == status
+    assert subprocess.run([*git, "for-each-ref"], capture_output=True, text=True).stdout == refs
+    played = kube_podman.play(plan, run, bundle, env, str(tmp_path / "play"), timeout=300)
+    log = played.logs[0]
+    assert played.results[0].exit_code == 0, log
+    assert "the user's uncommitted line" in log and "untracked notes" in log and "ENV-SEEN" not in log, log
+    assert "st  M README.md" in log and "st ?? notes.txt" in log, log  # uncommitted in the box too
+    [out] = stage_results(plan, run.run_id, bundle_head(bundle), base_ctime, played.results, env)
+    assert out.error is None and out.run, out
+    r = staged.find(env, out.run)
+    entries = changes.review(r).entries
+    assert [(e.path, e.kind, e.conflict) for e in entries] == [("README.md", "modified", None)]
+    done, held = changes.apply(r)
+    assert [e.path for e in done] == ["README.md"] and not held
+    assert (work / "README.md").read_text() == "hello\nthe user's uncommitted line\nbox line\n"
