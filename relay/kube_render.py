@@ -105,7 +105,7 @@ class KubeRun:
     parallel: int | None = None
     runtime_class: str | None = None
     proxy_ip: str | None = None
-    ttl_seconds: int = 3600
+    ttl_seconds: int = 600  # after the Job ends, its objects (all owned by it) go; the launcher deletes sooner
     bundle_sha256: str = ""
     bundle_bytes: int = 0
     bundle_base: str = ""  # the commit the boxes start from (relay/kube_stage.bundle_head)

@@ -279,11 +279,9 @@ def bundle_upload_argv(run: KubeRun, bundle: bytes) -> list[str]:
             "--sha256", sha256(bundle).hexdigest(), "--bytes", str(len(bundle))]
 
 
-def _serve_bundle(kubectl: str, env: Mapping[str, str], ns: str, run: KubeRun, bundle: bytes) -> str:
-    """Wait for the proxy pod, stream the bundle into it (`kubectl exec -i`: the API server relays
-    the stream, etcd stores nothing), and return the Service's address for the boxes' hostAliases."""
-    ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
-                  "jsonpath={.spec.clusterIP}").strip()
+def _serve_bundle(kubectl: str, env: Mapping[str, str], ns: str, run: KubeRun, bundle: bytes) -> None:
+    """Wait for the proxy pod and stream the bundle into it (`kubectl exec -i`: the API server
+    relays the stream, etcd stores nothing)."""
     _kubectl(kubectl, env, "-n", ns, "rollout", "status", "deployment/hive-relay-proxy", "--timeout=300s")
     proc = subprocess.run([kubectl, "-n", ns, "exec", "-i", "deployment/hive-relay-proxy", "-c", "bundle", "--",
                            *bundle_upload_argv(run, bundle)], input=bundle, capture_output=True, env=dict(env),
@@ -291,12 +289,25 @@ def _serve_bundle(kubectl: str, env: Mapping[str, str], ns: str, run: KubeRun, b
     if proc.returncode != 0:
         raise RelayError("kube mode could not stream the workspace to the proxy pod: "
                          f"{proc.stderr.decode(errors='replace').strip()[-300:]}")
-    return ip
+
+
+def owned_by_job(obj: dict, uid: str) -> dict:
+    """Pure: the object with the run's Job as its owner, so the cluster's garbage collector removes it
+    when the Job's TTL does (after `ttlSecondsAfterFinished`, or `activeDeadlineSeconds` at the most),
+    even if no launcher is left to delete the namespace."""
+    meta = {**obj["metadata"], "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "boxes",
+                                                    "uid": uid}]}
+    return {**obj, "metadata": meta}
 
 
 def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, str]) -> int:
-    """Apply the run's objects (the Job last, once the proxy Service has its address), print a line
-    per box as it changes, collect the patches, and delete the namespace however the run ends."""
+    """Apply the run's objects, print a line per box as it changes, collect the patches, and delete
+    the namespace however the run ends (relay/kube_reaper.py: even after a kill -9 of this process).
+
+    Order: the Namespace and the proxy Service (the boxes' hostAliases need its address), the Job,
+    then everything else owned by the Job, then the bundle. The bundle is the gate: a box's agent
+    runs only after its init container has fetched it, so never before the NetworkPolicies exist."""
+    from . import kube_reaper
     from .egress import route_key
 
     ns = namespace(run.run_id)
@@ -308,11 +319,20 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
     run_dir = os.path.join(env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state"),
                            "hive-relay", "kube", ns)
     deadline = time.monotonic() + (plan.timeout or 1800) + 60
+    reaper = kube_reaper.start(kubectl, ns, env)
     try:
-        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] != "Job"]))
-        ip = _serve_bundle(kubectl, env, ns, run, bundle)
+        first = [o for o in objects if o["kind"] in ("Namespace", "Service")]
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml(first))
+        ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
+                      "jsonpath={.spec.clusterIP}").strip()
         objects = render_objects(plan, replace(run, proxy_ip=ip), bundle, keys)
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
+        uid = _kubectl(kubectl, env, "-n", ns, "get", "job", "boxes", "-o", "jsonpath={.metadata.uid}").strip()
+        if not uid:
+            raise RelayError("kube mode: the cluster gave the Job no uid")
+        rest = [owned_by_job(o, uid) for o in objects if o["kind"] not in ("Namespace", "Job")]
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml(rest))
+        _serve_bundle(kubectl, env, ns, run, bundle)
         results, logs = _follow(kubectl, env, ns, run.count, deadline)
         write_patches(run_dir, results)
         write_logs(run_dir, logs)
@@ -324,7 +344,12 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
         print(summary(results, run_dir, [o.run for o in outcomes if o.run]), file=sys.stderr)
         return 0 if all(r.exit_code == 0 for r in results) else 1
     finally:
-        subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True, env=dict(env))
+        deleted = subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True,
+                                 env=dict(env)).returncode == 0
+        if deleted:
+            kube_reaper.done(reaper)
+        else:
+            os.close(reaper)  # the reaper tries once more
 
 
 def write_logs(run_dir: str, logs: Mapping[int, str]) -> None:
@@ -392,11 +417,16 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
     if run.runtime_class:
         runtime_ok = subprocess.run([kubectl, "get", "runtimeclass", run.runtime_class], capture_output=True,
                                     env=dict(env)).returncode == 0
+    from . import kube_reaper
+
+    reaper = kube_reaper.start(kubectl, ns, env)  # a kill -9 of doctor must not leave the canary's namespace
     try:
         bundle = make_bundle(here)
         objects = render_objects(plan, run, bundle)
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] != "Job"]))
-        ip = _serve_bundle(kubectl, env, ns, run, bundle)
+        ip = _kubectl(kubectl, env, "-n", ns, "get", "service", "hive-relay-proxy", "-o",
+                      "jsonpath={.spec.clusterIP}").strip()
+        _serve_bundle(kubectl, env, ns, run, bundle)
         objects = render_objects(plan, replace(run, proxy_ip=ip), bundle)
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in objects if o["kind"] == "Job"]))
         try:
@@ -410,7 +440,11 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
         verdict = decide(parse(log, seccomp_ok, runtime_ok), backend.name, backend.opt_in,
                          opted_in(backend, matrix, env))
     finally:
-        subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True, env=dict(env))
+        if subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True,
+                          env=dict(env)).returncode == 0:
+            kube_reaper.done(reaper)
+        else:
+            os.close(reaper)
         shutil.rmtree(here, ignore_errors=True)
     for line in verdict.lines:
         print(line)

@@ -8,8 +8,10 @@ import base64
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -262,21 +264,23 @@ def test_cli_dry_run_prints_yaml_and_json_and_refuses_without_a_cluster(tmp_path
     assert tty.returncode == 2 and "--prompt" in tty.stderr and tty.stdout == ""
 
 
-STUB_KUBECTL = r"""#!/bin/sh
+STUB_KUBECTL = r"""#!/bin/bash
 # A stand-in for kubectl (no cluster runs on this machine): records each call, answers the few the
 # runner asks. MODE=fail makes `get pods` fail, as a cluster that goes away mid-run.
 echo "$*" >> "$STUB_DIR/calls"
 case "$*" in
   "config current-context") echo stub-context ;;
-  "apply -f -") cat >> "$STUB_DIR/applied" ;;
+  "apply -f -") { cat; echo ---; } >> "$STUB_DIR/applied" ;;
   *"get service hive-relay-proxy"*) printf 10.96.0.9 ;;
   *"rollout status deployment/hive-relay-proxy"*) ;;
+  *"get job boxes -o jsonpath={.metadata.uid}"*) printf 0b6c5a9e-1111-4222-8333-444455556666 ;;
+  *"get pods"*) [ -n "$HANG" ] && { echo "$$" > "$STUB_DIR/hung"; sleep 300; } ;;&
   *" exec -i deployment/hive-relay-proxy -c bundle -- python3 -m relay.kube_bundle receive "*) cat > "$STUB_DIR/bundle" ;;
   *"get pods"*)
     [ "$MODE" = fail ] && { echo "the server is gone" >&2; exit 1; }
     printf '{"items": [%s]}' "$(for i in 0 1; do [ $i = 1 ] && printf ,; printf '{"metadata": {"name": "boxes-%s", "annotations": {"batch.kubernetes.io/job-completion-index": "%s"}}, "status": {"phase": "Succeeded"}}' $i $i; done)" ;;
   *" logs boxes-"*)
-    n=${*#*logs boxes-}; n=${n%% *}
+    a="$*"; n=${a#*logs boxes-}; n=${n%% *}
     echo "agent output"; echo hive-relay-patch-begin; printf 'diff --git a/f b/f\nnew file mode 100644\n--- /dev/null\n+++ b/f\n@@ -0,0 +1 @@\n+box %s\n' "$n" | base64; echo "hive-relay-patch-end 0" ;;
   *"delete namespace"*) ;;
   *) echo "unexpected: $*" >&2; exit 1 ;;
@@ -287,8 +291,9 @@ esac
 @pytest.mark.parametrize("mode", ["ok", "fail"])
 def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_path: Path, mode: str) -> None:
     """The thin apply/follow/collect path against a scripted kubectl (there is no cluster here): the
-    Job goes in last with the Service's ClusterIP in hostAliases, each box's patch lands in the run's
-    state dir and nothing in the checkout, and the namespace is deleted on success and on failure."""
+    Job goes in with the Service's ClusterIP in hostAliases, everything after it is owned by it (so
+    its TTL removes them), the bundle goes in last of all, each box's patch lands in the run's state
+    dir and nothing in the checkout, and the namespace is deleted on success and on failure."""
     work = tmp_path / "w"
     work.mkdir()
     git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
@@ -302,23 +307,32 @@ def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_
            "MODE": mode, "PATH": f"{stub}:{os.environ['PATH']}"}
     proc = subprocess.run([sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir", str(work),
                            "--count", "2"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    time.sleep(1)  # a reaper that wrongly deleted again would have done so by now
     calls = (tmp_path / "calls").read_text().splitlines()
     deleted = [c for c in calls if c.startswith("delete namespace hive-relay-")]
-    assert len(deleted) == 1, calls
-    applied = list(yaml.safe_load_all((tmp_path / "applied").read_text()))
-    if mode == "fail":
-        assert proc.returncode == 70 and "the server is gone" in proc.stderr
-        assert "Job" not in [d["kind"] for d in applied[:-1]]
-        return
-    assert proc.returncode == 0, proc.stderr
-    assert [d["kind"] for d in applied][-1] == "Job" and "Job" not in [d["kind"] for d in applied[:-1]]
-    assert applied[-1]["spec"]["template"]["spec"]["hostAliases"] == [{"ip": "10.96.0.9", "hostnames": ["hive-relay-proxy"]}]
-    # The workspace went to the proxy pod's server once it was up, before the Job; no object carries it.
+    assert len(deleted) == 1, calls  # by the launcher; its reaper was told and did nothing
+    applied = [d for d in yaml.safe_load_all((tmp_path / "applied").read_text()) if d]
+    kinds = [d["kind"] for d in applied]
+    assert proc.returncode == (70 if mode == "fail" else 0), proc.stderr
+    assert kinds[:3] == ["Namespace", "Service", "Job"] and kinds.count("Job") == 1
+    job = applied[2]
+    assert job["spec"]["template"]["spec"]["hostAliases"] == [{"ip": "10.96.0.9", "hostnames": ["hive-relay-proxy"]}]
+    owners = [d["metadata"].get("ownerReferences") for d in applied[3:]]
+    assert {"Deployment", "NetworkPolicy", "Service"} <= set(kinds[3:])
+    assert all(o == [{"apiVersion": "batch/v1", "kind": "Job", "name": "boxes",
+                      "uid": "0b6c5a9e-1111-4222-8333-444455556666"}] for o in owners), owners
+    for d in applied[3:]:
+        kubernetes_validate.validate(d, K8S, strict=True)
+    # The workspace went to the proxy pod's server after the policies and the proxy; no object carries it.
     bundle = (tmp_path / "bundle").read_bytes()
     assert bundle.startswith(b"# v2 git bundle\n")
-    assert applied[-1]["metadata"]["annotations"]["hive-relay/bundle-sha256"] == hashlib.sha256(bundle).hexdigest()
-    order = [c.split()[2] for c in calls if c.startswith("-n ")]
+    assert job["metadata"]["annotations"]["hive-relay/bundle-sha256"] == hashlib.sha256(bundle).hexdigest()
+    order = [c.split()[0] if not c.startswith("-n ") else c.split()[2] for c in calls]
     assert order.index("rollout") < order.index("exec") and "binaryData" not in (tmp_path / "applied").read_text()
+    assert max(i for i, c in enumerate(order) if c == "apply") < order.index("exec")
+    if mode == "fail":
+        assert "the server is gone" in proc.stderr
+        return
     ns = deleted[0].split()[2]
     patches = sorted((tmp_path / "state" / "hive-relay" / "kube" / ns).iterdir())
     assert [p.name for p in patches] == ["box-0.log", "box-0.patch", "box-1.log", "box-1.patch"]
@@ -342,3 +356,44 @@ def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_
                             cwd=REPO)
     assert second.returncode == 1 and "conflict" in second.stdout, second.stdout  # the same path, another box
     assert (work / "f").read_text() == "box 0\n"
+
+
+def test_a_kill_9_of_the_launcher_still_deletes_the_namespace(tmp_path: Path) -> None:
+    """Attack on cleanup: the launcher is killed with SIGKILL mid-run (its finally never runs). Its
+    reaper, in a session of its own, sees the pipe close and deletes the namespace. The twin is the
+    test above: a launcher that ends normally tells its reaper, and only one delete is made."""
+    work = tmp_path / "w"
+    work.mkdir()
+    git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "i"], check=True)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "kubectl").write_text(STUB_KUBECTL)
+    (stub / "kubectl").chmod(0o755)
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
+           "MODE": "ok", "HANG": "1", "PATH": f"{stub}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir",
+                             str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "hung").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the launcher never reached its follow loop"
+            time.sleep(0.05)
+        calls = (tmp_path / "calls").read_text()
+        assert "delete namespace" not in calls
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 120
+        while "delete namespace hive-relay-" not in (tmp_path / "calls").read_text():
+            assert time.monotonic() < deadline, "no reaper deleted the namespace after the launcher's kill -9"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        hung = tmp_path / "hung"
+        if hung.exists():
+            try:
+                os.kill(int(hung.read_text()), signal.SIGKILL)  # the stub's sleeping `get pods`
+            except (ProcessLookupError, ValueError):
+                pass
