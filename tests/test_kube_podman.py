@@ -271,3 +271,14 @@ def test_a_real_checkout_travels_with_its_uncommitted_work_and_comes_back_staged
     done, held = changes.apply(r)
     assert [e.path for e in done] == ["README.md"] and not held
     assert (work / "README.md").read_text() == "hello\nthe user's uncommitted line\nbox line\n"
+
+
+def test_the_kube_repo_bench_runs_and_every_box_brings_its_patch(image: str) -> None:
+    """`invoke bench --kube-repo`, scaled down (300 files, 3 MB, 2 boxes): the rows are there, the
+    baseline was timed, and every box came back with its patch."""
+    from relay.bench_kube_repo import bench_kube_repo
+
+    r = bench_kube_repo(files=300, total_mb=3, count=2, env=podman_env())
+    assert r["failures"] == 0, r
+    assert isinstance(r["podman_run_baseline_s"], float) and r["first_box_running_s"] is not None, r
+    assert r["bundle_MB"] >= 2.5 and r["first_box_over_podman_run"] is not None, r
