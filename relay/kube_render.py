@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from .config import CredentialRoute
 from .digest import sha256
-from .plan import Plan, route_json
+from .egress import CREDENTIAL_PLACEHOLDER
+from .plan import Plan
 from .seccomp_oci import default_profile, render
 
 PROXY_NAME = "hive-relay-proxy"
@@ -150,6 +151,9 @@ def _box_env(plan: Plan) -> list[dict]:
         env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
     env["HIVE_RELAY_WORKSPACE"] = plan.workdir
     env.pop("HIVE_RELAY_GO", None)
+    for route in plan.credentials:
+        if route.login is not None and route.name in LOGIN_BOX_ENV:
+            env.setdefault(LOGIN_BOX_ENV[route.name], CREDENTIAL_PLACEHOLDER)
     return [{"name": k, "value": env[k]} for k in sorted(env)]
 
 
@@ -225,11 +229,17 @@ def proxy_config(plan: Plan) -> dict:
 
 
 def kube_routes(plan: Plan) -> tuple:
-    """The routes a cluster's proxy can serve: keys from variables, put in its Secret. A login file
-    (relay/logins.py) and an `auth:` grant's host command or file are read on this host only; the
-    proxy pod has neither, so those routes are not carried (the box's request to one gets the proxy's
-    clear 404 "no credential route")."""
-    return tuple(r for r in plan.credentials if r.login is None and not r.grant)
+    """The routes the cluster's proxy serves: every route of the plan (a backend's key from a
+    variable, an `auth:` grant, a login's token), each under a key name of its own in the proxy's
+    Secret (relay/kube_secrets.py reads the values on the host)."""
+    from .kube_secrets import carried
+
+    return tuple(c.route for c in carried(plan.credentials))
+
+
+# A login route's token reaches the pod's proxy, but the CLI in the pod has no login file to send
+# with: this variable makes it send the placeholder as its bearer token, which the proxy swaps.
+LOGIN_BOX_ENV = {"anthropic-login": "CLAUDE_CODE_OAUTH_TOKEN"}
 
 
 def _route(route: CredentialRoute) -> dict:
@@ -237,7 +247,8 @@ def _route(route: CredentialRoute) -> dict:
     return {"name": route.name, "secret_env": list(route.secret_env), "upstream_host": route.upstream_host,
             "upstream_port": route.upstream_port, "send": route.send,
             "box_env": [list(x) for x in route.box_env], "box_args": list(route.box_args),
-            "methods": list(route.methods), "paths": list(route.paths)}
+            "methods": list(route.methods), "paths": list(route.paths), "push": route.push, "git": route.git,
+            "basic_user": route.basic_user}
 
 
 def _allowed_ports(plan: Plan) -> list[int]:
@@ -341,7 +352,8 @@ def _proxy_objects(plan: Plan, run: KubeRun, ns: str, secret_values: Mapping[str
         # The keys: only the proxy's container reads them (envFrom), no box pod mounts this Secret.
         secret: dict = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                         "metadata": {"name": "proxy-credentials", "namespace": ns, "labels": labels,
-                                     "annotations": {"hive-relay/keys": ",".join(names)}}}
+                                     "annotations": {"hive-relay/keys": ",".join(
+                                         f"{r.secret_env[0]}={r.name}" for r in kube_routes(plan))}}}
         if secret_values is not None:
             secret["stringData"] = {n: secret_values[n] for n in names if n in secret_values}
         objects.append(secret)
@@ -429,10 +441,15 @@ def to_yaml(objects: Sequence[dict]) -> str:
 
 
 def describe(plan: Plan, run: KubeRun) -> dict:
-    """The `--dry-run --json` key `kube`: the names the run would create."""
+    """The `--dry-run --json` key `kube`: the names the run would create, and which credential
+    routes reach the cluster's proxy (each under its Secret key; values never shown)."""
+    from .kube_secrets import carried
+
     return {"namespace": namespace(run.run_id), "count": run.count, "parallel": min(run.parallel or run.count, run.count),
             "image": run.image, "proxy_image": run.proxy_image, "runtime_class": run.runtime_class,
             "seccomp_profile": seccomp_name(seccomp_profile(plan)),
-            "credentials": [route_json(r)["route"] for r in plan.credentials],
+            "credentials": [r.name for r in plan.credentials],
+            "credentials_carried": [{"route": c.route.name, "key": c.key, "from": c.source}
+                                    for c in carried(plan.credentials)],
             "workspace": {"bundle_bytes": run.bundle_bytes, "bundle_sha256": run.bundle_sha256,
                           "served_by": f"{PROXY_NAME}:{BUNDLE_PORT}"}}

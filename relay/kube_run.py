@@ -308,10 +308,10 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
     then everything else owned by the Job, then the bundle. The bundle is the gate: a box's agent
     runs only after its init container has fetched it, so never before the NetworkPolicies exist."""
     from . import kube_reaper
-    from .egress import route_key
+    from .kube_secrets import secret_values
 
     ns = namespace(run.run_id)
-    keys = {n: v for r in plan.credentials for n in r.secret_env if (v := route_key(r, env)) is not None}
+    keys = secret_values(plan, env)  # every route's value, read on the host (a login's refreshed to last the run)
     base_ctime = stamp_ctime(env)  # before the bundle: a host edit from here on is a conflict at apply
     bundle = make_bundle(plan.workdir)
     base = bundle_head(bundle)

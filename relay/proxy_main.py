@@ -41,7 +41,9 @@ def routes_from(config: dict) -> tuple[CredentialRoute, ...]:
                                  upstream_port=int(r["upstream_port"]), send=r["send"],
                                  box_env=tuple(tuple(x) for x in r.get("box_env", ())),  # type: ignore[misc]
                                  box_args=tuple(r.get("box_args", ())),
-                                 methods=tuple(r.get("methods", ())), paths=tuple(r.get("paths", ())))
+                                 methods=tuple(r.get("methods", ())), paths=tuple(r.get("paths", ())),
+                                 push=bool(r.get("push", False)), git=bool(r.get("git", False)),
+                                 basic_user=str(r.get("basic_user", "x-access-token")))
                  for r in config.get("routes", ()))
 
 

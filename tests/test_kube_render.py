@@ -120,11 +120,16 @@ def test_keys_live_only_in_the_proxys_secret(fake_checkout: None) -> None:
     """Attack: the key in a box's env, volume or envFrom. Twin: the proxy gets it, on a real apply only."""
     plan = kube_plan("claude")
     assert plan.credentials, "the fixture's ANTHROPIC_API_KEY should make a credential route"
+    from relay.kube_secrets import carried
+
+    key = next(c.key for c in carried(plan.credentials) if c.route.name == "anthropic")
     dry = render_objects(plan, RUN, b"x")
-    real = render_objects(plan, RUN, b"x", {"ANTHROPIC_API_KEY": "sk-never-in-a-plan"})
+    real = render_objects(plan, RUN, b"x", {key: "sk-never-in-a-plan"})
     assert "sk-never-in-a-plan" not in to_yaml(dry)
     secret = next(o for o in real if o["kind"] == "Secret")
-    assert secret["stringData"] == {"ANTHROPIC_API_KEY": "sk-never-in-a-plan"}
+    assert secret["stringData"] == {key: "sk-never-in-a-plan"}
+    conf = json.loads(next(o for o in real if o["kind"] == "ConfigMap")["data"]["proxy.json"])
+    assert {r["name"]: r["secret_env"] for r in conf["routes"]}["anthropic"] == [key]  # the name, never the value
     for obj in real:
         text = json.dumps(obj)
         if obj["kind"] not in ("Secret",):
@@ -397,3 +402,66 @@ def test_a_kill_9_of_the_launcher_still_deletes_the_namespace(tmp_path: Path) ->
                 os.kill(int(hung.read_text()), signal.SIGKILL)  # the stub's sleeping `get pods`
             except (ProcessLookupError, ValueError):
                 pass
+
+
+def _login(home: Path, access: str, expires_ms: int, refresh: str | None = "sk-ant-ort01-REAL-REFRESH") -> None:
+    path = home / ".claude" / ".credentials.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    oauth = {"accessToken": access, "expiresAt": expires_ms, "scopes": ["user:inference"]}
+    if refresh:
+        oauth["refreshToken"] = refresh
+    path.write_text(json.dumps({"claudeAiOauth": oauth}))
+    path.chmod(0o600)
+
+
+def test_grants_and_logins_reach_only_the_clusters_proxy(tmp_path: Path) -> None:
+    """The whole credential policy on the cluster: an `auth:` grant read from a host file and claude's
+    login token travel only in the proxy's Secret, each under a key of its own; the box pod gets
+    the placeholder (and claude a bearer placeholder to send); the dry run names what is carried and
+    from where, never a value. Attack twin: a login that would expire before the run's deadline and
+    cannot be refreshed refuses the run (exit 3, one line) before anything is applied."""
+    work = tmp_path / "w"
+    work.mkdir()
+    git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "i"], check=True)
+    (tmp_path / "k.json").write_text(json.dumps({"a": {"b": "ghp-REAL-GRANT-SECRET"}}))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("auth:\n  gh:\n    host: github.com\n    secret: {file: ~/k.json, json: a.b}\n"
+                   "    send: authorization-basic\n")
+    access = "sk-ant-oat01-REAL-ACCESS-TOKEN"
+    _login(tmp_path, access, int((time.time() + 10 * 3600) * 1000))
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "kubectl").write_text(STUB_KUBECTL)
+    (stub / "kubectl").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
+                "MODE": "ok", "PATH": f"{stub}:{os.environ['PATH']}", "HIVE_RELAY_CONFIG": str(cfg)})
+    cmd = [sys.executable, "-m", "relay", "claude", "kube", "--prompt", "hi", "--workdir", str(work)]
+    dry = subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    carried = {c["route"]: c for c in json.loads(dry.stdout)["kube"]["credentials_carried"]}
+    assert carried["gh"]["from"] == "grant" and carried["anthropic-login"]["from"] == "login", carried
+    assert access not in dry.stdout and "ghp-REAL-GRANT-SECRET" not in dry.stdout
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    applied = [d for d in yaml.safe_load_all((tmp_path / "applied").read_text()) if d]
+    (secret,) = [d for d in applied if d["kind"] == "Secret"]
+    values = secret["stringData"]
+    assert values[carried["gh"]["key"]] == "ghp-REAL-GRANT-SECRET" and values[carried["anthropic-login"]["key"]] == access
+    for d in applied:
+        if d["kind"] != "Secret":
+            text = json.dumps(d)
+            assert access not in text and "ghp-REAL-GRANT-SECRET" not in text and "REAL-REFRESH" not in text, d["kind"]
+    assert "REAL-REFRESH" not in json.dumps(values)  # the pod never holds a refresh token
+    job = next(d for d in applied if d["kind"] == "Job")
+    box_env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert box_env["CLAUDE_CODE_OAUTH_TOKEN"] == "hive-relay-placeholder"
+    # The twin's attack: an expired login with no refresh token stops the run before any object.
+    _login(tmp_path, access, int((time.time() + 60) * 1000), refresh=None)
+    (tmp_path / "calls").unlink()
+    refused = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert refused.returncode == 3, refused.stderr
+    assert "cannot carry the login" in refused.stderr and "fix:" in refused.stderr and access not in refused.stderr
+    assert "apply" not in (tmp_path / "calls").read_text()
