@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 
 from .banner import emit, note_lines
 from .config import get_backend, load_matrix
-from .errors import RefusedError, RelayError, UsageError
+from .errors import EXIT_INTERNAL, RefusedError, RelayError, UsageError
 from .options import (  # noqa: F401 - re-exported: tasks.py and the tests read them here
     ALLOW_HOST_HELP,
     COMMAND_HELP,
@@ -387,6 +388,27 @@ def guarded(fn, *args, **kwargs) -> int:  # noqa: ANN001
         except OSError:
             pass
         return 141
+    except Exception as err:  # noqa: BLE001 - a bug: the promised exit code and one line, not a traceback
+        emit([f"hive-relay: internal error (a bug, not your input): {type(err).__name__}; {_crash_file(err)}"])
+        return EXIT_INTERNAL
+
+
+def _crash_file(err: BaseException) -> str:
+    """The traceback in a new owner-only file of the state dir; the line that names it, or says why not."""
+    import tempfile
+    import traceback
+
+    from .paths import state_dir
+
+    try:
+        root = os.path.join(state_dir(dict(os.environ)), "crashes")
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), suffix=".txt", dir=root)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("".join(traceback.format_exception(err)))
+    except OSError as why:
+        return f"the traceback could not be saved ({why.strerror or why})"
+    return f"the traceback is in {path}; please report it"
 
 
 def _build_image_main(argv: Sequence[str]) -> int:

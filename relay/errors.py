@@ -11,7 +11,9 @@ EXIT_REFUSED = 3
 EXIT_NO_RUN = 4  # `allow`/`deny --run RUN`: no live run of the caller by that name (relay/control.py)
 EXIT_TIMEOUT = 124
 EXIT_UPSTREAM = 69  # sysexits EX_UNAVAILABLE: a --prompt run ended because an allowed host kept failing
-EXIT_INTERNAL = 70
+EXIT_INTERNAL = 70  # a bug: one line, the traceback in a crash file (relay/cli.guarded)
+EXIT_NO_CLUSTER = EXIT_REFUSED  # kube mode with no kubectl context (relay/kube_run.py)
+EXIT_MISSING = 127  # a tool the run needs is not installed (relay/install.py), as a shell says it
 
 
 class RelayError(Exception):

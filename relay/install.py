@@ -17,14 +17,13 @@ import time
 from collections.abc import Mapping
 
 from .config import Backend
-from .errors import RelayError
+from .errors import EXIT_MISSING, RelayError
 from .paths import tool_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import TextIO
 
-EXIT_MISSING = 127
 # npm's defaults (2 retries, 10 s to 60 s apart, 5 min per request) turn an unreachable registry
 # into a minute of silence. One quick retry still rides out a blip; the user's own settings win.
 NPM_BOUNDS = {"NPM_CONFIG_FETCH_RETRIES": "1", "NPM_CONFIG_FETCH_RETRY_MINTIMEOUT": "1000",

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .digest import sha256
-from .errors import EXIT_REFUSED, EXIT_TIMEOUT, RefusedError, RelayError, UsageError
+from .errors import EXIT_TIMEOUT, RefusedError, RelayError, UsageError
 from .kube_render import (
     RESULT_BEGIN,
     RESULT_END,
@@ -382,8 +382,6 @@ def _follow(kubectl: str, env: Mapping[str, str], ns: str, count: int,
         time.sleep(2)
     raise KubeTimeout("kube mode: the boxes did not finish before --timeout; the namespace is deleted")
 
-
-EXIT_NO_CLUSTER = EXIT_REFUSED
 
 
 def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
