@@ -155,13 +155,25 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pyte
     for item in items:
         callspec = getattr(item, "callspec", None)
         params = callspec.id.split("-") if callspec is not None else []  # [curl-container], [container]
-        if {"image", "csandbox"} & set(getattr(item, "fixturenames", ())) or "container" in params:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if {"image", "csandbox"} & fixtures or "container" in params:
             item.add_marker(pytest.mark.container)
-        module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+        name = item.module.__name__ if getattr(item, "module", None) else ""
+        module = name.rsplit(".", 1)[-1]
         if module.startswith("test_kube_podman") or module.startswith("test_kube_canary"):
             item.add_marker(pytest.mark.kube)
         if module == "test_vm":
             item.add_marker(pytest.mark.vm)
+        # `-m "not box"`: the pure tests alone (plans, renderers, parsers), in seconds. A test that
+        # starts a box, an engine, a pod or a VM, or a sandbox for the real CLI, is a box test.
+        if (BOX_FIXTURES & fixtures or ".escape." in f".{name}." or module in BOX_MODULES
+                or any(item.get_closest_marker(m) for m in ("container", "kube", "vm", "tty"))):
+            item.add_marker(pytest.mark.box)
+
+
+# Fixtures that give a test a real box or engine, and files whose tests start them without one.
+BOX_FIXTURES = {"sandbox", "box", "box_sandbox", "csandbox", "image"}
+BOX_MODULES: set[str] = set()
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001, ARG001 - pytest's hook
