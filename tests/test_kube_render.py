@@ -269,6 +269,31 @@ def test_cli_dry_run_prints_yaml_and_json_and_refuses_without_a_cluster(tmp_path
     assert tty.returncode == 2 and "--prompt" in tty.stderr and tty.stdout == ""
 
 
+def pod_list(ns: str, count: int, phase: str = "Succeeded") -> dict:
+    """A PodList as the API server answers `get pods -l ... -o json` for the Job's pods (names with
+    the controller's random suffix, the completion index annotation, container statuses), checked
+    against the Kubernetes schema: the scripted kubectl speaks real API responses."""
+    items = []
+    for i in range(count):
+        name = f"boxes-{i}-{os.urandom(3).hex()[:5]}"
+        items.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "uid": f"00000000-0000-4000-8000-00000000000{i}",
+                         "labels": {"app.kubernetes.io/component": "box", "batch.kubernetes.io/job-name": "boxes",
+                                    "batch.kubernetes.io/job-completion-index": str(i)},
+                         "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "boxes",
+                                              "uid": "0b6c5a9e-1111-4222-8333-444455556666", "controller": True}]},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "box", "image": "hive-relay-contributor"}]},
+            "status": {"phase": phase, "containerStatuses": [{
+                "name": "box", "image": "hive-relay-contributor", "imageID": "", "ready": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]},
+        })
+    out = {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "4242"}, "items": items}
+    kubernetes_validate.validate(out, K8S, strict=True)
+    return out
+
+
 STUB_KUBECTL = r"""#!/bin/bash
 # A stand-in for kubectl (no cluster runs on this machine): records each call, answers the few the
 # runner asks. MODE=fail makes `get pods` fail, as a cluster that goes away mid-run.
@@ -283,9 +308,9 @@ case "$*" in
   *" exec -i deployment/hive-relay-proxy -c bundle -- python3 -m relay.kube_bundle receive "*) cat > "$STUB_DIR/bundle" ;;
   *"get pods"*)
     [ "$MODE" = fail ] && { echo "the server is gone" >&2; exit 1; }
-    printf '{"items": [%s]}' "$(for i in 0 1; do [ $i = 1 ] && printf ,; printf '{"metadata": {"name": "boxes-%s", "annotations": {"batch.kubernetes.io/job-completion-index": "%s"}}, "status": {"phase": "Succeeded"}}' $i $i; done)" ;;
+    cat "$STUB_DIR/pods.json" ;;
   *" logs boxes-"*)
-    a="$*"; n=${a#*logs boxes-}; n=${n%% *}
+    a="$*"; n=${a#*logs boxes-}; n=${n%%-*}
     echo "agent output"; echo hive-relay-patch-begin; printf 'diff --git a/f b/f\nnew file mode 100644\n--- /dev/null\n+++ b/f\n@@ -0,0 +1 @@\n+box %s\n' "$n" | base64; echo "hive-relay-patch-end 0" ;;
   *"delete namespace"*) ;;
   *) echo "unexpected: $*" >&2; exit 1 ;;
@@ -308,6 +333,7 @@ def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_
     stub.mkdir()
     (stub / "kubectl").write_text(STUB_KUBECTL)
     (stub / "kubectl").chmod(0o755)
+    (tmp_path / "pods.json").write_text(json.dumps(pod_list("hive-relay-run", 2)))
     env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
            "MODE": mode, "PATH": f"{stub}:{os.environ['PATH']}"}
     proc = subprocess.run([sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir", str(work),
@@ -376,6 +402,7 @@ def test_a_kill_9_of_the_launcher_still_deletes_the_namespace(tmp_path: Path) ->
     stub.mkdir()
     (stub / "kubectl").write_text(STUB_KUBECTL)
     (stub / "kubectl").chmod(0o755)
+    (tmp_path / "pods.json").write_text(json.dumps(pod_list("hive-relay-run", 1)))
     env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
            "MODE": "ok", "HANG": "1", "PATH": f"{stub}:{os.environ['PATH']}"}
     proc = subprocess.Popen([sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir",
@@ -435,6 +462,7 @@ def test_grants_and_logins_reach_only_the_clusters_proxy(tmp_path: Path) -> None
     stub.mkdir()
     (stub / "kubectl").write_text(STUB_KUBECTL)
     (stub / "kubectl").chmod(0o755)
+    (tmp_path / "pods.json").write_text(json.dumps(pod_list("hive-relay-run", 1)))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
     env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
                 "MODE": "ok", "PATH": f"{stub}:{os.environ['PATH']}", "HIVE_RELAY_CONFIG": str(cfg)})
