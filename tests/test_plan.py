@@ -122,7 +122,9 @@ def test_prompt_run_has_timeout_and_noninteractive_argv(sandbox: Sandbox) -> Non
     plan = plan_for(sandbox, "codex", prompt="fix it", timeout=42)
     assert plan.interactive is False and plan.timeout == 42
     assert plan.argv[0] == "codex" and plan.argv[-3:] == ("exec", "--skip-git-repo-check", "fix it")
-    assert plan.argv[1:3] == ("--sandbox", "danger-full-access")  # our box is codex's sandbox
+    # The suite's ~/.codex/auth.json holds an API key: its route comes first, then our box is codex's sandbox.
+    assert plan.argv[1:3] == ("-c", "openai_base_url=http://127.0.0.1:3128/openai-login/v1")
+    assert plan.argv[3:5] == ("--sandbox", "danger-full-access")
 
 
 def test_interactive_run_has_no_wall_clock_kill(sandbox: Sandbox) -> None:
