@@ -555,7 +555,9 @@ def _credentials(d: _Draft) -> None:
         render = {"{url}": url, "{placeholder}": CREDENTIAL_PLACEHOLDER}
         for name, template in route.box_env:
             d.route_env.setdefault(name, _render(template, render))
-        if d.request.argv_override is None and route.box_args:
+        # The route's flags are the CLI's own: a command that is not the CLI (a user's `command:` of
+        # /bin/sh, say) would run them; it gets the variables only.
+        if d.request.argv_override is None and route.box_args and _runs_the_cli(d):
             d.argv[1:1] = [_render(a, render) for a in route.box_args]
     in_box = _login_files(d)
     loose = [n for n in sorted(passable) if d.env.get(n) and n not in d.withheld and n.endswith(_SECRET_SUFFIXES)]
@@ -576,6 +578,10 @@ def _no_credential(backend: Backend) -> str:
     tail = (" (a /login inside this box keeps its token in the box for the session; its token exchange is "
             "end-to-end TLS the proxy does not open)") if backend.name == "claude" else ""
     return f"credentials: none for {backend.name} on this host; {', or '.join(ways)}{tail}"
+
+
+def _runs_the_cli(d: _Draft) -> bool:
+    return d.backend.install_bin is None or os.path.basename(d.argv[0]) == d.backend.install_bin
 
 
 def login_opt_in(backend: str) -> str:
