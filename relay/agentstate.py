@@ -315,6 +315,8 @@ def _mask_logins(state: AgentState, bfd: int) -> None:
     """The box's copy of each login file the proxy holds gets placeholders for its tokens (logins.mask).
     A copy that cannot be masked is removed: the box never holds the real token, even by mistake."""
     for rel, login in state.logins:
+        if not login.refresh_url:
+            continue  # a static key (codex's auth.json API key): secret_files gives it a placeholder of its shape
         entry = state.files.get(rel)
         if entry is None or entry.copy is None:
             continue

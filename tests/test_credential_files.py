@@ -224,7 +224,8 @@ echo "probe-env=$(env | grep -c 'REAL''SECRET')"
 echo "probe-proc=$(for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < "$f"; done 2>/dev/null | grep -c 'REAL''SECRET')"
 echo "probe-home=$(grep -rl 'REAL''SECRET' "$HOME" /tmp 2>/dev/null | wc -l)"
 echo "probe-seen=$(grep -rlF -- 'SEEN' "$HOME" 2>/dev/null | wc -l)"
-echo "probe-status=$(STATUS 2>&1 | tr -cd 'A-Za-z ' | head -c 80)"
+echo "probe-status=$(STATUS 2>&1 | grep -iv 'warning' | tr '\\n' ' ' | tr -cd 'A-Za-z ' | head -c 200)"
+echo "probe-dbg=$(tr -d '\\n"' < $HOME/.codex/auth.json | head -c 120)"
 TWIN
 """
 # backend case: (backend, file data, host env, the real key the route must send, a non-secret piece of the
@@ -279,6 +280,7 @@ def test_real_cli_with_a_login_file_sees_only_placeholders(request, ca, tls_api,
     setup_home(s, backend, "HOME")
     path = plant(s, backend, data)
     before = path.read_bytes()
+    status = status.replace("codex ", f"{TOOLS}/node_modules/.bin/codex ").replace("opencode ", f"{TOOLS}/node_modules/.bin/opencode ")
     probe = PROBE.replace("SEEN", seen).replace("STATUS", status).replace("TWIN", twin(FILES[backend], source))
     (s.workdir / "probe-creds.sh").write_text(probe)
     (s.workdir / "probe-creds.sh").chmod(0o644)
@@ -292,7 +294,8 @@ def test_real_cli_with_a_login_file_sees_only_placeholders(request, ca, tls_api,
     # Legit: the turn works through the route, and the CLI believes it is logged in.
     assert proc.returncode == 0 and fake_api.ANSWER in proc.stdout, (proc.stdout[-1500:], proc.stderr[-3000:])
     bodies = "\n".join(r["body"] for r in tls_api.requests)
-    probe_out = dict(re.findall(r"probe-(env|proc|home|seen|status)=([^\n\\\"]*)", bodies))
+    Path("/tmp/cred-bodies.txt").write_text(bodies)  # DEBUG
+    probe_out = dict(re.findall(r"probe-(env|proc|home|seen|status|dbg)=([^\n\\\"]*)", bodies))
     assert probe_out.get("env") == "0" and probe_out.get("proc") == "0" and probe_out.get("home") == "0", probe_out
     assert int(probe_out.get("seen", "0")) >= 1, (probe_out, bodies[-2000:])  # the placeholder is there: not blind
     assert status_says in probe_out.get("status", ""), probe_out
