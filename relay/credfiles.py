@@ -135,4 +135,4 @@ def mask(raw: bytes, paths: tuple[str, ...], keep: frozenset[str] = frozenset())
             continue
         _set(data, at, placeholder_for(value))
         n += 1
-    return json.dumps(data, indent=2).encode() + b"\n", n
+    return json.dumps(data).encode(), n
