@@ -279,7 +279,10 @@ def test_real_cli_with_a_login_file_sees_only_placeholders(request, ca, tls_api,
     setup_home(s, backend, "HOME")
     path = plant(s, backend, data)
     before = path.read_bytes()
-    status = status.replace("codex ", f"{TOOLS}/node_modules/.bin/codex ").replace("opencode ", f"{TOOLS}/node_modules/.bin/opencode ")
+    if status != "true":  # the pinned CLI: the host's tools dir (local), the image's prefix (container)
+        cli, args = status.split(" ", 1)
+        status = " || ".join(f"{d}/node_modules/.bin/{cli} {args}" for d in (TOOLS, "/opt/hive-relay/npm"))
+        status = f"{{ {status}; }}"
     probe = PROBE.replace("SEEN", seen).replace("STATUS", status).replace("TWIN", twin(FILES[backend], source))
     (s.workdir / "probe-creds.sh").write_text(probe)
     (s.workdir / "probe-creds.sh").chmod(0o644)
