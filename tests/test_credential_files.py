@@ -312,3 +312,17 @@ def test_real_cli_with_a_login_file_sees_only_placeholders(request, ca, tls_api,
     assert path.read_bytes() == before
     leaks = [p for p in files_holding(s.home, MARK.encode()) if p != str(path)]
     assert leaks == [] and files_holding(s.workdir, MARK.encode()) == []
+
+
+@pytest.mark.box
+def test_the_opt_in_is_said_in_the_banner_and_does_what_it_says(box_sandbox: Sandbox) -> None:
+    s = box_sandbox
+    plant(s, "gemini", GEMINI_OAUTH)
+    refused = s.relay("gemini", "local", "--prompt", "cat ~/.gemini/oauth_creds.json")
+    assert refused.returncode == 3 and MARK not in refused.stdout + refused.stderr, refused.stderr
+    proc = s.relay("gemini", "local", "--prompt", "cat ~/.gemini/oauth_creds.json",
+                   extra_env={"HIVE_RELAY_LOGIN_IN_BOX_GEMINI": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "hive-relay: WARNING: login in the box as it is (HIVE_RELAY_LOGIN_IN_BOX_GEMINI=1): " \
+           "~/.gemini/oauth_creds.json" in proc.stderr
+    assert GEMINI_OAUTH["access_token"] in proc.stdout  # the user's choice: the file as it is
