@@ -326,3 +326,27 @@ def test_the_opt_in_is_said_in_the_banner_and_does_what_it_says(box_sandbox: San
     assert "hive-relay: WARNING: login in the box as it is (HIVE_RELAY_LOGIN_IN_BOX_GEMINI=1): " \
            "~/.gemini/oauth_creds.json" in proc.stderr
     assert GEMINI_OAUTH["access_token"] in proc.stdout  # the user's choice: the file as it is
+
+
+def test_the_route_reads_the_key_from_the_host_file_on_every_request(tmp_path: Path) -> None:
+    from relay.config import load_shipped
+    from relay.logins import LoginStore
+
+    route = {r.name: r for r in load_shipped()["codex"].credentials}["openai-login"]
+    home = tmp_path / "home"
+    path = home / ".codex" / "auth.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"OPENAI_API_KEY": API_KEY}))
+
+    def no_refresh(host: str, port: int):  # noqa: ANN202 - a static key is never refreshed
+        raise AssertionError(f"refresh attempted at {host}:{port}")
+
+    store = LoginStore(str(path), route.login, str(home), no_refresh)
+    assert store() == API_KEY
+    path.write_text(json.dumps({"OPENAI_API_KEY": ENV_KEY}))  # `codex login --with-api-key` again, on the host
+    assert store() == ENV_KEY and store.refreshed == 0
+    link = home / ".codex" / "other.json"
+    path.rename(link)
+    path.symlink_to(link)  # a link at the login's path is never followed
+    with pytest.raises(ValueError):
+        store()
