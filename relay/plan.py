@@ -529,7 +529,8 @@ def _credentials(d: _Draft) -> None:
     gets the placeholder and the proxy's URL instead; the proxy adds the key. A login file's copy
     holds placeholders (agentstate masks it). The first route used sets a shared variable (the
     base URL). A key the caller pointed elsewhere (its base-URL variable set) stays in the box, and
-    says so; so does every login file or key no route can hold (`logins_in_box`, `_SECRET_SUFFIXES`)."""
+    says so; so does every key no route can hold (`_SECRET_SUFFIXES`). A login file no route can hold
+    refuses the run unless its backend's opt-in is set (_login_files)."""
     if not (d.profile.network and d.profile.backend_home) or d.tier == Tier.PROCESS:
         _login_files(d)
         return
