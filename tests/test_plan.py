@@ -103,6 +103,9 @@ def test_a_key_pointed_elsewhere_stays_in_the_box_and_says_so(sandbox: Sandbox) 
 
 def test_codex_key_is_injected_with_its_base_url_on_the_argv(sandbox: Sandbox) -> None:
     sandbox.env["OPENAI_API_KEY"] = "sk-openai-SECRET-VALUE"
+    shell = json.loads(sandbox.relay("codex", "local", "--dry-run", "--json", "--prompt", "hi").stdout)
+    assert shell["argv"] == ["/bin/sh", "-c", "hi"]  # the suite's sh override is not the CLI: no codex flags
+    (sandbox.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
     proc = sandbox.relay("codex", "local", "--dry-run", "--json", "--prompt", "hi")
     assert proc.returncode == 0, proc.stderr
     assert "sk-openai-SECRET-VALUE" not in proc.stdout
