@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import guard, logins, safefs, settingskeys
+from . import credfiles, guard, logins, safefs, settingskeys
 from .config import LoginFile
 from .denial import ENTRY
 from .digest import sha256
@@ -92,6 +92,9 @@ class AgentState:
     # Login files the proxy holds (relay/logins.py): (path relative to home, its spec). The box's copy
     # holds placeholders; whatever the box leaves there is kept aside, never synced over the host's.
     logins: tuple[tuple[str, LoginFile], ...] = ()
+    # Credential files whose copy is masked (plan.login_files, held `masked`): (path relative to home,
+    # the JSON paths of their secrets). Placeholders of the same shape; kept aside at exit like logins.
+    secret_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def new(home: str, dirs: tuple[str, ...], keep: tuple[str, ...], guarded: tuple[str, ...], state_dir: str,
@@ -312,6 +315,8 @@ def _mask_logins(state: AgentState, bfd: int) -> None:
     """The box's copy of each login file the proxy holds gets placeholders for its tokens (logins.mask).
     A copy that cannot be masked is removed: the box never holds the real token, even by mistake."""
     for rel, login in state.logins:
+        if not login.refresh_url:
+            continue  # a static key (codex's auth.json API key): secret_files gives it a placeholder of its shape
         entry = state.files.get(rel)
         if entry is None or entry.copy is None:
             continue
@@ -326,6 +331,22 @@ def _mask_logins(state: AgentState, bfd: int) -> None:
             safefs.unlink_beneath(bfd, rel)
             entry.copy = None
             state.notes.append(f"~/{rel} is not copied into the box ({err}); log in on the host again")
+    for rel, paths in state.secret_files:
+        entry = state.files.get(rel)
+        if entry is None or entry.copy is None:
+            continue
+        try:
+            raw = safefs.read_beneath(bfd, rel, credfiles.MAX_FILE + 1)
+            masked, _ = credfiles.mask(raw, paths, keep=frozenset({CREDENTIAL_PLACEHOLDER}))
+            with safefs.parent_of(bfd, rel) as (dfd, leaf):
+                safefs.replace_in(dfd, leaf, masked, 0o600, durable=False)
+            st = safefs.lstat_beneath(bfd, rel)
+            entry.copy = _ident(st) if st is not None else None
+        except (OSError, ValueError) as err:
+            safefs.unlink_beneath(bfd, rel)  # never the real tokens, even by mistake
+            entry.copy = None
+            state.notes.append(f"~/{rel} is not copied into the box ({getattr(err, 'strerror', None) or err}); "
+                               "its login is not available there")
 
 
 # --- sync-back ------------------------------------------------------------------------------------------
@@ -394,7 +415,7 @@ def _decide(state: AgentState, hfd: int, bfd: int, change: _Change, keep: re.Pat
     if _excluded(state, rel):
         change.action, change.why = "keep", "a denied path"
         return
-    if any(rel == path for path, _ in state.logins):
+    if any(rel == path for path, _ in state.logins + state.secret_files):
         change.action, change.why = "keep", "a login file the host holds (the host's file stays the truth)"
         return
     if rel in state.guard:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from .plan import Plan
-from .vocab import WorkdirMode
+from .plan import Plan, login_opt_in
+from .vocab import LoginHold, WorkdirMode
 
 
 def human_size(n: int) -> str:
@@ -51,6 +51,10 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
                 (next(iter(r.secret_env), "") or "a grant")
             lines.append(f"hive-relay: credential {r.name:<16} {source} -> {r.upstream_host}:{r.upstream_port}  "
                          "(the box holds a placeholder; the proxy adds the real one)")
+    in_box = [u.file for u in plan.login_files if u.held == LoginHold.IN_BOX]
+    if in_box:  # HIVE_RELAY_LOGIN_IN_BOX_<BACKEND>=1: said loudly, every launch
+        lines.append(f"hive-relay: WARNING: login in the box as it is ({login_opt_in(plan.backend)}=1): "
+                     + ", ".join(short_path(f, home) for f in in_box))
     if plan.sockets:  # --allow-socket: said loudly, every launch
         shown = ", ".join(f"{s.name} -> {s.box}" for s in plan.sockets)
         lines.append(f"hive-relay: WARNING: host sockets in this box (AF_UNIX allowed): {shown}")

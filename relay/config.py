@@ -129,6 +129,9 @@ class Backend:
     credentials: tuple[CredentialRoute, ...] = ()
     # Login files that stay in the box as they are, each with the reason (the plan says so when one exists).
     logins_in_box: tuple[tuple[str, str], ...] = ()
+    # Credential files in its state dirs and the JSON paths of their secrets (relay/credfiles.py): the
+    # box's copy holds placeholders of the same shape; with no route to hold them, the run refuses.
+    secret_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
     presets: tuple[str, ...] = ()  # egress presets on for this backend (relay/presets.py); none shipped
     # The CLI's own login, run on the host by `contribute-hive login BACKEND` (never in a box).
     login_command: tuple[str, ...] = ()
@@ -344,11 +347,13 @@ def _section(value: Any, where: _Where, key: str, allowed: set[str]) -> dict[str
 BACKEND_KEYS = {
     "description", "command", "prompt_command", "install", "home", "egress",
     "env", "native", "deny", "opt_in", "nested_userns", "credentials", "logins_in_box", "presets",
-    "login_command",
+    "login_command", "secret_files",
 }
 ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths"}
 LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id"}
 _JSON_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_SECRET_PATH = re.compile(r"(\*|[A-Za-z_][A-Za-z0-9_]*)(\.(\*|[A-Za-z_][A-Za-z0-9_]*))*")
+LOGIN_REFRESH_KEYS = {"refresh_token", "expires", "refresh_url", "client_id"}
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 
 
@@ -486,9 +491,14 @@ def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
 
 
 def _login(value: Any, where: _Where, key: str) -> LoginFile:
-    """`login: {file, token, refresh_token, expires, refresh_url, client_id}`, strictly."""
+    """`login: {file, token, refresh_token, expires, refresh_url, client_id}`, strictly; or just
+    `{file, token}`: a static key in a login file (codex's `auth.json` API key), read per request and
+    never refreshed."""
     data = _section(value, where, key, LOGIN_KEYS)
     missing = sorted(LOGIN_KEYS - set(data))
+    if set(missing) == LOGIN_REFRESH_KEYS:
+        data = {**data, "refresh_token": "", "expires": "", "refresh_url": "", "client_id": ""}
+        missing = []
     if missing:
         raise where.fail(f"{key}.{missing[0]}", "missing", f"add {missing[0]}")
     file = _paths([data["file"]], where, f"{key}.file")[0]
@@ -496,14 +506,30 @@ def _login(value: Any, where: _Where, key: str) -> LoginFile:
         raise where.fail(f"{key}.file", f"{file!r} is not under ~/", "write ~/dir/file (inside a home.rw dir)")
     paths = {}
     for field in ("token", "refresh_token", "expires"):
-        paths[field] = _str(data[field], where, f"{key}.{field}")
-        if not _JSON_PATH.fullmatch(paths[field]):
+        paths[field] = _str(data[field], where, f"{key}.{field}") if data[field] != "" else ""
+        if (paths[field] or field == "token") and not _JSON_PATH.fullmatch(paths[field]):
             raise where.fail(f"{key}.{field}", f"{paths[field]!r} is not a dotted JSON path", "write e.g. a.b.c")
-    url = _str(data["refresh_url"], where, f"{key}.refresh_url")
-    if not re.fullmatch(r"https://[a-z0-9.-]+(:[0-9]{1,5})?/[\x21-\x7e]*", url):
+    url = _str(data["refresh_url"], where, f"{key}.refresh_url") if data["refresh_url"] != "" else ""
+    if url and not re.fullmatch(r"https://[a-z0-9.-]+(:[0-9]{1,5})?/[\x21-\x7e]*", url):
         raise where.fail(f"{key}.refresh_url", f"{url!r} is not an https:// URL", "write https://HOST/path")
-    client_id = _str(data["client_id"], where, f"{key}.client_id")
+    client_id = _str(data["client_id"], where, f"{key}.client_id") if data["client_id"] != "" else ""
     return LoginFile(file, paths["token"], paths["refresh_token"], paths["expires"], url, client_id)
+
+
+def _secret_files(value: Any, where: _Where) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`secret_files: {~/file: [dotted JSON paths, `*` for every key of a level]}`."""
+    out = []
+    for path, paths in _mapping(value, where, "secret_files").items():
+        file = _paths([path], where, "secret_files")[0]
+        if not file.startswith("~/"):
+            raise where.fail("secret_files", f"{file!r} is not under ~/", "write ~/dir/file (inside a home.rw dir)")
+        listed = _str_list(paths, where, f"secret_files.{path}")
+        bad = [p for p in listed if not _SECRET_PATH.fullmatch(p)]
+        if bad or not listed:
+            raise where.fail(f"secret_files.{path}", f"{bad[0]!r} is not a dotted JSON path" if bad else "no path",
+                             "write e.g. tokens.access_token or providers.*.key")
+        out.append((file, tuple(listed)))
+    return tuple(out)
 
 
 def _logins_in_box(value: Any, where: _Where) -> tuple[tuple[str, str], ...]:
@@ -578,6 +604,8 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
         values["credentials"] = _credentials(data["credentials"], where, env_pass)
     if "logins_in_box" in data:
         values["logins_in_box"] = _logins_in_box(data["logins_in_box"], where)
+    if "secret_files" in data:
+        values["secret_files"] = _secret_files(data["secret_files"], where)
     if "login_command" in data:
         values["login_command"] = tuple(_str_list(data["login_command"], where, "login_command"))
     if base is not None:

@@ -51,6 +51,13 @@ def login(name: str, env: Mapping[str, str]) -> int:
     for path, why in backend.logins_in_box:  # said before, not after: the user may rather set a key
         print(f"hive-relay: note: this login ({path}) is copied into {name}'s boxes as it is: {why}",
               file=sys.stderr)
+    if backend.secret_files and not any(r.login and r.login.refresh_url for r in backend.credentials):
+        from .plan import login_opt_in
+
+        keys = [n for r in backend.credentials for n in r.secret_env][:1]
+        print(f"hive-relay: note: {name}'s boxes hold an API-key login on the host (placeholders in the box); "
+              f"an OAuth login no route holds makes them refuse to start unless "
+              f"{keys[0] + ' is set or ' if keys else ''}{login_opt_in(name)}=1", file=sys.stderr)
     ensure_cli(backend, env, backend.login_command[0])
     argv = login_argv(backend, env)
     print(f"hive-relay: {name}'s own login, on this host (outside any box, in an empty directory): "

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
-from . import bwrap_argv, container_argv
+from . import bwrap_argv, container_argv, credfiles
 from .config import Backend, CredentialRoute, Matrix
 from .container_argv import ContainerRun
 from .denial import ENTRY
@@ -37,7 +37,7 @@ from .sockets import CONNECT_ENV, BoxSocket, connect_script, parse_ssh_hosts, re
 from .staged import StagedLayer
 from .staged import for_run as staged_for_run
 from .tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
-from .vocab import MountKind, Tier, WorkdirMode
+from .vocab import LoginHold, MountKind, Tier, WorkdirMode
 from .workdir import own_checkout_in
 from .workdir import refusal as workdir_refusal
 
@@ -80,6 +80,18 @@ class Request:
     shared_live: bool = False  # --shared-live: a live box even while another live box runs on the checkout
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class LoginFileUse:
+    """One credential file of the agent's state in this run: where it is, the JSON paths of the
+    secrets it holds (names, never values), how the box gets it, and the routes that hold it."""
+
+    file: str  # the host path
+    held: LoginHold
+    secrets: tuple[str, ...]  # concrete dotted paths, e.g. tokens.access_token
+    paths: tuple[str, ...]  # the patterns the box's copy is masked at (secret_files, plus a route's token)
+    routes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,8 @@ class Plan:
     workdir_mode: WorkdirMode = WorkdirMode.LIVE
     staged: StagedLayer | None = None
     shared_live: bool = False  # --shared-live: this live box may join another on the same checkout
+    # Credential files of the agent's state the host has (config `secret_files:`): how each is held.
+    login_files: tuple[LoginFileUse, ...] = ()
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -148,6 +162,8 @@ class Plan:
         data["egress_rules"] = explain(self.rules)
         data["credentials"] = [route_json(r) for r in self.credentials]
         data["presets"] = {name: [r.render() for r in rules] for name, rules in self.presets}
+        data["login_files"] = {u.file: {"held": u.held, "secrets": list(u.secrets), "routes": list(u.routes)}
+                               for u in self.login_files}
         # Only with grants in the user config (the key is absent otherwise, as are the grants).
         data.pop("auth_grants")
         if self.auth_grants:
@@ -293,6 +309,7 @@ class _Draft:
     env_set: dict[str, str] = field(default_factory=dict)
     env_pass: tuple[str, ...] = ()
     routes: list[CredentialRoute] = field(default_factory=list)
+    login_files: list[LoginFileUse] = field(default_factory=list)
     route_env: dict[str, str] = field(default_factory=dict)
     git_config: list[tuple[str, str]] = field(default_factory=list)
     withheld: set[str] = field(default_factory=set)
@@ -512,14 +529,19 @@ def _credentials(d: _Draft) -> None:
     gets the placeholder and the proxy's URL instead; the proxy adds the key. A login file's copy
     holds placeholders (agentstate masks it). The first route used sets a shared variable (the
     base URL). A key the caller pointed elsewhere (its base-URL variable set) stays in the box, and
-    says so; so does every login file or key no route can hold (`logins_in_box`, `_SECRET_SUFFIXES`)."""
+    says so; so does every key no route can hold (`_SECRET_SUFFIXES`). A login file no route can hold
+    refuses the run unless its backend's opt-in is set (_login_files)."""
     if not (d.profile.network and d.profile.backend_home) or d.tier == Tier.PROCESS:
+        _login_files(d)
         return
     passable = set(_env_names(d.profile, d.backend, d.env))
     for route in d.backend.credentials:
         login = _login_file(d, route)
         if login is None and not any(d.env.get(n) for n in route.secret_env if n in passable):
             continue
+        if login is not None and not route.login.refresh_url and any(
+                r.upstream_host == route.upstream_host for r in d.routes):
+            continue  # a key in a login file beside a key a route already holds: the file is masked, that route carries
         url = f"http://{PROXY_LISTEN}/{route.name}"
         own = [n for n, _ in route.box_env if n not in route.secret_env and d.env.get(n) and n in passable]
         if own:
@@ -534,17 +556,15 @@ def _credentials(d: _Draft) -> None:
         render = {"{url}": url, "{placeholder}": CREDENTIAL_PLACEHOLDER}
         for name, template in route.box_env:
             d.route_env.setdefault(name, _render(template, render))
-        if d.request.argv_override is None and route.box_args:
+        # The route's flags are the CLI's own: a command that is not the CLI (a user's `command:` of
+        # /bin/sh, say) would run them; it gets the variables only.
+        if d.request.argv_override is None and route.box_args and _runs_the_cli(d):
             d.argv[1:1] = [_render(a, render) for a in route.box_args]
-    for path, why in d.backend.logins_in_box:
-        host_path = expand(path, d.home, d.uid)
-        if d.fs.lkind(host_path) == "file" and _in_state_dirs(d, host_path):
-            d.notes.append(f"credentials: in box for {d.backend.name}: {path} is copied into the box as it is ({why})")
+    in_box = _login_files(d)
     loose = [n for n in sorted(passable) if d.env.get(n) and n not in d.withheld and n.endswith(_SECRET_SUFFIXES)]
     if loose:
         d.notes.append(f"credentials: in box for {d.backend.name}: {', '.join(loose)} passed into the box as set "
                        "(no credential route holds it on the host)")
-    in_box = any(d.fs.lkind(expand(p, d.home, d.uid)) == "file" for p, _ in d.backend.logins_in_box)
     if d.backend.credentials and not d.routes and not in_box and not loose and d.state_dirs:
         d.notes.append(_no_credential(d.backend))
 
@@ -554,11 +574,67 @@ def _no_credential(backend: Backend) -> str:
     names = sorted(dict.fromkeys(n for r in backend.credentials for n in r.secret_env),
                    key=lambda n: not n.endswith("_API_KEY"))  # the plain API key first, else routes' order
     ways = [f"set {names[0]} on the host (the proxy adds it; the box gets a placeholder)"] if names else []
-    if backend.login_command and any(r.login for r in backend.credentials):  # a login the proxy holds
+    if backend.login_command and any(r.login and r.login.refresh_url for r in backend.credentials):  # an OAuth login the proxy holds
         ways.append(f"log in on the host first: {ENTRY} login {backend.name}")
     tail = (" (a /login inside this box keeps its token in the box for the session; its token exchange is "
             "end-to-end TLS the proxy does not open)") if backend.name == "claude" else ""
     return f"credentials: none for {backend.name} on this host; {', or '.join(ways)}{tail}"
+
+
+def _runs_the_cli(d: _Draft) -> bool:
+    return d.backend.install_bin is None or os.path.basename(d.argv[0]) == d.backend.install_bin
+
+
+def login_opt_in(backend: str) -> str:
+    """The per-backend opt-in that lets a login no route holds into the box as it is."""
+    return "HIVE_RELAY_LOGIN_IN_BOX_" + backend.upper().replace("-", "_")
+
+
+def _login_files(d: _Draft) -> bool:
+    """Each credential file of the backend's state (`secret_files:`, and every login route's file) the
+    host has, inside a state dir the box gets a private copy of, and how the box gets it. Masked
+    (placeholders of the same shape, relay/credfiles.py) when a route of this run holds the backend's
+    credential, so the CLI's API traffic carries the real key only on the route's pinned upstream, or
+    when the box has no network (nothing could use it). Otherwise the real login would be in the box:
+    that refuses (exit 3) unless the per-backend opt-in is set; then it is copied as it is, and said.
+    Returns whether a file is in the box by opt-in."""
+    specs: dict[str, list[str]] = {}
+    for path, paths in d.backend.secret_files:
+        specs.setdefault(expand(path, d.home, d.uid), []).extend(paths)
+    for route in d.routes:
+        if route.login is not None:
+            specs.setdefault(route.login.file, []).append(route.login.token)
+    in_box = False
+    for host_path, paths in specs.items():
+        if d.fs.lkind(host_path) != "file" or not _in_state_dirs(d, host_path):
+            continue
+        shown = "~/" + os.path.relpath(host_path, d.home)
+        try:
+            found = tuple(credfiles.secret_paths(d.fs.read_bounded(host_path, credfiles.MAX_FILE + 1), tuple(paths)))
+        except ValueError:
+            found = ("(not JSON)",)  # masked means: no copy at all (agentstate cannot mask it)
+        if not found:
+            continue
+        holders = tuple(r.name for r in d.routes)
+        if holders or not d.profile.network:
+            d.login_files.append(LoginFileUse(host_path, LoginHold.MASKED, found, tuple(dict.fromkeys(paths)), holders))
+            continue
+        opt = login_opt_in(d.backend.name)
+        if d.env.get(opt) != "1":
+            keys = sorted(dict.fromkeys(n for r in d.backend.credentials for n in r.secret_env),
+                          key=lambda n: not n.endswith("_API_KEY"))
+            fixes = ([f"set {keys[0]} on the host (the proxy adds it)"] if keys else []) + \
+                ([f"log in on the host ({ENTRY} login {d.backend.name})"]
+                 if d.backend.login_command and any(r.login and r.login.refresh_url for r in d.backend.credentials)
+                 else [])
+            raise RefusedError(f"{d.backend.name}: {shown} holds a login ({', '.join(found[:3])}) no credential route "
+                               f"can hold, so its real token would be readable in the box; fix: "
+                               f"{', or '.join(fixes + [f'{opt}=1 to take it into the box as it is'])}")
+        in_box = True
+        d.login_files.append(LoginFileUse(host_path, LoginHold.IN_BOX, found, tuple(dict.fromkeys(paths))))
+        d.notes.append(f"credentials: in box for {d.backend.name}: {shown} is copied into the box as it is "
+                       f"({opt}=1): its real token is readable there")
+    return in_box
 
 
 def _in_state_dirs(d: _Draft, path: str) -> bool:
@@ -575,9 +651,15 @@ def _login_file(d: _Draft, route: CredentialRoute) -> str | None:
     if route.login is None:
         return None
     path = expand(route.login.file, d.home, d.uid)
-    if d.fs.lkind(path) != "file":
+    if d.fs.lkind(path) != "file" or not _in_state_dirs(d, path):
         return None
-    return path if _in_state_dirs(d, path) else None
+    if not route.login.refresh_url:  # a static key in a login file: a route only when the file holds one
+        try:
+            if not credfiles.secret_paths(d.fs.read_bounded(path, credfiles.MAX_FILE + 1), (route.login.token,)):
+                return None
+        except ValueError:
+            return None
+    return path
 
 
 def _grants(d: _Draft) -> None:
@@ -944,7 +1026,7 @@ def _plan(d: _Draft) -> Plan:
         ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
         auth_grants=d.auth_grants, workdir_mode=d.workdir_mode, staged=d.staged,
-        shared_live=d.request.shared_live,
+        shared_live=d.request.shared_live, login_files=tuple(d.login_files),
     )
 
 

@@ -32,7 +32,7 @@ from .placeholders import Registry
 from .plan import Plan
 from .proxy import EgressProxy
 from .trace import mark
-from .vocab import MountKind, Tier, WorkdirMode
+from .vocab import LoginHold, MountKind, Tier, WorkdirMode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -223,6 +223,8 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
                                      os.path.basename(state.run_dir).removeprefix("hive-relay-"), plan.state_exclude)
         state.agent.logins = tuple((os.path.relpath(r.login.file, state.home), r.login)
                                    for r in plan.credentials if r.login is not None)
+        state.agent.secret_files = tuple((os.path.relpath(u.file, state.home), u.paths) for u in plan.login_files
+                                         if u.held == LoginHold.MASKED)
     try:
         janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
                         git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)

@@ -82,3 +82,10 @@ class ExitChoice(_Word):
     REVIEW = "review"  # the summary and the diff, then the question again
     KEEP = "keep"  # the default (Enter, Ctrl-C, end of input): review later with `changes RUN`
     DISCARD = "discard"  # after a y/N confirmation: the whole layer goes
+
+
+class LoginHold(_Word):
+    """How a credential file of the agent's state is held in this run (relay/credfiles.py)."""
+
+    MASKED = "masked"  # the box's copy holds placeholders of the same shape; the host's file stays the truth
+    IN_BOX = "in_box"  # copied as it is, under HIVE_RELAY_LOGIN_IN_BOX_<BACKEND>=1 (said in the banner)

@@ -46,7 +46,8 @@ def test_rest_of_home_is_invisible_and_writes_there_vanish(box_sandbox: Sandbox)
 
 def test_other_backends_state_is_not_granted(box_sandbox: Sandbox) -> None:
     out = ok(box_sandbox.box("cat ~/.codex/auth.json 2>&1; ls -a ~/.claude 2>&1; true", "codex"))
-    assert "sk-test" in out  # codex sees its own auth.json
+    # codex sees its own auth.json, its API key a placeholder of the same shape (the proxy holds the key)
+    assert '"OPENAI_API_KEY": "sk-' in out and "sk-test" not in out
     assert "settings.json" not in out  # ...and nothing of claude's
 
 

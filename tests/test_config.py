@@ -206,9 +206,15 @@ def test_shipped_credential_routes() -> None:
     login = routes["anthropic-login"].login
     assert login is not None and login.file == "~/.claude/.credentials.json" and routes["anthropic-login"].secret_env == ()
     assert login.refresh_url == "https://platform.claude.com/v1/oauth/token"
-    assert dict(backends["codex"].logins_in_box)["~/.codex/auth.json"]
-    assert dict(backends["gemini"].logins_in_box)["~/.gemini/oauth_creds.json"]
-    codex, = backends["codex"].credentials
+    files = {n: dict(backends[n].secret_files) for n in ("claude", "codex", "gemini", "opencode")}
+    assert files["codex"]["~/.codex/auth.json"] == ("OPENAI_API_KEY", "tokens.access_token", "tokens.refresh_token",
+                                                    "tokens.id_token")
+    assert files["gemini"]["~/.gemini/oauth_creds.json"] == ("access_token", "refresh_token", "id_token")
+    assert "mcpOAuth.*.clientSecret" in files["claude"]["~/.claude/.credentials.json"]
+    assert "*.refresh" in files["opencode"]["~/.local/share/opencode/auth.json"]
+    codex, in_file = backends["codex"].credentials
+    assert in_file.login is not None and (in_file.login.file, in_file.login.token, in_file.login.refresh_url) == (
+        "~/.codex/auth.json", "OPENAI_API_KEY", "")
     assert codex.secret_env == ("CODEX_API_KEY", "OPENAI_API_KEY") and codex.send == "authorization-bearer"
     assert codex.box_args == ("-c", "openai_base_url={url}/v1")
     gemini, = backends["gemini"].credentials

@@ -67,7 +67,8 @@ def test_home_is_private_and_secrets_are_not_there_but_grants_are(csandbox: Sand
     out = proc.stdout
     assert "PRIVATE-KEY" not in out and "SSH-REFUSED" in out
     assert "SECRET" not in out and "AWS-REFUSED" in out and "NOTES-HIDDEN" in out
-    assert "sk-test" in out and "Test User" in out  # codex's own grant and the git identity
+    # codex's own state (its auth.json's key a placeholder of the same shape) and the git identity
+    assert '"OPENAI_API_KEY": "sk-' in out and "sk-test" not in out and "Test User" in out
     assert "HOME-WRITABLE" in out and out.splitlines()[-1].strip() == "0"
     assert not (s.home / "scratch").exists()
 

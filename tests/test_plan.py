@@ -103,6 +103,9 @@ def test_a_key_pointed_elsewhere_stays_in_the_box_and_says_so(sandbox: Sandbox) 
 
 def test_codex_key_is_injected_with_its_base_url_on_the_argv(sandbox: Sandbox) -> None:
     sandbox.env["OPENAI_API_KEY"] = "sk-openai-SECRET-VALUE"
+    shell = json.loads(sandbox.relay("codex", "local", "--dry-run", "--json", "--prompt", "hi").stdout)
+    assert shell["argv"] == ["/bin/sh", "-c", "hi"]  # the suite's sh override is not the CLI: no codex flags
+    (sandbox.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
     proc = sandbox.relay("codex", "local", "--dry-run", "--json", "--prompt", "hi")
     assert proc.returncode == 0, proc.stderr
     assert "sk-openai-SECRET-VALUE" not in proc.stdout
@@ -122,7 +125,9 @@ def test_prompt_run_has_timeout_and_noninteractive_argv(sandbox: Sandbox) -> Non
     plan = plan_for(sandbox, "codex", prompt="fix it", timeout=42)
     assert plan.interactive is False and plan.timeout == 42
     assert plan.argv[0] == "codex" and plan.argv[-3:] == ("exec", "--skip-git-repo-check", "fix it")
-    assert plan.argv[1:3] == ("--sandbox", "danger-full-access")  # our box is codex's sandbox
+    # The suite's ~/.codex/auth.json holds an API key: its route comes first, then our box is codex's sandbox.
+    assert plan.argv[1:3] == ("-c", "openai_base_url=http://127.0.0.1:3128/openai-login/v1")
+    assert plan.argv[3:5] == ("--sandbox", "danger-full-access")
 
 
 def test_interactive_run_has_no_wall_clock_kill(sandbox: Sandbox) -> None:

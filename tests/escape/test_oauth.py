@@ -364,13 +364,19 @@ def test_dry_run_names_the_login_file_never_its_token(box: Sandbox, report: Repo
     assert plan["env_set"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:3128/anthropic-login"
 
 
-@pytest.mark.parametrize("backend, path", [("codex", ".codex/auth.json"), ("gemini", ".gemini/oauth_creds.json"),
-                                           ("opencode", ".local/share/opencode/auth.json")])
-def test_a_login_no_route_holds_is_never_silent(box: Sandbox, backend: str, path: str) -> None:
+@pytest.mark.parametrize("backend, path, login", [
+    ("codex", ".codex/auth.json", {"tokens": {"access_token": "x", "refresh_token": "y"}}),
+    ("gemini", ".gemini/oauth_creds.json", {"access_token": "x", "refresh_token": "y"}),
+    ("opencode", ".local/share/opencode/auth.json", {"openai": {"type": "oauth", "access": "x", "refresh": "y"}})])
+def test_a_login_no_route_holds_is_refused_not_noted(box: Sandbox, backend: str, path: str, login: dict) -> None:
     (box.home / path).parent.mkdir(parents=True, exist_ok=True)
-    (box.home / path).write_text('{"tokens": {"access_token": "x"}}')
+    (box.home / path).write_text(json.dumps(login))
     proc = box.relay(backend, "--dry-run")
-    assert f"credentials: in box for {backend}: ~/{path} is copied into the box as it is (" in proc.stdout + proc.stderr, proc.stdout
+    assert proc.returncode == 3 and f"~/{path} holds a login" in proc.stderr, proc.stdout + proc.stderr
+    opt = f"HIVE_RELAY_LOGIN_IN_BOX_{backend.upper()}"
+    proc = box.relay(backend, "--dry-run", extra_env={opt: "1"})  # the opt-in: in the box, and said so
+    assert proc.returncode == 0 and f"credentials: in box for {backend}: ~/{path} is copied into the box as it is " \
+        f"({opt}=1)" in proc.stdout + proc.stderr, proc.stdout
 
 
 # The real claude CLI (tests/test_agents.py installs it) with a login on the host.

@@ -1,0 +1,138 @@
+"""Credential files in an agent's state: which JSON values are secrets, and placeholders of their shape.
+
+The table itself lives in config/backends.yaml (`secret_files:` per backend, next to the backend's
+`home.rw`, `home.keep` and `login:` routes, so one backend's whole story is in one place and a user
+config that defines a backend can give its own). This module is the pure part: find the secret values
+a file holds at those paths, and write the box's copy with each replaced by a placeholder of the same
+shape, so the CLI parses its login as usual and believes it is logged in:
+
+- a JWT (`xxx.yyy.zzz`, base64url JSON header and payload) stays a parseable JWT: same header, same
+  claims (account id, email, plan) except `exp` (far in the future, so the CLI never refreshes) and
+  `iat`/`nbf` kept, and a random signature of the same length (so it verifies nowhere);
+- an API key keeps its prefix up to the last `-`/`_` of its first part (`sk-`, `sk-proj-`,
+  `sk-ant-api03-`, `AIza`) and its length, and every other character is replaced by a random one
+  of the same class (letter case, digit), punctuation kept;
+- anything else: random characters of the same classes, same length.
+
+Placeholders are random per run (`secrets` module): nothing about the real value can be derived from
+one, and two runs' boxes never share one. Paths are dotted JSON paths; a `*` part matches every key
+of an object at that level (opencode's per-provider entries, claude's `mcpOAuth` map).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import secrets
+import string
+from collections.abc import Iterator
+from typing import Any
+
+MAX_FILE = 1 << 20  # a login file is a few KiB; beyond this it is not a login this table knows
+FAR_FUTURE_S = 4_102_444_800  # 2100-01-01: a placeholder JWT's `exp`
+_KEY_PREFIX = re.compile(r"^(?:[A-Za-z]{1,8}[-_])+(?:[A-Za-z0-9]{1,8}[-_])?|^AIza|^ya29\.|^1//")
+_JWT = re.compile(r"^[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*$")
+
+
+def _walk(data: Any, parts: list[str], at: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], str]]:
+    if not parts:
+        if isinstance(data, str) and data:
+            yield at, data
+        return
+    if not isinstance(data, dict):
+        return
+    head, rest = parts[0], parts[1:]
+    keys = sorted(k for k in data if isinstance(k, str)) if head == "*" else [head] if head in data else []
+    for key in keys:
+        yield from _walk(data[key], rest, (*at, key))
+
+
+def found(data: Any, paths: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
+    """Every (concrete path, value) of a non-empty string at one of `paths` (each value once)."""
+    out: dict[tuple[str, ...], str] = {}
+    for path in paths:
+        for at, value in _walk(data, path.split("."), ()):
+            out.setdefault(at, value)
+    return list(out.items())
+
+
+def parse(raw: bytes | None) -> Any:
+    """The file as JSON (ValueError when it is not: such a file is never copied into a box as is)."""
+    if raw is None:
+        raise ValueError("no file")
+    if len(raw) > MAX_FILE:
+        raise ValueError("over the size bound")
+    return json.loads(raw)
+
+
+def secret_paths(raw: bytes | None, paths: tuple[str, ...]) -> list[str]:
+    """The dotted paths holding a secret in this file (names only, never values); ValueError: not JSON."""
+    return [".".join(at) for at, _ in found(parse(raw), paths)]
+
+
+def _same_class(ch: str) -> str:
+    if ch in string.ascii_lowercase:
+        return secrets.choice(string.ascii_lowercase)
+    if ch in string.ascii_uppercase:
+        return secrets.choice(string.ascii_uppercase)
+    if ch in string.digits:
+        return secrets.choice(string.digits)
+    return ch
+
+
+def shaped_text(value: str) -> str:
+    """Random text of `value`'s shape: its key prefix kept, each other character one of its class."""
+    m = _KEY_PREFIX.match(value)
+    keep = m.group(0) if m and len(m.group(0)) < len(value) else ""
+    return keep + "".join(_same_class(c) for c in value[len(keep):])
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def shaped_jwt(value: str) -> str | None:
+    """A JWT with the same header and claims (`exp` far ahead) and a random signature; None: no JWT."""
+    if not _JWT.match(value):
+        return None
+    head, payload, sig = value.split(".")
+    try:
+        header, claims = json.loads(_unb64(head)), json.loads(_unb64(payload))
+        if not isinstance(header, dict) or not isinstance(claims, dict):
+            return None
+        raw_sig = _unb64(sig)
+    except ValueError:
+        return None
+    if "exp" in claims:
+        claims["exp"] = FAR_FUTURE_S
+    fake_sig = secrets.token_bytes(max(len(raw_sig), 32))
+    return f"{head}.{_b64(json.dumps(claims, separators=(',', ':')).encode())}.{_b64(fake_sig)}"
+
+
+def placeholder_for(value: str) -> str:
+    return shaped_jwt(value) or shaped_text(value)
+
+
+def _set(data: Any, at: tuple[str, ...], value: str) -> None:
+    for part in at[:-1]:
+        data = data[part]
+    data[at[-1]] = value
+
+
+def mask(raw: bytes, paths: tuple[str, ...], keep: frozenset[str] = frozenset()) -> tuple[bytes, int]:
+    """The box's copy: every secret at `paths` replaced by a placeholder of its shape (values in `keep`,
+    e.g. a placeholder another mask already wrote, stay). Returns (bytes, how many were replaced).
+    ValueError when the file is not JSON: the caller then gives the box no copy."""
+    data = parse(raw)
+    n = 0
+    for at, value in found(data, paths):
+        if value in keep:
+            continue
+        _set(data, at, placeholder_for(value))
+        n += 1
+    return json.dumps(data).encode(), n
