@@ -152,8 +152,8 @@ def _box_env(plan: Plan) -> list[dict]:
     env["HIVE_RELAY_WORKSPACE"] = plan.workdir
     env.pop("HIVE_RELAY_GO", None)
     for route in plan.credentials:
-        if route.login is not None and route.name in LOGIN_BOX_ENV:
-            env.setdefault(LOGIN_BOX_ENV[route.name], CREDENTIAL_PLACEHOLDER)
+        if route.login is not None and (plan.backend, route.name) in LOGIN_BOX_ENV:
+            env.setdefault(LOGIN_BOX_ENV[(plan.backend, route.name)], CREDENTIAL_PLACEHOLDER)
     return [{"name": k, "value": env[k]} for k in sorted(env)]
 
 
@@ -238,8 +238,12 @@ def kube_routes(plan: Plan) -> tuple:
 
 
 # A login route's token reaches the pod's proxy, but the CLI in the pod has no login file to send
-# with: this variable makes it send the placeholder as its bearer token, which the proxy swaps.
-LOGIN_BOX_ENV = {"anthropic-login": "CLAUDE_CODE_OAUTH_TOKEN"}
+# with (a pod gets no copy of the host's state): this variable, by backend and route, makes it send
+# the placeholder as its key, which the proxy swaps for the real one on the pinned upstream.
+LOGIN_BOX_ENV = {("claude", "anthropic-login"): "CLAUDE_CODE_OAUTH_TOKEN",
+                 ("codex", "openai-login"): "CODEX_API_KEY",
+                 ("opencode", "anthropic-login"): "ANTHROPIC_API_KEY",
+                 ("opencode", "openai-login"): "OPENAI_API_KEY"}
 
 
 def _route(route: CredentialRoute) -> dict:

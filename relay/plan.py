@@ -597,7 +597,10 @@ def _login_files(d: _Draft) -> bool:
     credential, so the CLI's API traffic carries the real key only on the route's pinned upstream, or
     when the box has no network (nothing could use it). Otherwise the real login would be in the box:
     that refuses (exit 3) unless the per-backend opt-in is set; then it is copied as it is, and said.
-    Returns whether a file is in the box by opt-in."""
+    Returns whether a file is in the box by opt-in. kube mode's boxes get no copy of the host's
+    state at all (their $HOME is an empty volume), so no login file of the host is ever in one."""
+    if d.request.mode == "kube":
+        return False
     specs: dict[str, list[str]] = {}
     for path, paths in d.backend.secret_files:
         specs.setdefault(expand(path, d.home, d.uid), []).extend(paths)

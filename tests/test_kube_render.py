@@ -493,3 +493,36 @@ def test_grants_and_logins_reach_only_the_clusters_proxy(tmp_path: Path) -> None
     assert refused.returncode == 3, refused.stderr
     assert "cannot carry the login" in refused.stderr and "fix:" in refused.stderr and access not in refused.stderr
     assert "apply" not in (tmp_path / "calls").read_text()
+
+
+def test_a_codex_api_key_login_file_reaches_only_the_clusters_proxy(tmp_path: Path) -> None:
+    """codex's `auth.json` holding an API key: the pod gets no copy of it (nothing of the host's
+    state goes to a pod, so the plan does not refuse), the route carries the key from the host file
+    to the proxy's Secret, and codex in the pod sends the placeholder (CODEX_API_KEY) to the route."""
+    work = tmp_path / "w"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
+                    "--allow-empty", "-m", "i"], check=True)
+    (tmp_path / ".codex").mkdir()
+    real = "sk-proj-REALKEY" + "x" * 40
+    (tmp_path / ".codex" / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": real}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
+    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
+    dry = subprocess.run([sys.executable, "-m", "relay", "codex", "kube", "--prompt", "hi", "--workdir", str(work),
+                          "--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert real not in dry.stdout
+    data = json.loads(dry.stdout)
+    assert data["kube"]["credentials_carried"] == [{"route": "openai-login", "key": "HIVE_RELAY_KEY_0", "from": "login"}]
+    job = data["kube"]["objects"][-1]
+    box_env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert box_env["CODEX_API_KEY"] == "hive-relay-placeholder"
+    from relay.config import get_backend, load_matrix
+    from relay.kube_secrets import secret_values
+    from relay.probe import probe
+
+    matrix = load_matrix(env, workdir=None)
+    plan = resolve(get_backend(matrix, "codex"), matrix,
+                   Request("codex", mode="kube", workdir=str(work), run_id="1-x", prompt="hi"), probe(env), env)
+    assert secret_values(plan, env) == {"HIVE_RELAY_KEY_0": real}  # read from the host file, for the Secret only
