@@ -133,7 +133,9 @@ def build(
     """Read-only root, no capabilities, no network but our proxy, the same binds as local mode."""
     # Engine warnings (e.g. rootless podman's "/ is not a shared mount") would land in the agent's
     # terminal on every launch; errors still do.
-    args = [run.engine, "--log-level=error", "run", "--rm", "-i", "--name", run.name]
+    # --pull=never: the image is ours, built locally (relay/image.py); a missing one must fail at
+    # once, never be fetched from whatever answers for its registry name (localhost/...).
+    args = [run.engine, "--log-level=error", "run", "--rm", "-i", "--pull=never", "--name", run.name]
     if interactive and tty:
         args.append("-t")
     args += ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--network", "none",

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import time
 from collections.abc import Mapping
 
 from . import container_argv, janitor, overlay, safefs, staged
+from .banner import emit
 from .container_argv import ContainerRun
 from .errors import RefusedError, RelayError
-from .handshake import release, start_proxy
-from .netns import listen_in
 from .plan import Plan
-from .proxy import EgressProxy
-from .seccomp_oci import default_profile, render
 from .trace import mark
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .proxy import EgressProxy
 
 START_TIMEOUT = 120.0  # a rootless engine's first run of an image re-maps its layers (seconds)
 
@@ -34,12 +36,25 @@ class ContainerProcess:
         self.proc = proc
         self.run = run
         self.pid = proc.pid
+        try:
+            self.pidfd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
     def wait(self, timeout: float | None = None) -> int:
-        return self.proc.wait(timeout=timeout)
+        # Popen.wait(timeout) polls with sleeps of up to 50 ms; the pidfd wakes us when the client exits.
+        if timeout is not None and self.pidfd is not None and self.proc.returncode is None:
+            ready, _, _ = select.select([self.pidfd], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(self.proc.args, timeout)
+        rc = self.proc.wait(timeout=timeout)
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        return rc
 
     def kill(self) -> None:
         if self.proc.poll() is not None:
@@ -62,6 +77,8 @@ def prepare(plan: Plan) -> int:
     assert run is not None and run.ctl_dir and plan.seccomp_policy is not None
     os.makedirs(run.ctl_dir, mode=0o755)
     if run.seccomp_profile:
+        from .seccomp_oci import default_profile, render
+
         with open(run.seccomp_profile, "w") as fh:
             json.dump(render(plan.seccomp_policy, default_profile()), fh)
     fifo = os.path.join(run.ctl_dir, "go")
@@ -133,9 +150,18 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) 
     mark("spawned")
     proc = ContainerProcess(popen, run)
     try:
+        # Loaded while the engine creates the container (~250 ms), off the launch's critical path.
+        from .handshake import release, start_proxy
+        from .netns import listen_in
+
         pid = _container_pid(plan, popen)
         mark("box_ready")
         if pid is None:
+            from .image import forget_if_gone
+
+            gone = forget_if_gone(run, caller_env)
+            if gone:
+                emit([f"hive-relay: {gone}"])
             return proc, None  # the engine failed (and said why on stderr); its exit code is passed on
         proxy = None
         if plan.proxy_listen:

@@ -12,31 +12,29 @@ from collections.abc import Callable, Mapping
 
 from . import (
     agentstate,
-    bwrap_runner,
     exitreport,
     guard,
     janitor,
     jobctl,
     limits,
     livelock,
-    process_runner,
     procs,
     safefs,
     trace,
 )
 from .banner import banner_lines, emit, note_lines
 from .errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
-from .handshake import BoxProcess
 from .paths import config_home, state_dir
 from .placeholders import Registry
 from .plan import Plan
-from .proxy import EgressProxy
 from .trace import mark
 from .vocab import LoginHold, MountKind, Tier, WorkdirMode
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the proxy's modules load only once a box needs them (a container: after its engine starts)
     from .container_runner import ContainerProcess
+    from .handshake import BoxProcess
+    from .proxy import EgressProxy
 
 
 
@@ -117,6 +115,8 @@ def _finish(outcome: str | None, rc: int, plan: Plan) -> int:
 
 def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
     """The opt-in path: the CLI alone under its own native sandbox, with a loud banner."""
+    from . import process_runner
+
     emit(banner_lines(plan, caller_env.get("HOME", "")) + note_lines(plan.notes))
     with _Signals(plan.interactive) as sigs:
         proc = process_runner.spawn(plan, dict(caller_env), lambda: None)
@@ -280,6 +280,8 @@ class _Box:
         plan = self.plan
         with _Signals(plan.interactive) as sigs:
             if plan.tier == Tier.PROCESS:
+                from . import process_runner  # each tier imports only its own runner (launch time)
+
                 self.proc = process_runner.start(plan, self.caller_env, self.state, self.use_rlimits, self.nofile,
                                                  self.job)
             elif plan.container is not None and self.go_fd is not None:
@@ -287,6 +289,8 @@ class _Box:
 
                 self.proc, self.proxy = container_runner.start(plan, self.caller_env, self.go_fd, self.lifeline)
             else:
+                from . import bwrap_runner
+
                 self.proc, self.proxy = bwrap_runner.start(plan, self.caller_env, self.state, self.use_rlimits,
                                                            self.nofile, self.lifeline, self.job)
             give_up = None if plan.interactive or self.proxy is None else self.proxy.gave_up
@@ -303,6 +307,8 @@ class _Box:
             # A process-tier daemon (no pid namespace) or bwrap's init must be gone before the guard
             # and the sync-back look at what the box left, or it could write after them.
             procs.reap_descendants(self.keep)
+        from .handshake import BoxProcess
+
         # The namespace's fd is held since spawn, so its name is still this box's alone.
         if isinstance(self.proc, BoxProcess) and self.proc.pidns and self.proc.pidns_fd is not None:
             procs.kill_pidns(self.proc.pidns)  # and nothing else of the box's namespace, whoever reaps it
