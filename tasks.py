@@ -456,10 +456,13 @@ def selftest(c: Context, backend: list[str] | None = None, json: bool = False, m
                           "a peer that cannot run is refused, never timed",
             "quick": "fewer runs and a 32 MB download (for CI)",
             "launch_only": "only the launch figures (paired runs, idle and with one core busy)",
+            "new_user": "also the first and second container launch of a new rootless user (fresh podman storage "
+                        "and relay state in a HOME of its own; it builds the image, so minutes; with "
+                        "--launch-only, the container launch rows too)",
             "kube": "only kube mode's fan-out: 10 shell boxes through podman kube play against 10 sequential "
                     "container runs (root: hostUsers needs automatic user namespaces)"})
 def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False,
-          kube: bool = False, kube_repo: bool = False) -> None:
+          kube: bool = False, kube_repo: bool = False, new_user: bool = False) -> None:
     """Benchmark launch overhead (idle and one core busy), proxy throughput/latency, memory and scale
     against same-run baselines. --kube: a 10-box fan-out; --kube-repo: a 200 MB, 50,000-file
     checkout fanned out to 3 boxes (minutes), against a bare `podman run`."""
@@ -480,4 +483,5 @@ def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = Fa
         print(_json.dumps(bench_kube(), indent=1))
         return
 
-    _exit(guarded(run_bench, runs=runs, with_peers=with_peers, quick=quick, launch_only=launch_only))
+    _exit(guarded(run_bench, runs=runs, with_peers=with_peers, quick=quick, launch_only=launch_only,
+                  new_user=new_user))

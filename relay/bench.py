@@ -240,7 +240,8 @@ def measure_launch(box: list[str], srt: list[str] | None, runs: int, env: dict[s
     return out
 
 
-def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False) -> int:
+def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_only: bool = False,
+          new_user: bool = False) -> int:
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", str(PACKAGE_ROOT))
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -277,6 +278,9 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
         results["launch"] = scenarios["idle"]
         launch = {k: (v["median_s"], v["failures"]) for k, v in scenarios["idle"].items()}
         if launch_only:
+            if new_user:  # the container rows too, the new user's with them
+                results["container"] = _bench_container(env, work, runs, port, blob_mb, throughput=False)
+                results["container_new_user"] = _new_user(env)
             return report(results)
 
         # Phases of one launch, from the runner's trace marks.
@@ -356,6 +360,8 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
 
         # 5. Container mode, when the engine answers and this user's image is built (bench never builds it).
         results["container"] = _bench_container(env, work, runs, port, blob_mb)
+        if new_user:
+            results["container_new_user"] = _new_user(env)
 
         # 4. Ten boxes at once.
         start = time.perf_counter()
@@ -490,28 +496,34 @@ def _container_image(env: dict[str, str]) -> tuple[str, str] | str:
     return (engine, tag) if exists([engine], tag) else f"image {tag} not built (invoke build-image)"
 
 
+def _new_user(env: dict[str, str]) -> dict:
+    """Opt-in (`--new-user`): a fresh storage builds the image, which takes minutes."""
+    from .bench_container import new_user
+
+    found = _container_image(env)
+    return new_user(found[0], env) if isinstance(found, tuple) else {"skipped": found}
+
+
 def _curl_mbps(argv: list[str], env: dict[str, str], cwd: str) -> float:
     out = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True).stdout
     size, seconds = out.split()[-2:]
     return float(size) / float(seconds) / MB
 
 
-def _bench_container(env: dict[str, str], work: str, runs: int, port: int, blob_mb: int) -> dict:
+def _bench_container(env: dict[str, str], work: str, runs: int, port: int, blob_mb: int,
+                     throughput: bool = True) -> dict:
     found = _container_image(env)
     if isinstance(found, str):
         return {"skipped": found}
     engine, tag = found
     box = ["shell", "container", "-q", "--workdir", work, "--allow-host", f"bench.test:{port}=127.0.0.1:{port}",
            "--prompt"]
-    subprocess.run(_relay(*box, "true"), env=env, cwd=work, check=True)  # first run maps the image's layers
-    limits = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=512:512"]
-    bare = [engine, "--log-level=error", "run", "--rm", "--network", "none", "--read-only", *limits]
-    if os.getuid():
-        bare += ["--userns", "keep-id"]
-    launch = {
-        f"bare {os.path.basename(engine)} run true": _median_time([*bare, tag, "true"], runs, env, work),
-        "relay shell container true": _median_time(_relay(*box, "true"), runs, env, work),
-    }
+    from . import bench_container
+
+    # Warm launches (staged, --live, a bare engine run), paired rounds: relay/bench_container.py.
+    warm = bench_container.measure(engine, tag, env, work, runs, f"bench.test:{port}=127.0.0.1:{port}")
+    if "skipped" in warm or not throughput:
+        return warm
     # The same curl download direct, through the local box's proxy and through the container's
     # (interleaved rounds): the proxy is the same code, so the two proxied figures should match.
     curl = "curl -s -o /dev/null -w '%{size_download} %{time_total}'"
@@ -521,7 +533,7 @@ def _bench_container(env: dict[str, str], work: str, runs: int, port: int, blob_
         direct.append(_curl_mbps(["sh", "-c", f"{curl} http://127.0.0.1:{port}/big"], env, work))
         local.append(_curl_mbps(_relay(*local_box, f"{curl} http://bench.test:{port}/big"), env, work))
         proxied.append(_curl_mbps(_relay(*box, f"{curl} http://bench.test:{port}/big"), env, work))
-    return {"launch": {k: {"median_s": v[0], "failures": v[1]} for k, v in launch.items()},
+    return {**warm,
             "throughput_MBps": {"direct curl": statistics.median(direct),
                                 "local box curl via proxy": statistics.median(local),
                                 "container curl via proxy": statistics.median(proxied)},
@@ -563,7 +575,13 @@ def launch_report(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
 
 def report(r: dict) -> int:
     lines, targets = launch_report(r)
-    if "throughput_MBps" not in r:  # --launch-only
+    if "throughput_MBps" not in r:  # --launch-only (with --new-user: the container launch rows too)
+        if r.get("container"):
+            from .bench_container import rows as container_rows
+
+            more, more_targets = container_rows(r["container"], r.get("container_new_user"))
+            lines += more
+            targets.update(more_targets)
         return _write(r, ["| measure | value | ratio / note |", "|---|---|---|", *lines], targets)
     launch = {k: v["median_s"] for k, v in r["launch"].items()}
     entry = launch["relay entry (python -m relay)"]
@@ -618,10 +636,11 @@ def report(r: dict) -> int:
     if "skipped" in c:
         lines.append(f"| container mode | not measured | {c['skipped']} |")
     elif c:
-        times = {k: v["median_s"] for k, v in c["launch"].items()}
-        bare = next(v for k, v in times.items() if k.startswith("bare"))
-        for name, t in times.items():
-            lines.append(f"| container launch: {name} | {t * 1000:.0f} ms | {t / bare:.2f}× bare engine run |")
+        from .bench_container import rows as container_rows
+
+        more, more_targets = container_rows(c, r.get("container_new_user"))
+        lines += more
+        targets.update(more_targets)
         ctp = c["throughput_MBps"]
         for name, v in ctp.items():
             lines.append(f"| container throughput ({c['blob_mb']} MB): {name} | {v:.0f} MB/s | "

@@ -618,7 +618,10 @@ BENCH_HELP = {"runs": "repetitions per timing (median is reported)",
               "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
                             "a peer that cannot run is refused, never timed",
               "quick": "fewer runs and a 32 MB download (for CI)",
-              "launch_only": "only the launch figures (paired runs, idle and with one core busy)"}
+              "launch_only": "only the launch figures (paired runs, idle and with one core busy)",
+              "new_user": "also the first and second container launch of a new rootless user (fresh podman "
+                          "storage and relay state in a HOME of its own; it builds the image, so minutes; "
+                          "with --launch-only, the container launch rows too)"}
 BENCH_DOC = ("Benchmark launch overhead (idle and one core busy), proxy throughput/latency, memory and scale "
              "against same-run baselines.")
 LOGIN_DOC = ("Run BACKEND's own login on this host, outside any box, in your terminal (its browser callback "
@@ -655,8 +658,10 @@ def _bench_main(argv: Sequence[str]) -> int:
     parser.add_argument("-w", "--with-peers", action="store_true", help=BENCH_HELP["with_peers"])
     parser.add_argument("-q", "--quick", action="store_true", help=BENCH_HELP["quick"])
     parser.add_argument("-l", "--launch-only", action="store_true", help=BENCH_HELP["launch_only"])
+    parser.add_argument("-n", "--new-user", action="store_true", help=BENCH_HELP["new_user"])
     ns = parser.parse_args(argv)
-    return bench(runs=ns.runs, with_peers=ns.with_peers, quick=ns.quick, launch_only=ns.launch_only)
+    return bench(runs=ns.runs, with_peers=ns.with_peers, quick=ns.quick, launch_only=ns.launch_only,
+                 new_user=ns.new_user)
 
 
 def _login_main(argv: Sequence[str]) -> int:
