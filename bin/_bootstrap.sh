@@ -60,12 +60,47 @@ no_bwrap_note() {
   fi
 }
 
+INVOKE_SHIM="# hive-relay invoke shim 2"
+
+_hr_quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
+
+pin_invoke() {
+  # The venv's `invoke`/`inv` load hive relay's tasks.py from any directory: invoke alone looks for
+  # tasks.py from the cwd up ("Can't find any collection named 'tasks'!" in a project, or worse, a
+  # tasks.py a box wrote there). The root is a config default, so `-r DIR` and invoke.yaml still
+  # win; -I keeps the cwd off sys.path. pip rewrites the scripts on reinstall: checked on each run (no fork).
+  for _hr_inv in invoke inv; do
+    _hr_line=""
+    { read -r _hr_line && read -r _hr_line; } < "$VENV/bin/$_hr_inv" 2>/dev/null || true
+    [ "$_hr_line" = "$INVOKE_SHIM" ] && continue
+    [ -e "$VENV/bin/$_hr_inv" ] || continue  # no invoke installed in this venv
+    _hr_tmp="$VENV/bin/.$_hr_inv.hive-relay-tmp"
+    {
+      printf '%s\n' '#!/bin/sh' "$INVOKE_SHIM"
+      printf 'exec %s -I -c %s %s "$@"\n' "$(_hr_quote "$VENV/bin/python")" "'import sys
+root = sys.argv[1]
+from invoke import Config
+from invoke.main import program
+class HiveRelayConfig(Config):
+    @staticmethod
+    def global_defaults():
+        d = Config.global_defaults()
+        d[\"tasks\"][\"search_root\"] = root
+        return d
+program.config_class = HiveRelayConfig
+sys.argv = [\"invoke\", *sys.argv[2:]]
+sys.exit(program.run())'" "$(_hr_quote "$ROOT")"
+    } > "$_hr_tmp" && chmod 755 "$_hr_tmp" && mv -f "$_hr_tmp" "$VENV/bin/$_hr_inv"
+  done
+}
+
 ensure_venv() {
   # $1: requirements file. Rebuilt when the file changes (stamp holds its checksum).
   req=$1
   stamp="$VENV/.hive-relay-stamp-${req##*/}"
   # Fast path (no fork): the stamp is newer than the requirements file.
   if [ -x "$VENV/bin/python" ] && [ -s "$stamp" ] && ! [ "$req" -nt "$stamp" ]; then
+    pin_invoke
     return 0
   fi
   sum=$(cksum < "$req" | cut -d' ' -f1)
@@ -73,6 +108,7 @@ ensure_venv() {
   [ -f "$stamp" ] && read -r have < "$stamp" || true
   if [ -x "$VENV/bin/python" ] && [ "$have" = "$sum" ]; then
     touch "$stamp"  # same content, newer file (a checkout): next time the fast path
+    pin_invoke
     return 0
   fi
   started=$(date +%s)
@@ -95,6 +131,7 @@ ensure_venv() {
       done
   rc=$(cat "$rcfile"); rm -f "$rcfile"
   [ "$rc" = 0 ] || { say "pip install failed (exit $rc); fix: check your network access to PyPI (or PIP_INDEX_URL)"; exit 3; }
+  pin_invoke
   echo "$sum" > "$stamp"
   say "Python packages ready in $(( $(date +%s) - started )) s"
 }

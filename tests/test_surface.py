@@ -309,3 +309,32 @@ def test_not_container_is_a_subset_that_never_needs_the_image() -> None:
     assert len(ids) > 1000
     assert not [i for i in ids if i.startswith("tests/test_container.py") or "container]" in i
                 or "-container-" in i], ids
+
+
+def test_the_venvs_invoke_works_from_any_directory_and_never_loads_the_projects_tasks(sandbox: Sandbox) -> None:
+    """`.venv/bin/invoke doctor` typed in the user's project (issue 27): our tasks, not "Can't find any
+    collection named 'tasks'!", and never a tasks.py (or invoke.py, yaml.py) a box left in that project."""
+    s = sandbox
+    invoke = REPO / ".venv" / "bin" / "invoke"
+    subprocess.run([BIN, "--version"], env=s.env, capture_output=True, timeout=300, check=True)  # makes the venv
+    planted = s.workdir / "PLANTED-RAN"
+    for name in ("tasks.py", "invoke.py", "yaml.py"):
+        (s.workdir / name).write_text(f"open({str(planted)!r}, 'w').write('{name}')\n"
+                                      "from invoke import task\n@task\ndef doctor(c):\n    print('PLANTED')\n")
+    listed = subprocess.run([str(invoke), "--list"], cwd=s.workdir, env=s.env, capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert "contribute-hive" in listed.stdout and "accept-state" in listed.stdout
+    doctor = subprocess.run([str(invoke), "doctor", "--json"], cwd=s.workdir, env=s.env, capture_output=True,
+                            text=True, timeout=300)
+    assert doctor.returncode in (0, 1), doctor.stderr[-2000:]
+    assert "bwrap" in json.dumps(json.loads(doctor.stdout)) and "PLANTED" not in doctor.stdout
+    assert not planted.exists(), planted.read_text()
+    # Twin: an explicit -r still picks another collection, as invoke's own flag does.
+    other = s.home / "other"
+    other.mkdir()
+    (other / "tasks.py").write_text("from invoke import task\n@task\ndef hello(c):\n    print('other collection')\n")
+    hello = subprocess.run([str(invoke), "-r", str(other), "hello"], cwd=s.workdir, env=s.env, capture_output=True,
+                           text=True, timeout=120)
+    assert hello.returncode == 0 and "other collection" in hello.stdout, hello.stderr
+    assert not planted.exists()
