@@ -72,13 +72,13 @@ def measure(engine: str, tag: str, env: dict[str, str], work: str, runs: int, al
     return out
 
 
-def _fresh_env(env: dict[str, str], home: str) -> dict[str, str]:
+def _fresh_env(env: dict[str, str], home: str, runtime: str) -> dict[str, str]:
     """A new user's environment: its own HOME (podman's rootless storage and config, the relay's
-    state and caches live there) and runtime dir; nothing pointing elsewhere."""
+    state and caches live there) and runtime dir; nothing pointing elsewhere. The runtime dir's path
+    is short, as /run/user/UID is: with one of 40-odd characters, podman 4.3's client waits out its
+    20 s conmon timeout at every container exit (measured here)."""
     out = {k: v for k, v in env.items() if not k.startswith(("XDG_", "CONTAINERS_", "HIVE_RELAY_"))
            or k in ("HIVE_RELAY_TOOLS", "HIVE_RELAY_BASE_ARCHIVE", "HIVE_RELAY_BASE_IMAGE")}
-    runtime = os.path.join(home, "run")
-    os.makedirs(runtime, mode=0o700, exist_ok=True)
     out.update(HOME=home, XDG_RUNTIME_DIR=runtime)
     return out
 
@@ -100,19 +100,33 @@ def _base_archive(engine: str, env: dict[str, str], work: str) -> tuple[str | No
     return path, f"loaded from an archive of this user's {base} (as `build-image --base-archive` does)"
 
 
+def _pause_processes(runtime: str) -> list[int]:
+    """Our rootless podman pause processes started for this runtime dir (and no one else's)."""
+    mark = f"XDG_RUNTIME_DIR={runtime}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if (Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"catatonit")
+                    and mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def _drop_storage(engine: str, fenv: dict[str, str], home: str) -> None:
-    """Remove the new user's storage and the pause process its podman started, then the HOME."""
+    """Remove the new user's storage and the pause process its podman started, then its dirs."""
+    run = [engine, "unshare", "rm", "-rf", home]
     subprocess.run([engine, "system", "reset", "-f"], env=fenv, stdin=subprocess.DEVNULL, capture_output=True,
                    timeout=600)
-    try:
-        pid = int(Path(fenv["XDG_RUNTIME_DIR"], "libpod", "tmp", "pause.pid").read_text().strip())
-        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"catatonit"):
+    subprocess.run(run, env=fenv, stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+    for pid in _pause_processes(fenv["XDG_RUNTIME_DIR"]):
+        try:
             os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError):
-        pass
-    subprocess.run([engine, "unshare", "rm", "-rf", home], env=fenv, stdin=subprocess.DEVNULL, capture_output=True,
-                   timeout=600)
+        except OSError:
+            pass
     shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(fenv["XDG_RUNTIME_DIR"], ignore_errors=True)
 
 
 def new_user(engine: str, env: dict[str, str], bare_runs: int = 5) -> dict:
@@ -124,7 +138,7 @@ def new_user(engine: str, env: dict[str, str], bare_runs: int = 5) -> dict:
 
     home = tempfile.mkdtemp(prefix="hive-relay-bench-newuser-")
     os.chmod(home, 0o755)
-    fenv = _fresh_env(env, home)
+    fenv = _fresh_env(env, home, tempfile.mkdtemp(prefix="hr-", dir="/tmp"))  # mode 0700
     out: dict = {}
     try:
         archive, how = _base_archive(engine, env, home)

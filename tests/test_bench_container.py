@@ -45,9 +45,9 @@ def test_the_new_user_rows_refuse_root_and_name_both_launches(tmp_path: Path) ->
         assert "skipped" in out and "rootless user" in out["skipped"]
     else:  # the real run builds the image in a fresh storage (minutes): `invoke bench --new-user`
         fresh = bench_container._fresh_env({"HOME": "/h", "XDG_CONFIG_HOME": "/x", "CONTAINERS_CONF": "/c",
-                                            "HIVE_RELAY_TOOLS": "/t", "PATH": "/bin"}, str(tmp_path))
+                                            "HIVE_RELAY_TOOLS": "/t", "PATH": "/bin"}, str(tmp_path), "/tmp/hr-x")
         assert fresh["HOME"] == str(tmp_path) and "XDG_CONFIG_HOME" not in fresh and "CONTAINERS_CONF" not in fresh
-        assert fresh["HIVE_RELAY_TOOLS"] == "/t" and fresh["XDG_RUNTIME_DIR"] == str(tmp_path / "run")
+        assert fresh["HIVE_RELAY_TOOLS"] == "/t" and fresh["XDG_RUNTIME_DIR"] == "/tmp/hr-x"
     new = {"base": "loaded", "storage_driver": "overlay", "bare_s": 0.2,
            "first launch": {"seconds": 90.0, "exit_code": 0, "ratio": 450.0, "said": []},
            "second launch": {"seconds": 0.5, "exit_code": 0, "ratio": 2.5, "said": []}}
