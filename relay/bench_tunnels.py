@@ -12,6 +12,7 @@ the same run, round by round, so that a busy shared machine hits both sides alik
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import ssl
 import statistics
@@ -214,6 +215,7 @@ def measure(quick: bool = False) -> dict:
         upstream.close()
         big.kill()
         big.wait()
+        shutil.rmtree(work, ignore_errors=True)  # the throwaway CA and server keys
     return out
 
 
