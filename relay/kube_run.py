@@ -265,7 +265,10 @@ def current_context(kubectl: str, env: Mapping[str, str]) -> str | None:
 
 
 def _kubectl(kubectl: str, env: Mapping[str, str], *args: str, stdin: str | None = None) -> str:
-    proc = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, env=dict(env))
+    # errors="replace": a box's log is the box's bytes; one that is not UTF-8 must not crash the
+    # launcher and lose every other box's patch with it (the patch block itself is base64).
+    proc = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, encoding="utf-8",
+                          errors="replace", env=dict(env))
     if proc.returncode != 0:
         raise RelayError(f"kubectl {args[0]} failed: {proc.stderr.strip()[-300:]}")
     return proc.stdout
