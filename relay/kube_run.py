@@ -334,7 +334,13 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
         if not uid:
             raise RelayError("kube mode: the cluster gave the Job no uid")
         rest = [owned_by_job(o, uid) for o in objects if o["kind"] not in ("Namespace", "Job")]
-        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml(rest))
+        secrets = [o for o in rest if o["kind"] == "Secret"]
+        if secrets:
+            # create, not apply: a client-side apply copies the whole object, stringData included, into
+            # its kubectl.kubernetes.io/last-applied-configuration annotation, which `kubectl describe`
+            # prints (kubernetes/kubernetes#23564). The namespace is new, so nothing is there to update.
+            _kubectl(kubectl, env, "create", "-f", "-", stdin=to_yaml(secrets))
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in rest if o["kind"] != "Secret"]))
         _serve_bundle(kubectl, env, ns, run, bundle)
         results, logs = _follow(kubectl, env, ns, run.count, deadline)
         write_patches(run_dir, results)

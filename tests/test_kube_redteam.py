@@ -14,6 +14,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from relay import changes, kube_stage, staged
 from relay.changes import Entry
@@ -162,3 +163,55 @@ def test_a_box_log_that_is_not_utf8_does_not_crash_the_launcher(tmp_path: Path) 
     fake.write_text("#!/bin/sh\nprintf 'agent says \\377\\n'\n")
     fake.chmod(0o755)
     assert "agent says" in _kubectl(str(fake), dict(os.environ), "logs", "pod", "-c", "box")
+
+
+FAKE_KUBECTL = r'''#!/usr/bin/env python3
+"""A recording kubectl: each call's argv, stdin and the context current at that moment, one JSON line."""
+import json, os, sys
+log, ctx = os.environ["FAKE_KUBECTL_LOG"], os.environ["FAKE_KUBECTL_CTX"]
+argv = sys.argv[1:]
+stdin = "" if sys.stdin.isatty() else sys.stdin.buffer.read().decode(errors="replace")
+with open(log, "a") as fh:
+    fh.write(json.dumps({"argv": argv, "stdin": stdin, "ctx": open(ctx).read().strip()}) + "\n")
+if argv[:2] == ["config", "current-context"]:
+    print(open(ctx).read().strip())
+elif "jsonpath={.spec.clusterIP}" in argv:
+    print("10.0.0.7")
+elif "jsonpath={.metadata.uid}" in argv:
+    print("uid-1")
+elif "pods" in argv and "json" in argv:
+    print(json.dumps({"items": [{"metadata": {"name": "boxes-0", "annotations": {
+        "batch.kubernetes.io/job-completion-index": "0"}}, "status": {"phase": "Succeeded"}}]}))
+elif argv and argv[0] == "-n" and "logs" in argv:
+    sys.stdout.buffer.write(b"agent: done\n%(begin)s\n\n%(end)s 0\n")
+'''
+
+
+def test_no_credential_reaches_an_annotation_argv_or_other_object(checkout: Path, tmp_path: Path) -> None:
+    """Attack surface: `kubectl apply` of a Secret copies its stringData into the object's
+    last-applied-configuration annotation (printed by `kubectl describe`). The value must travel
+    once, in the stdin of a `create` of the Secret alone, and appear in no argv and no other object."""
+    from relay.kube_render import RESULT_BEGIN, RESULT_END
+    from relay.kube_run import apply_and_follow, kube_run_for
+
+    fake = tmp_path / "bin" / "kubectl"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_KUBECTL % {"begin": RESULT_BEGIN, "end": RESULT_END})
+    fake.chmod(0o755)
+    (tmp_path / "ctx").write_text("ctx-a\n")
+    secret = "sk-ant-" + os.urandom(8).hex()
+    env = {**_env(tmp_path), "ANTHROPIC_API_KEY": secret, "FAKE_KUBECTL_LOG": str(tmp_path / "calls"),
+           "FAKE_KUBECTL_CTX": str(tmp_path / "ctx"), "HIVE_RELAY_KUBE_IMAGE": "localhost/box:1",
+           "HIVE_RELAY_KUBE_PROXY_IMAGE": "localhost/proxy:1"}
+    matrix = load_matrix(env, workdir=None)
+    req = Request("claude", mode="kube", workdir=str(checkout), run_id=f"krt-{os.getpid()}-abc", prompt="x")
+    plan = resolve(get_backend(matrix, "claude"), matrix, req, probe(env), env)
+    run = kube_run_for(plan, req.run_id, 1, 1, env)
+    assert apply_and_follow(str(fake), plan, run, env) == 0
+    calls = [__import__("json").loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
+    carrying = [c for c in calls if secret in c["stdin"]]
+    assert all(secret not in " ".join(c["argv"]) for c in calls)
+    assert [c["argv"][:3] for c in carrying] == [["create", "-f", "-"]], [c["argv"] for c in carrying]
+    docs = list(yaml.safe_load_all(carrying[0]["stdin"]))
+    assert [d["kind"] for d in docs] == ["Secret"]
+    assert not any(secret in c["stdin"] for c in calls if c["argv"][:1] == ["apply"])
