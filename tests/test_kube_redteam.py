@@ -20,7 +20,7 @@ from relay import changes, kube_stage, staged
 from relay.changes import Entry
 from relay.changes_text import entry_line
 from relay.config import get_backend, load_matrix
-from relay.kube_run import BoxResult, _kubectl, make_bundle, stage_results
+from relay.kube_run import BoxResult, Kubectl, _kubectl, make_bundle, stage_results
 from relay.kube_stage import bundle_head
 from relay.plan import Request, resolve
 from relay.probe import probe
@@ -162,7 +162,7 @@ def test_a_box_log_that_is_not_utf8_does_not_crash_the_launcher(tmp_path: Path) 
     fake = tmp_path / "kubectl"
     fake.write_text("#!/bin/sh\nprintf 'agent says \\377\\n'\n")
     fake.chmod(0o755)
-    assert "agent says" in _kubectl(str(fake), dict(os.environ), "logs", "pod", "-c", "box")
+    assert "agent says" in _kubectl(Kubectl(str(fake)), dict(os.environ), "logs", "pod", "-c", "box")
 
 
 FAKE_KUBECTL = r'''#!/usr/bin/env python3
@@ -173,6 +173,8 @@ argv = sys.argv[1:]
 stdin = "" if sys.stdin.isatty() else sys.stdin.buffer.read().decode(errors="replace")
 with open(log, "a") as fh:
     fh.write(json.dumps({"argv": argv, "stdin": stdin, "ctx": open(ctx).read().strip()}) + "\n")
+if argv[:1] == ["apply"]:  # the user switches context in another terminal, mid-run
+    open(ctx, "w").write("ctx-b\n")
 if argv[:2] == ["config", "current-context"]:
     print(open(ctx).read().strip())
 elif "jsonpath={.spec.clusterIP}" in argv:
@@ -192,7 +194,7 @@ def test_no_credential_reaches_an_annotation_argv_or_other_object(checkout: Path
     last-applied-configuration annotation (printed by `kubectl describe`). The value must travel
     once, in the stdin of a `create` of the Secret alone, and appear in no argv and no other object."""
     from relay.kube_render import RESULT_BEGIN, RESULT_END
-    from relay.kube_run import apply_and_follow, kube_run_for
+    from relay.kube_run import Kubectl, apply_and_follow, kube_run_for
 
     fake = tmp_path / "bin" / "kubectl"
     fake.parent.mkdir()
@@ -207,7 +209,7 @@ def test_no_credential_reaches_an_annotation_argv_or_other_object(checkout: Path
     req = Request("claude", mode="kube", workdir=str(checkout), run_id=f"krt-{os.getpid()}-abc", prompt="x")
     plan = resolve(get_backend(matrix, "claude"), matrix, req, probe(env), env)
     run = kube_run_for(plan, req.run_id, 1, 1, env)
-    assert apply_and_follow(str(fake), plan, run, env) == 0
+    assert apply_and_follow(Kubectl(str(fake), "ctx-a"), plan, run, env) == 0
     calls = [__import__("json").loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
     carrying = [c for c in calls if secret in c["stdin"]]
     assert all(secret not in " ".join(c["argv"]) for c in calls)
@@ -215,3 +217,8 @@ def test_no_credential_reaches_an_annotation_argv_or_other_object(checkout: Path
     docs = list(yaml.safe_load_all(carrying[0]["stdin"]))
     assert [d["kind"] for d in docs] == ["Secret"]
     assert not any(secret in c["stdin"] for c in calls if c["argv"][:1] == ["apply"])
+    # Every call after the first names the context the run began on, the delete included.
+    assert any(c["ctx"] == "ctx-b" for c in calls)
+    unpinned = [c["argv"] for c in calls if "--context=ctx-a" not in c["argv"]]
+    assert unpinned == [], unpinned
+    assert any(c["argv"][:2] == ["delete", "namespace"] and c["ctx"] == "ctx-b" for c in calls)
