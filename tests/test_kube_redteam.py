@@ -10,6 +10,7 @@ import hashlib
 import os
 import resource
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -222,3 +223,48 @@ def test_no_credential_reaches_an_annotation_argv_or_other_object(checkout: Path
     unpinned = [c["argv"] for c in calls if "--context=ctx-a" not in c["argv"]]
     assert unpinned == [], unpinned
     assert any(c["argv"][:2] == ["delete", "namespace"] and c["ctx"] == "ctx-b" for c in calls)
+
+
+def test_a_box_holding_idle_connections_cannot_crowd_the_bundle_server(tmp_path: Path) -> None:
+    """Attack: one box opens hundreds of connections to :3129 and sends half a request line. Each held
+    a thread until the 128 MiB container was OOM-killed; now one address holds at most PER_CLIENT.
+    Twin: another address (another box pod) still gets the bundle."""
+    import http.client
+    import socket
+    import time
+
+    from relay import kube_bundle
+
+    (tmp_path / kube_bundle.NAME).write_bytes(b"the bundle")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "relay.kube_bundle", "serve", "--dir", str(tmp_path), "--listen",
+                               f"0.0.0.0:{port}"], stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
+    held = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        for _ in range(300):
+            c = socket.create_connection(("127.0.0.1", port), timeout=5)
+            c.sendall(b"GET /workspace.bundle HTTP/1.1\r\n")
+            held.append(c)
+        time.sleep(1)
+        threads = int(next(ln.split()[1] for ln in open(f"/proc/{server.pid}/status") if ln.startswith("Threads:")))
+        assert threads <= kube_bundle.PER_CLIENT + 4, threads
+        # Another box pod's address (all of 127/8 is loopback).
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=("127.0.0.2", 0))
+        conn.request("GET", kube_bundle.PATH)
+        assert conn.getresponse().read() == b"the bundle"
+        conn.close()
+    finally:
+        for c in held:
+            c.close()
+        server.kill()
+        server.wait()
