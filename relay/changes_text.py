@@ -30,10 +30,26 @@ def _age(started: object) -> str:
     return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h" if s < 172800 else f"{s // 86400}d"
 
 
+def shown(text: str) -> str:
+    """A box-chosen name as one printable line: a control character (an escape sequence could hide
+    the flagged lines after it, a newline forge one) or a byte that is not UTF-8 is shown as \\xNN."""
+    out = []
+    for c in text:
+        if c.isprintable() and c != "\\":
+            out.append(c)
+        elif c == "\\":
+            out.append("\\\\")
+        elif "\udc80" <= c <= "\udcff":  # surrogateescape: the byte that was not UTF-8
+            out.append(f"\\x{ord(c) - 0xDC00:02x}")
+        else:
+            out.append(repr(c)[1:-1])  # ESC as \x1b, a newline as \n
+    return "".join(out)
+
+
 def entry_line(e: Entry) -> str:
     if e.note:
-        return f"  G {e.note}"
-    name = e.path + ("/" if e.kind == "dir" else "") + (f" -> {e.link}" if e.link is not None else "")
+        return f"  G {shown(e.note)}"
+    name = shown(e.path) + ("/" if e.kind == "dir" else "") + (f" -> {shown(e.link)}" if e.link is not None else "")
     bits = []
     if e.kind == "mode" and e.before_mode is not None and e.mode is not None:
         bits.append(f"mode {oct(e.before_mode & 0o7777)} -> {oct(e.mode & 0o7777)}")

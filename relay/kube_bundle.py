@@ -24,11 +24,18 @@ import hashlib
 import http.server
 import os
 import sys
+import threading
 
 NAME = "workspace.bundle"
 PATH = "/" + NAME
 PORT = 3129
 CHUNK = 1 << 20
+# A box can open connections and send nothing: each holds a thread (~33 KiB) until it ends, and 128 MiB
+# of them OOM-kill this container, whose restarts back off past the other boxes' 300 s fetch. Idle
+# connections time out, and past PER_CLIENT from one address (each box pod has its own) a new one
+# is closed at once: a box can only crowd out itself.
+IDLE_S = 30
+PER_CLIENT = 8
 
 
 def receive(directory: str, digest: str, size: int, stream=None) -> int:  # noqa: ANN001 - a binary file object
@@ -62,6 +69,7 @@ def handler_for(directory: str) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "hive-relay-bundle"
         sys_version = ""
+        timeout = IDLE_S
 
         def _send(self, code: int, text: str) -> None:
             body = (text + "\n").encode()
@@ -100,9 +108,41 @@ def handler_for(directory: str) -> type[http.server.BaseHTTPRequestHandler]:
     return Handler
 
 
+class BoundedServer(http.server.ThreadingHTTPServer):
+    """At most PER_CLIENT connections at once from one address; one more is closed unanswered."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - ThreadingHTTPServer's
+        super().__init__(*args, **kwargs)
+        self.lock = threading.Lock()
+        self.active: dict[str, int] = {}
+
+    def process_request(self, request, client_address) -> None:  # noqa: ANN001 - socketserver's
+        with self.lock:
+            n = self.active.get(client_address[0], 0)
+            if n >= PER_CLIENT:
+                self.shutdown_request(request)
+                return
+            self.active[client_address[0]] = n + 1
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:  # noqa: ANN001
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.lock:
+                left = self.active.pop(client_address[0], 1) - 1
+                if left:
+                    self.active[client_address[0]] = left
+
+    def handle_error(self, request, client_address) -> None:  # noqa: ANN001 - a client gone is no error to print
+        pass
+
+
 def serve(directory: str, listen: str) -> int:
     host, _, port = listen.rpartition(":")
-    server = http.server.ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler_for(directory))
+    server = BoundedServer((host or "0.0.0.0", int(port)), handler_for(directory))
     server.daemon_threads = True
     server.serve_forever()
     return 0

@@ -470,7 +470,8 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                     raise RuntimeError(f"podman pod start {name} failed: {err[-500:]}")
                 if state in ("running", "created", "configured"):
                     continue
-                text = subprocess.run([*podman, "logs", box], capture_output=True, text=True, env=p.env).stdout
+                text = subprocess.run([*podman, "logs", box], capture_output=True, text=True, encoding="utf-8",
+                                      errors="replace", env=p.env).stdout
                 index = int(name.rsplit("-", 1)[1])
                 logs[index] = text
                 results.append(extract_result(index, text))

@@ -18,17 +18,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 DONE = b"done\n"
 
 
-def start(kubectl: str, ns: str, env: Mapping[str, str]) -> int:
-    """Start the reaper for `ns`; returns the write end of its pipe (non-inheritable: the
-    launcher's kubectl calls never hold it open)."""
+def start(delete: Sequence[str], env: Mapping[str, str]) -> int:
+    """Start the reaper with its `kubectl ... delete namespace NS` argv (pinned to the run's context by
+    relay/kube_run.Kubectl); returns the write end of its pipe (non-inheritable: the launcher's
+    kubectl calls never hold it open)."""
     r, w = os.pipe()
     try:
-        subprocess.Popen([sys.executable, "-m", "relay.kube_reaper", kubectl, ns, str(r)], pass_fds=(r,),
+        subprocess.Popen([sys.executable, "-m", "relay.kube_reaper", str(r), *delete], pass_fds=(r,),
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, env={**env, "PYTHONPATH": _package_parent()})
     finally:
@@ -51,7 +52,7 @@ def done(fd: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    kubectl, ns, fd = argv[0], argv[1], int(argv[2])
+    fd, delete = int(argv[0]), argv[1:]
     got = b""
     while chunk := os.read(fd, 64):
         got += chunk
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
             break
     if got == DONE:
         return 0
-    subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], stdin=subprocess.DEVNULL,
+    subprocess.run(delete, stdin=subprocess.DEVNULL,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     return 0
 

@@ -40,6 +40,23 @@ NO_CLUSTER = ("kube mode needs a Kubernetes cluster: kubectl has no current cont
               "use-context NAME`, or print the objects with --dry-run")
 
 
+@dataclass(frozen=True)
+class Kubectl:
+    """kubectl pinned to the context the run began on: every call names it, so a `kubectl config
+    use-context` in another terminal mid-run cannot send the follow, the logs or the namespace
+    delete (the launcher's or the reaper's) to another cluster, nor leave this run's namespace."""
+
+    path: str
+    context: str | None = None
+
+    def argv(self, *args: str) -> list[str]:
+        pin = [f"--context={self.context}"] if self.context else []
+        if "--" in args:  # what follows `--` is the container's command, not kubectl's
+            i = args.index("--")
+            return [self.path, *args[:i], *pin, *args[i:]]
+        return [self.path, *args, *pin]
+
+
 class KubeTimeout(RelayError):
     """--timeout passed before every box finished: exit 124, as in the other modes."""
 
@@ -252,9 +269,10 @@ def kube_main(plan: Plan, env: Mapping[str, str], *, dry_run: bool, as_json: boo
     kubectl = shutil.which("kubectl", path=env.get("PATH"))
     if kubectl is None:
         raise RefusedError("kube mode needs kubectl; fix: install kubectl, or print the objects with --dry-run")
-    if current_context(kubectl, env) is None:
+    context = current_context(kubectl, env)
+    if context is None:
         raise RefusedError(NO_CLUSTER)
-    return apply_and_follow(kubectl, plan, run, env)
+    return apply_and_follow(Kubectl(kubectl, context), plan, run, env)
 
 
 def current_context(kubectl: str, env: Mapping[str, str]) -> str | None:
@@ -264,8 +282,11 @@ def current_context(kubectl: str, env: Mapping[str, str]) -> str | None:
     return name if proc.returncode == 0 and name else None
 
 
-def _kubectl(kubectl: str, env: Mapping[str, str], *args: str, stdin: str | None = None) -> str:
-    proc = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, env=dict(env))
+def _kubectl(kubectl: Kubectl, env: Mapping[str, str], *args: str, stdin: str | None = None) -> str:
+    # errors="replace": a box's log is the box's bytes; one that is not UTF-8 must not crash the
+    # launcher and lose every other box's patch with it (the patch block itself is base64).
+    proc = subprocess.run(kubectl.argv(*args), input=stdin, capture_output=True, text=True, encoding="utf-8",
+                          errors="replace", env=dict(env))
     if proc.returncode != 0:
         raise RelayError(f"kubectl {args[0]} failed: {proc.stderr.strip()[-300:]}")
     return proc.stdout
@@ -279,12 +300,12 @@ def bundle_upload_argv(run: KubeRun, bundle: bytes) -> list[str]:
             "--sha256", sha256(bundle).hexdigest(), "--bytes", str(len(bundle))]
 
 
-def _serve_bundle(kubectl: str, env: Mapping[str, str], ns: str, run: KubeRun, bundle: bytes) -> None:
+def _serve_bundle(kubectl: Kubectl, env: Mapping[str, str], ns: str, run: KubeRun, bundle: bytes) -> None:
     """Wait for the proxy pod and stream the bundle into it (`kubectl exec -i`: the API server
     relays the stream, etcd stores nothing)."""
     _kubectl(kubectl, env, "-n", ns, "rollout", "status", "deployment/hive-relay-proxy", "--timeout=300s")
-    proc = subprocess.run([kubectl, "-n", ns, "exec", "-i", "deployment/hive-relay-proxy", "-c", "bundle", "--",
-                           *bundle_upload_argv(run, bundle)], input=bundle, capture_output=True, env=dict(env),
+    proc = subprocess.run(kubectl.argv("-n", ns, "exec", "-i", "deployment/hive-relay-proxy", "-c", "bundle", "--",
+                                       *bundle_upload_argv(run, bundle)), input=bundle, capture_output=True, env=dict(env),
                           timeout=1800)
     if proc.returncode != 0:
         raise RelayError("kube mode could not stream the workspace to the proxy pod: "
@@ -300,7 +321,7 @@ def owned_by_job(obj: dict, uid: str) -> dict:
     return {**obj, "metadata": meta}
 
 
-def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, str]) -> int:
+def apply_and_follow(kubectl: Kubectl, plan: Plan, run: KubeRun, env: Mapping[str, str]) -> int:
     """Apply the run's objects, print a line per box as it changes, collect the patches, and delete
     the namespace however the run ends (relay/kube_reaper.py: even after a kill -9 of this process).
 
@@ -319,7 +340,7 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
     run_dir = os.path.join(env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state"),
                            "hive-relay", "kube", ns)
     deadline = time.monotonic() + (plan.timeout or 1800) + 60
-    reaper = kube_reaper.start(kubectl, ns, env)
+    reaper = kube_reaper.start(kubectl.argv("delete", "namespace", ns, "--wait=false"), env)
     try:
         first = [o for o in objects if o["kind"] in ("Namespace", "Service")]
         _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml(first))
@@ -331,7 +352,13 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
         if not uid:
             raise RelayError("kube mode: the cluster gave the Job no uid")
         rest = [owned_by_job(o, uid) for o in objects if o["kind"] not in ("Namespace", "Job")]
-        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml(rest))
+        secrets = [o for o in rest if o["kind"] == "Secret"]
+        if secrets:
+            # create, not apply: a client-side apply copies the whole object, stringData included, into
+            # its kubectl.kubernetes.io/last-applied-configuration annotation, which `kubectl describe`
+            # prints (kubernetes/kubernetes#23564). The namespace is new, so nothing is there to update.
+            _kubectl(kubectl, env, "create", "-f", "-", stdin=to_yaml(secrets))
+        _kubectl(kubectl, env, "apply", "-f", "-", stdin=to_yaml([o for o in rest if o["kind"] != "Secret"]))
         _serve_bundle(kubectl, env, ns, run, bundle)
         results, logs = _follow(kubectl, env, ns, run.count, deadline)
         write_patches(run_dir, results)
@@ -344,7 +371,7 @@ def apply_and_follow(kubectl: str, plan: Plan, run: KubeRun, env: Mapping[str, s
         print(summary(results, run_dir, [o.run for o in outcomes if o.run]), file=sys.stderr)
         return 0 if all(r.exit_code == 0 for r in results) else 1
     finally:
-        deleted = subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True,
+        deleted = subprocess.run(kubectl.argv("delete", "namespace", ns, "--wait=false"), capture_output=True,
                                  env=dict(env)).returncode == 0
         if deleted:
             kube_reaper.done(reaper)
@@ -361,7 +388,7 @@ def write_logs(run_dir: str, logs: Mapping[int, str]) -> None:
             fh.write(text[-MAX_PATCH:])
 
 
-def _follow(kubectl: str, env: Mapping[str, str], ns: str, count: int,
+def _follow(kubectl: Kubectl, env: Mapping[str, str], ns: str, count: int,
             deadline: float) -> tuple[list[BoxResult], dict[int, str]]:
     seen: dict[int, str] = {}
     while time.monotonic() < deadline:
@@ -394,10 +421,11 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
     from .sweep import new_run_id
     from .tiers import opted_in
 
-    kubectl = shutil.which("kubectl", path=env.get("PATH"))
-    if kubectl is None:
+    path = shutil.which("kubectl", path=env.get("PATH"))
+    if path is None:
         raise RefusedError("kube mode needs kubectl; fix: install kubectl and select a context")
-    if current_context(kubectl, env) is None:
+    context = current_context(path, env)
+    if context is None:
         raise RefusedError(NO_CLUSTER.replace("print the objects with --dry-run", "see README, Running many boxes on "
                                               "a cluster"))
     matrix = load_matrix(dict(env), workdir=None)
@@ -411,13 +439,14 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
     plan = resolve(backend, matrix, request, with_image(probe(dict(env)), matrix, request, env), dict(env))
     run = kube_run_for(plan, request.run_id, 1, 1, env)
     ns = namespace(run.run_id)
+    kubectl = Kubectl(path, context)
     runtime_ok = None
     if run.runtime_class:
-        runtime_ok = subprocess.run([kubectl, "get", "runtimeclass", run.runtime_class], capture_output=True,
+        runtime_ok = subprocess.run(kubectl.argv("get", "runtimeclass", run.runtime_class), capture_output=True,
                                     env=dict(env)).returncode == 0
     from . import kube_reaper
 
-    reaper = kube_reaper.start(kubectl, ns, env)  # a kill -9 of doctor must not leave the canary's namespace
+    reaper = kube_reaper.start(kubectl.argv("delete", "namespace", ns, "--wait=false"), env)  # a kill -9 of doctor must not leave the canary's namespace
     try:
         bundle = make_bundle(here)
         objects = render_objects(plan, run, bundle)
@@ -432,13 +461,13 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
             log = next(iter(logs.values()), "")
         except RelayError:
             log = ""
-        events = subprocess.run([kubectl, "-n", ns, "get", "events", "-o", "json"], capture_output=True, text=True,
+        events = subprocess.run(kubectl.argv("-n", ns, "get", "events", "-o", "json"), capture_output=True, text=True,
                                 env=dict(env)).stdout
         seccomp_ok = "seccomp" not in events.lower()  # a missing Localhost profile is a pod event naming it
         verdict = decide(parse(log, seccomp_ok, runtime_ok), backend.name, backend.opt_in,
                          opted_in(backend, matrix, env))
     finally:
-        if subprocess.run([kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True,
+        if subprocess.run(kubectl.argv("delete", "namespace", ns, "--wait=false"), capture_output=True,
                           env=dict(env)).returncode == 0:
             kube_reaper.done(reaper)
         else:

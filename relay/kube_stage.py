@@ -28,6 +28,11 @@ from . import safefs, staged
 
 ZERO_OIDS = ("0" * 40, "0" * 64)
 MAX_LINK = 4096  # a symlink target longer than PATH_MAX is not one the kernel would make
+# `git apply` inflates every binary hunk in memory: a 1 MiB patch of deflated zeros is a 1 GiB
+# blob, and MAX_PATCH (64 MiB) of them tens of GiB. Its heap is bounded (RLIMIT_DATA counts brk
+# and private writable mappings, not the packs git maps read-only), and so is what we read back.
+GIT_APPLY_DATA = 2 << 30
+MAX_STAGED_BYTES = 1 << 30  # all new blobs of one box together, read into memory to be written out
 
 
 @dataclass(frozen=True)
@@ -107,10 +112,16 @@ def blob_id(data: bytes, oid_len: int) -> str:
     return h.hexdigest()
 
 
+def _bounded_heap() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_DATA, (GIT_APPLY_DATA, GIT_APPLY_DATA))
+
+
 def _git(workdir: str, index: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "GIT_INDEX_FILE": index, "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"}
     return subprocess.run(["git", "-C", workdir, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
-                           *args], input=stdin, capture_output=True, env=env, timeout=300)
+                           *args], input=stdin, capture_output=True, env=env, timeout=300, preexec_fn=_bounded_heap)
 
 
 def result_of(workdir: str, base: str, patch: bytes, scratch: str) -> list[Change] | str:
@@ -132,8 +143,25 @@ def result_of(workdir: str, base: str, patch: bytes, scratch: str) -> list[Chang
     return parse_raw(proc.stdout)
 
 
+def _sizes(workdir: str, oids: Sequence[str]) -> dict[str, int]:
+    """Each blob's size (`git cat-file --batch-check`), read before any content is."""
+    proc = subprocess.run(["git", "-C", workdir, "cat-file", "--batch-check"], capture_output=True, timeout=300,
+                          input="".join(f"{o}\n" for o in oids).encode(), env={**os.environ, "LC_ALL": "C"})
+    sizes = {}
+    for line in proc.stdout.splitlines():
+        head = line.split()
+        if len(head) == 3 and head[1] == b"blob" and head[2].isdigit():
+            sizes[head[0].decode()] = int(head[2])
+    return sizes
+
+
 def _blobs(workdir: str, oids: Sequence[str], limit: int) -> dict[str, bytes]:
-    """The blobs' contents, by one `git cat-file --batch`; a blob over `limit` is left out."""
+    """The blobs' contents, by one `git cat-file --batch`; a blob over `limit` is left out, and
+    never read (its size is asked first)."""
+    if not oids:
+        return {}
+    sizes = _sizes(workdir, oids)
+    oids = [o for o in dict.fromkeys(oids) if sizes.get(o, limit + 1) <= limit]
     if not oids:
         return {}
     proc = subprocess.run(["git", "-C", workdir, "cat-file", "--batch"], input="".join(f"{o}\n" for o in oids).encode(),
@@ -152,6 +180,25 @@ def _blobs(workdir: str, oids: Sequence[str], limit: int) -> dict[str, bytes]:
             blobs[oid] = out[pos:pos + size]
         pos += size + 1
     return blobs
+
+
+def unstageable(changes: Sequence[Change], sizes: Mapping[str, int], limit: int) -> list[str]:
+    """Pure: why each change the upper layer cannot carry would be lost if the rest were staged
+    (a rename whose new half is dropped deletes the user's file on apply). One reason per path."""
+    out = []
+    for c in changes:
+        if c.status == "D":
+            continue
+        size = sizes.get(c.new_oid or "")
+        if c.new_mode == "160000":
+            out.append(f"{c.path}: a submodule pointer")
+        elif size is None:
+            out.append(f"{c.path}: its content is missing")
+        elif size > limit:
+            out.append(f"{c.path}: {size >> 20} MiB, over the {limit >> 20} MiB a staged file may have")
+        elif c.new_mode == "120000" and size > MAX_LINK:
+            out.append(f"{c.path}: a symbolic link target over {MAX_LINK} bytes")
+    return out
 
 
 def write_upper(upper: str, changes: Sequence[Change], blobs: Mapping[str, bytes]) -> int:
@@ -217,10 +264,21 @@ def stage_box(workdir: str, base: str, patch: bytes, run_id: str, meta: Mapping[
         changes = result_of(workdir, base, patch, scratch)
         if isinstance(changes, str):
             return Outcome(index, error=f"the patch does not apply to the commit the box started from ({changes})")
-        changes = [c for c in changes if safe_rel(c.path)]
+        unsafe = [c.path for c in changes if not safe_rel(c.path)]
+        if unsafe:
+            return Outcome(index, error=f"the patch touches a path no layer may hold ({unsafe[0]!r})")
         if not changes:
             return Outcome(index)
-        blobs = _blobs(workdir, [c.new_oid for c in changes if c.new_oid], limit)
+        oids = [c.new_oid for c in changes if c.new_oid and c.new_mode != "160000"]
+        sizes = _sizes(workdir, oids) if oids else {}
+        lost = unstageable(changes, sizes, limit)
+        if not lost and sum(sizes.get(o, 0) for o in set(oids)) > MAX_STAGED_BYTES:
+            lost = [f"{MAX_STAGED_BYTES >> 20} MiB of new content in all"]
+        if lost:
+            more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
+            return Outcome(index, error=f"part of the patch cannot be staged ({lost[0]}{more}); nothing of it is, "
+                                        "so no half of it lands (apply the patch file by hand after review)")
+        blobs = _blobs(workdir, oids, limit)
     base_blobs = {c.path: c.old_oid for c in changes}
     layer = staged.for_run(env, run_id)
     record = {**meta, "base_commit": base, "base_blobs": base_blobs, "oid_len": len(base), "kube_index": index}

@@ -300,12 +300,14 @@ STUB_KUBECTL = r"""#!/bin/bash
 echo "$*" >> "$STUB_DIR/calls"
 case "$*" in
   "config current-context") echo stub-context ;;
-  "apply -f -") { cat; echo ---; } >> "$STUB_DIR/applied" ;;
+  *" --context=stub-context --context="*) echo "pinned twice: $*" >&2; exit 1 ;;
+  "apply -f - --context=stub-context"|"create -f - --context=stub-context") { cat; echo ---; } >> "$STUB_DIR/applied" ;;
+  *) [[ "$*" == *" --context=stub-context"* ]] || { echo "not pinned to the run's context: $*" >&2; exit 1; } ;;&
   *"get service hive-relay-proxy"*) printf 10.96.0.9 ;;
   *"rollout status deployment/hive-relay-proxy"*) ;;
   *"get job boxes -o jsonpath={.metadata.uid}"*) printf 0b6c5a9e-1111-4222-8333-444455556666 ;;
   *"get pods"*) [ -n "$HANG" ] && { echo "$$" > "$STUB_DIR/hung"; sleep 300; } ;;&
-  *" exec -i deployment/hive-relay-proxy -c bundle -- python3 -m relay.kube_bundle receive "*) cat > "$STUB_DIR/bundle" ;;
+  *" exec -i deployment/hive-relay-proxy -c bundle --context=stub-context -- python3 -m relay.kube_bundle receive "*) cat > "$STUB_DIR/bundle" ;;
   *"get pods"*)
     [ "$MODE" = fail ] && { echo "the server is gone" >&2; exit 1; }
     cat "$STUB_DIR/pods.json" ;;
