@@ -167,28 +167,29 @@ def outcome_line(o: Outcome) -> str:
 SNAPSHOT_REF = "refs/hive-relay/snapshot"
 _IDENT = {"GIT_AUTHOR_NAME": "hive relay", "GIT_AUTHOR_EMAIL": "hive-relay@localhost",
           "GIT_COMMITTER_NAME": "hive relay", "GIT_COMMITTER_EMAIL": "hive-relay@localhost"}
+_FIX = "run in a git checkout with at least one commit"
 
 
-def _snapshot(workdir: str, tmp: str) -> str | None:
+def _git(args: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> str:
+    proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", *args], capture_output=True, text=True,
+                          env=env, stdin=subprocess.DEVNULL, timeout=timeout)
+    if proc.returncode != 0:
+        raise UsageError(f"kube mode ships the workdir as a git bundle, and `git {' '.join(args[2:3])}` failed: "
+                         f"{proc.stderr.strip()[-200:]}; fix: {_FIX}")
+    return proc.stdout.strip()
+
+
+def _snapshot(workdir: str, env: dict[str, str]) -> str | None:
     """A commit of the checkout as it is now (HEAD plus uncommitted and untracked, not ignored,
-    files), made through a private index so the user's own index is untouched; None when it equals
-    HEAD. Its objects go to the object store (inert data); no ref of the user's moves."""
-    env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index"), "LC_ALL": "C", **_IDENT}
-
-    def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", workdir, "-c", "core.hooksPath=/dev/null", *args], capture_output=True,
-                              text=True, env=env, stdin=subprocess.DEVNULL, timeout=600)
-        if proc.returncode != 0:
-            raise UsageError(f"kube mode ships the workdir as a git bundle, and `git {args[0]}` failed: "
-                             f"{proc.stderr.strip()[-200:]}; fix: run in a git checkout with at least one commit")
-        return proc.stdout.strip()
-
-    git("read-tree", "HEAD")
-    git("add", "-A", "--", ".")
-    tree = git("write-tree")
-    if tree == git("rev-parse", "HEAD^{tree}"):
+    files), made through a private index (`env`), so the user's index and refs are untouched; None
+    when it equals HEAD."""
+    _git(["-C", workdir, "read-tree", "HEAD"], env)
+    _git(["-C", workdir, "add", "-A", "--", "."], env)
+    tree = _git(["-C", workdir, "write-tree"], env)
+    if tree == _git(["-C", workdir, "rev-parse", "HEAD^{tree}"], env):
         return None
-    return git("commit-tree", tree, "-p", "HEAD", "-m", "hive relay: the checkout's uncommitted changes at launch")
+    return _git(["-C", workdir, "commit-tree", tree, "-p", "HEAD", "-m",
+                 "hive relay: the checkout's uncommitted changes at launch"], env)
 
 
 def make_bundle(workdir: str) -> bytes:
@@ -196,32 +197,41 @@ def make_bundle(workdir: str) -> bytes:
     branch, so the clone is on it), plus, when the checkout has uncommitted or untracked files
     (ignored ones stay home), a snapshot commit of them on top under refs/hive-relay/snapshot:
     the box's init container puts those files in its worktree as uncommitted changes, so the box
-    starts from the checkout as the user sees it, and its patch is taken against that snapshot."""
+    starts from the checkout as the user sees it, and its patch is taken against that snapshot.
+
+    No ref or index of the user's is written, not even for a moment: the bundle's refs live in a
+    scratch bare repository that borrows the user's objects (alternates), gone after. Only the
+    snapshot's objects go to the user's object store (inert; `git gc` drops them in time)."""
     with tempfile.TemporaryDirectory(prefix="hive-relay-bundle-") as tmp:
-        out = os.path.join(tmp, "workspace.bundle")
+        head = _git(["-C", workdir, "rev-parse", "--verify", "HEAD^{commit}"])
+        objects = os.path.join(workdir, _git(["-C", workdir, "rev-parse", "--git-path", "objects"]))
+        branch = subprocess.run(["git", "-C", workdir, "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL).stdout.strip()
+        scratch = os.path.join(tmp, "git")
+        _git(["init", "-q", "--bare", scratch])
+        with open(os.path.join(scratch, "objects", "info", "alternates"), "w") as fh:
+            fh.write(os.path.abspath(objects) + "\n")
+        # The snapshot's objects go to the user's object store (inert data, which staging the boxes'
+        # patches reads back: relay/kube_stage.py); its ref only ever exists in the scratch repository.
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index"), "LC_ALL": "C", **_IDENT}
         try:
-            snap = _snapshot(workdir, tmp)
+            snap = _snapshot(workdir, env)
         except subprocess.TimeoutExpired as err:
             raise UsageError("kube mode could not snapshot the checkout in 600 s; fix: commit or ignore large "
                              "untracked files") from err
+        bare = ["--git-dir", scratch]
         refs = ["HEAD"]
-        branch = subprocess.run(["git", "-C", workdir, "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True,
-                                stdin=subprocess.DEVNULL).stdout.strip()
         if branch.startswith("refs/heads/"):
+            _git([*bare, "update-ref", branch, head])
+            _git([*bare, "symbolic-ref", "HEAD", branch])
             refs.append(branch)
-        tag = f"{SNAPSHOT_REF}-{os.getpid()}-{os.urandom(4).hex()}"
+        else:
+            _git([*bare, "update-ref", "--no-deref", "HEAD", head])
         if snap:
-            subprocess.run(["git", "-C", workdir, "update-ref", tag, snap], check=True, capture_output=True)
-            refs.append(tag)
-        try:
-            proc = subprocess.run(["git", "-C", workdir, "bundle", "create", out, *refs], capture_output=True,
-                                  text=True, stdin=subprocess.DEVNULL)
-        finally:
-            if snap:
-                subprocess.run(["git", "-C", workdir, "update-ref", "-d", tag], capture_output=True)
-        if proc.returncode != 0:
-            raise UsageError(f"kube mode ships the workdir as a git bundle, and `git bundle create` failed: "
-                             f"{proc.stderr.strip()[-200:]}; fix: run in a git checkout with at least one commit")
+            _git([*bare, "update-ref", SNAPSHOT_REF, snap])
+            refs.append(SNAPSHOT_REF)
+        out = os.path.join(tmp, "workspace.bundle")
+        _git([*bare, "bundle", "create", "-q", out, *refs])
         with open(out, "rb") as fh:
             return fh.read()
 

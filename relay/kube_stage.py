@@ -313,4 +313,20 @@ def host_differs(meta: Mapping[str, object], wfd: int, rel: str, host: os.stat_r
     else:
         return True
     oid_len = meta.get("oid_len")
-    return blob_id(data, oid_len if isinstance(oid_len, int) else 40) != base
+    if blob_id(data, oid_len if isinstance(oid_len, int) else 40) == base:
+        return False
+    return _cleaned_id(str(meta.get("workdir") or ""), rel, data) != base
+
+
+def _cleaned_id(workdir: str, rel: str, data: bytes) -> str | None:
+    """The blob id git would store for these bytes at `rel` (line-ending conversion, clean filters
+    such as git-lfs): a host file equal to the commit once cleaned is not the user's own change.
+    The bytes are piped in (read already, with no link followed); git opens no file of the checkout."""
+    if not workdir:
+        return None
+    try:
+        proc = subprocess.run(["git", "-C", workdir, "hash-object", f"--path={rel}", "--stdin"], input=data,
+                              capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.decode().strip() if proc.returncode == 0 else None

@@ -215,3 +215,51 @@ def test_the_upper_layer_holds_only_what_changed(checkout: Path, tmp_path: Path)
     files = [p.relative_to(upper).as_posix() for p in upper.rglob("*") if not p.is_dir()]
     assert files == ["f7.txt"]
     assert stat.S_IMODE((upper / "f7.txt").stat().st_mode) & 0o7000 == 0
+
+
+def test_the_bundle_writes_nothing_into_the_users_repository(checkout: Path, tmp_path: Path) -> None:
+    """The bundle's refs live in a scratch repository that borrows the user's objects: afterwards
+    the user's refs, index and status are exactly as before (no snapshot ref, even for a moment a
+    kill -9 could catch), and the bundle still carries the snapshot (a clone has the untracked file)."""
+    from relay.kube_run import SNAPSHOT_REF, make_bundle
+
+    (checkout / "README.md").write_text("hello\nuncommitted\n")
+    (checkout / "untracked.txt").write_text("untracked\n")
+
+    def state() -> tuple[str, str, str, bytes]:
+        return (_git(checkout, "for-each-ref").stdout, _git(checkout, "rev-parse", "HEAD").stdout,
+                _git(checkout, "status", "--porcelain").stdout, (checkout / ".git" / "index").read_bytes())
+
+    before = state()
+    bundle = make_bundle(str(checkout))
+    assert state() == before
+    assert SNAPSHOT_REF.encode() in bundle.split(b"PACK", 1)[0]
+    clone = tmp_path / "clone"
+    (tmp_path / "b.bundle").write_bytes(bundle)
+    subprocess.run(["git", "clone", "-q", str(tmp_path / "b.bundle"), str(clone)], check=True, capture_output=True)
+    snap = kube_stage.bundle_head(bundle)
+    shown = _git(clone, "show", f"{snap}:untracked.txt").stdout
+    assert shown == "untracked\n" and _git(clone, "show", f"{snap}:README.md").stdout == "hello\nuncommitted\n"
+    assert _git(clone, "rev-parse", "HEAD").stdout.strip() == _git(checkout, "rev-parse", "HEAD").stdout.strip()
+
+
+def test_line_ending_conversion_is_not_a_conflict_but_a_real_edit_is(checkout: Path, tmp_path: Path) -> None:
+    """With core.autocrlf the checkout's bytes (CRLF) differ from the commit's blob (LF): review
+    compares what git would store, so the box's edit is no false conflict; the twin, the user's real
+    uncommitted edit of another such file, still is one."""
+    _git(checkout, "config", "core.autocrlf", "true")
+    (checkout / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    (checkout / "mine.txt").write_bytes(b"mine\r\n")
+    _git(checkout, "add", "crlf.txt", "mine.txt")
+    _git(checkout, "commit", "-qm", "crlf")
+    assert _git(checkout, "status", "--porcelain").stdout == ""
+
+    def edit(c: Path) -> None:
+        (c / "crlf.txt").write_bytes(b"one\r\ntwo\r\nthree\r\n")
+        (c / "mine.txt").write_bytes(b"box\r\n")
+
+    patch = _box_patch(checkout, tmp_path, "c", edit)
+    (checkout / "mine.txt").write_bytes(b"the user's edit\r\n")
+    env, [out] = _stage(checkout, tmp_path, [patch])
+    conflicts = {e.path: e.conflict for e in changes.review(staged.find(env, out.run)).entries}
+    assert conflicts["crlf.txt"] is None and conflicts["mine.txt"], conflicts
