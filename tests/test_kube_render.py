@@ -294,6 +294,24 @@ def pod_list(ns: str, count: int, phase: str = "Succeeded") -> dict:
     return out
 
 
+def scripted_cluster(tmp_path: Path, pods: int, **extra: str) -> tuple[Path, dict[str, str]]:
+    """A checkout with one commit, the scripted kubectl first on PATH answering `pods` box pods, and
+    the environment that runs the real CLI against it (MODE=ok unless `extra` says otherwise)."""
+    work = tmp_path / "w"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
+                    "--allow-empty", "-m", "i"], check=True)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "kubectl").write_text(STUB_KUBECTL)
+    (stub / "kubectl").chmod(0o755)
+    (tmp_path / "pods.json").write_text(json.dumps(pod_list("hive-relay-run", pods)))
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
+           "MODE": "ok", "PATH": f"{stub}:{os.environ['PATH']}", **extra}
+    return work, env
+
+
 STUB_KUBECTL = r"""#!/bin/bash
 # A stand-in for kubectl (no cluster runs on this machine): records each call, answers the few the
 # runner asks. MODE=fail makes `get pods` fail, as a cluster that goes away mid-run.
@@ -326,18 +344,7 @@ def test_the_cluster_path_applies_collects_and_always_deletes_the_namespace(tmp_
     Job goes in with the Service's ClusterIP in hostAliases, everything after it is owned by it (so
     its TTL removes them), the bundle goes in last of all, each box's patch lands in the run's state
     dir and nothing in the checkout, and the namespace is deleted on success and on failure."""
-    work = tmp_path / "w"
-    work.mkdir()
-    git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "i"], check=True)
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "kubectl").write_text(STUB_KUBECTL)
-    (stub / "kubectl").chmod(0o755)
-    (tmp_path / "pods.json").write_text(json.dumps(pod_list("hive-relay-run", 2)))
-    env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
-           "MODE": mode, "PATH": f"{stub}:{os.environ['PATH']}"}
+    work, env = scripted_cluster(tmp_path, 2, MODE=mode)
     proc = subprocess.run([sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir", str(work),
                            "--count", "2"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     time.sleep(1)  # a reaper that wrongly deleted again would have done so by now
@@ -395,18 +402,7 @@ def test_a_kill_9_of_the_launcher_still_deletes_the_namespace(tmp_path: Path) ->
     """Attack on cleanup: the launcher is killed with SIGKILL mid-run (its finally never runs). Its
     reaper, in a session of its own, sees the pipe close and deletes the namespace. The twin is the
     test above: a launcher that ends normally tells its reaper, and only one delete is made."""
-    work = tmp_path / "w"
-    work.mkdir()
-    git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "i"], check=True)
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "kubectl").write_text(STUB_KUBECTL)
-    (stub / "kubectl").chmod(0o755)
-    (tmp_path / "pods.json").write_text(json.dumps(pod_list("hive-relay-run", 1)))
-    env = {**os.environ, "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
-           "MODE": "ok", "HANG": "1", "PATH": f"{stub}:{os.environ['PATH']}"}
+    work, env = scripted_cluster(tmp_path, 1, HANG="1")
     proc = subprocess.Popen([sys.executable, "-m", "relay", "shell", "kube", "--prompt", "true", "--workdir",
                              str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
     try:
@@ -449,25 +445,14 @@ def test_grants_and_logins_reach_only_the_clusters_proxy(tmp_path: Path) -> None
     the placeholder (and claude a bearer placeholder to send); the dry run names what is carried and
     from where, never a value. Attack twin: a login that would expire before the run's deadline and
     cannot be refreshed refuses the run (exit 3, one line) before anything is applied."""
-    work = tmp_path / "w"
-    work.mkdir()
-    git = ["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a"]
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "i"], check=True)
     (tmp_path / "k.json").write_text(json.dumps({"a": {"b": "ghp-REAL-GRANT-SECRET"}}))
     cfg = tmp_path / "config.yaml"
     cfg.write_text("auth:\n  gh:\n    host: github.com\n    secret: {file: ~/k.json, json: a.b}\n"
                    "    send: authorization-basic\n")
     access = "sk-ant-oat01-REAL-ACCESS-TOKEN"
     _login(tmp_path, access, int((time.time() + 10 * 3600) * 1000))
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "kubectl").write_text(STUB_KUBECTL)
-    (stub / "kubectl").chmod(0o755)
-    (tmp_path / "pods.json").write_text(json.dumps(pod_list("hive-relay-run", 1)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
-    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state"), "STUB_DIR": str(tmp_path),
-                "MODE": "ok", "PATH": f"{stub}:{os.environ['PATH']}", "HIVE_RELAY_CONFIG": str(cfg)})
+    work, env = scripted_cluster(tmp_path, 1, HIVE_RELAY_CONFIG=str(cfg))
+    env = {k: v for k, v in env.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
     cmd = [sys.executable, "-m", "relay", "claude", "kube", "--prompt", "hi", "--workdir", str(work)]
     dry = subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert dry.returncode == 0, dry.stderr
