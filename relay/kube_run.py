@@ -292,11 +292,18 @@ def current_context(kubectl: str, env: Mapping[str, str]) -> str | None:
     return name if proc.returncode == 0 and name else None
 
 
+CALL_TIMEOUT = 360.0  # one kubectl call; a hung API server must not hang the launcher (its finally deletes)
+
+
 def _kubectl(kubectl: Kubectl, env: Mapping[str, str], *args: str, stdin: str | None = None) -> str:
     # errors="replace": a box's log is the box's bytes; one that is not UTF-8 must not crash the
     # launcher and lose every other box's patch with it (the patch block itself is base64).
-    proc = subprocess.run(kubectl.argv(*args), input=stdin, capture_output=True, text=True, encoding="utf-8",
-                          errors="replace", env=dict(env))
+    try:
+        proc = subprocess.run(kubectl.argv(*args), input=stdin, capture_output=True, text=True, encoding="utf-8",
+                              errors="replace", env=dict(env), timeout=CALL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise RelayError(f"kubectl {' '.join(a for a in args if not a.startswith('-'))[:60]} did not answer in "
+                         f"{CALL_TIMEOUT:.0f} s; fix: check the cluster (kubectl get --raw /readyz)") from None
     if proc.returncode != 0:
         raise RelayError(f"kubectl {args[0]} failed: {proc.stderr.strip()[-300:]}")
     return proc.stdout
@@ -381,12 +388,23 @@ def apply_and_follow(kubectl: Kubectl, plan: Plan, run: KubeRun, env: Mapping[st
         print(summary(results, run_dir, [o.run for o in outcomes if o.run]), file=sys.stderr)
         return 0 if all(r.exit_code == 0 for r in results) else 1
     finally:
+        _delete_namespace(kubectl, env, ns, reaper)
+
+
+def _delete_namespace(kubectl: Kubectl, env: Mapping[str, str], ns: str, reaper: int) -> None:
+    """The run's end: delete its namespace, bounded in time; if that failed, the reaper (told
+    nothing) tries once more when this process is gone."""
+    from . import kube_reaper
+
+    try:
         deleted = subprocess.run(kubectl.argv("delete", "namespace", ns, "--wait=false"), capture_output=True,
-                                 env=dict(env)).returncode == 0
-        if deleted:
-            kube_reaper.done(reaper)
-        else:
-            os.close(reaper)  # the reaper tries once more
+                                 env=dict(env), timeout=120).returncode == 0
+    except subprocess.TimeoutExpired:
+        deleted = False
+    if deleted:
+        kube_reaper.done(reaper)
+    else:
+        os.close(reaper)
 
 
 def write_logs(run_dir: str, logs: Mapping[int, str]) -> None:
@@ -477,11 +495,7 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
         verdict = decide(parse(log, seccomp_ok, runtime_ok), backend.name, backend.opt_in,
                          opted_in(backend, matrix, env))
     finally:
-        if subprocess.run(kubectl.argv("delete", "namespace", ns, "--wait=false"), capture_output=True,
-                          env=dict(env)).returncode == 0:
-            kube_reaper.done(reaper)
-        else:
-            os.close(reaper)
+        _delete_namespace(kubectl, env, ns, reaper)
         shutil.rmtree(here, ignore_errors=True)
     for line in verdict.lines:
         print(line)
