@@ -256,6 +256,21 @@ def proxy_pod(objects: list[dict], prefix: str, port: int, bundle_port: int) -> 
     return [*docs, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-proxy"}, "spec": spec}], volumes
 
 
+def _proxy_secrets_and_trust(spec: dict, objects: list[dict], ca: str | None) -> None:
+    """podman 4.3 plays no Secret: the proxy container's envFrom becomes its values as env (the
+    pod's own spec, never a box's). A CA file is mounted read-only and named by SSL_CERT_FILE."""
+    secret = next((o for o in objects if o["kind"] == "Secret"), None)
+    for c in spec["containers"]:
+        if c.pop("envFrom", None) and secret is not None:
+            c["env"] = [*c.get("env", []), *({"name": k, "value": v} for k, v in secret.get("stringData", {}).items())]
+        if ca and c["name"] == "proxy":
+            c["env"] = [*c.get("env", []), {"name": "SSL_CERT_FILE", "value": "/etc/hive-relay-ca/ca.pem"}]
+            c.setdefault("volumeMounts", []).append({"name": "hive-relay-ca", "mountPath": "/etc/hive-relay-ca/ca.pem",
+                                                    "readOnly": True})
+    if ca:
+        spec["volumes"].append({"name": "hive-relay-ca", "hostPath": {"path": ca, "type": "File"}})
+
+
 def pod_prefix(run_id: str) -> str:
     """Short pod names (podman names a container POD-CONTAINER): `hr-` and a digest of the run id."""
     return "hr-" + sha256(run_id.encode()).hexdigest()[:8]
@@ -382,8 +397,12 @@ class PlayResult:
 
 
 def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: str,
-         timeout: float = 600.0, box_network: str = "none") -> PlayResult:
+         timeout: float = 600.0, box_network: str = "none", secret_values: Mapping[str, str] | None = None,
+         proxy_ca: str | None = None) -> PlayResult:
     """Play the run's pods (at most `run.parallel` at once), wait for every box, collect.
+    `secret_values`: the proxy Secret's values (relay/kube_secrets.py), given to the proxy pod as
+    its envFrom would; `proxy_ca`: a CA file the proxy pod trusts (SSL_CERT_FILE), as a cluster's
+    proxy image would carry a corporate CA; the tests' TLS upstreams use one.
     `box_network` other than none is for doctor's tests only: a cluster whose CNI ignores
     NetworkPolicy, simulated by a box pod with a network of its own; `host` works rootless too
     (a rootless bridge needs slirp4netns, which needs /dev/net/tun)."""
@@ -392,7 +411,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
     podman = ["podman", "--log-level=error"]
     prefix = pod_prefix(run.run_id)
     run = replace(run, proxy_ip="127.0.0.1")
-    objects = render_objects(plan, run, bundle)
+    objects = render_objects(plan, run, bundle, secret_values)
     rootless = os.getuid() != 0
     # Rootless on cgroup v1 (no delegated v2 cgroup): limits as rlimits (rlimit_resources).
     rlimits = rootless and plan.limits.method is not LimitsMethod.CGROUP_V2
@@ -416,6 +435,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
     proxy_log = ""
     try:
         docs, volumes = proxy_pod(objects, prefix, port, bport)
+        _proxy_secrets_and_trust(docs[-1]["spec"], objects, proxy_ca)
         if ids is not None:
             _run_as(docs[-1]["spec"], *ids)
         if rlimits:

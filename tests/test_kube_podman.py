@@ -30,7 +30,7 @@ from relay.plan import Request, resolve, with_image
 from relay.probe import probe
 from relay.vocab import LimitsMethod
 
-from .conftest import podman_env
+from .conftest import _storage_conf, podman_env
 from .servers import Handler, start_http
 
 BOX = r"""
@@ -282,3 +282,75 @@ def test_the_kube_repo_bench_runs_and_every_box_brings_its_patch(image: str) -> 
     assert r["failures"] == 0, r
     assert isinstance(r["podman_run_baseline_s"], float) and r["first_box_running_s"] is not None, r
     assert r["bundle_MB"] >= 2.5 and r["first_box_over_podman_run"] is not None, r
+
+
+
+def test_a_grant_and_a_login_route_work_from_a_pod_with_the_secret_only_in_the_proxy_pod(
+        tmp_path: Path, image: str) -> None:
+    """The whole credential policy on the cluster, for real under podman kube play: a box pod calls
+    an `auth:` grant's route and claude's login route; the TLS upstreams (a throwaway CA, the real
+    names pinned to 127.0.0.1) receive the real grant secret and the real login token, which only
+    the proxy pod got (relay/kube_secrets.py); the box's probe of its env, /proc and files finds
+    only the placeholder, and must find that. Attack twin: the placeholder sent to an allowed host
+    that is no route's upstream arrives there as the placeholder."""
+    import json as _json
+    import time as _time
+
+    from relay.kube_secrets import secret_values
+
+    from . import fake_api
+    from .servers import make_ca
+
+    ca, tls = make_ca(tmp_path, ("api.anthropic.com", "grant.test", "other.test"))
+    ca.chmod(0o644)
+    server, port = fake_api.start(tls=tls)
+    work = _checkout(tmp_path)
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    access = "sk-ant-oat01-REAL-LOGIN-" + os.urandom(8).hex()
+    (home / ".claude" / ".credentials.json").write_text(_json.dumps({"claudeAiOauth": {
+        "accessToken": access, "refreshToken": "sk-ant-ort01-REAL-REFRESH", "scopes": ["user:inference"],
+        "expiresAt": int((_time.time() + 10 * 3600) * 1000)}}))
+    conf = _storage_conf()  # rootless podman finds its storage through $HOME: the real user's, where the image is
+    if conf:
+        (home / ".config" / "containers").mkdir(parents=True)
+        (home / ".config" / "containers" / "storage.conf").write_text(conf)
+    grant = "ghp_REALGRANT" + os.urandom(8).hex()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"auth:\n  gr:\n    host: grant.test:{port}\n    secret: {{env: [TEST_GRANT]}}\n"
+                   "    send: authorization-bearer\n")
+    env = {k: v for k, v in podman_env().items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env.update({"HOME": str(home), "HIVE_RELAY_CONFIG": str(cfg), "TEST_GRANT": grant})
+    probe_script = (
+        'echo "grant $(curl -s -o /dev/null -w %{http_code} http://127.0.0.1:3128/gr/v1/hello)"; '
+        'echo "login $(curl -s -o /dev/null -w %{http_code} -H "Authorization: Bearer $CLAUDE_CODE_OAUTH_TOKEN" '
+        '-H "content-type: application/json" -d "{}" "$ANTHROPIC_BASE_URL/v1/messages")"; '
+        f'echo "other $(curl -sk -o /dev/null -w %{{http_code}} -H "Authorization: Bearer $CLAUDE_CODE_OAUTH_TOKEN" '
+        f'https://other.test:{port}/x)"; '
+        'found=$( (env; cat /proc/*/environ 2>/dev/null | tr "\\0" "\\n"; '
+        'find "$HOME" /tmp -type f -exec cat {} + 2>/dev/null) | grep -c hive-relay-placeholder); '
+        'echo "placeholder-seen $found"; '
+        f'(env; cat /proc/*/environ 2>/dev/null; find "$HOME" /tmp -type f -exec cat {{}} + 2>/dev/null) '
+        f'| grep -q -e REAL-LOGIN -e ghp_REALGRANT -e REAL-REFRESH && echo REAL-FOUND; true')
+    req = Request("claude", mode="kube", workdir=str(work), run_id=f"kubecred-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", argv_override=("/bin/bash", "-c", probe_script),
+                  allow_hosts=(f"api.anthropic.com:443=127.0.0.1:{port}", f"grant.test:{port}=127.0.0.1:{port}",
+                               f"other.test:{port}=127.0.0.1:{port}"))
+    matrix = load_matrix(env, workdir=None)
+    plan = resolve(get_backend(matrix, "claude"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    assert {r.name for r in plan.credentials} >= {"gr", "anthropic-login"}, plan.credentials
+    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
+    kube_podman.build_proxy_image(["podman"], run.image, env)
+    try:
+        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300,
+                                  secret_values=secret_values(plan, env), proxy_ca=str(ca))
+    finally:
+        server.shutdown()
+    log = played.logs[0]
+    assert "grant 200" in log and "login 200" in log, log + played.proxy_log[-3000:]
+    assert "REAL-FOUND" not in log and access not in log and grant not in log, log
+    assert int(log.split("placeholder-seen ")[1].split()[0]) > 0, log  # a blind probe cannot pass
+    seen = [h.get("authorization", "") for h in server.headers_seen]
+    assert f"Bearer {grant}" in seen and f"Bearer {access}" in seen, seen
+    assert "Bearer hive-relay-placeholder" in seen  # other.test is no route's upstream: no swap there
+    assert access not in played.proxy_log and grant not in played.proxy_log
