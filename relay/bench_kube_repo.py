@@ -39,9 +39,10 @@ def make_repo(path: str, files: int, total_mb: int) -> None:
 
 
 def bench_kube_repo(files: int = 50_000, total_mb: int = 200, count: int = 3, env: dict[str, str] | None = None) -> dict:
-    from . import kube_podman
+    from . import changes, kube_podman, staged
     from .config import get_backend, load_matrix
-    from .kube_run import kube_run_for, make_bundle
+    from .kube_run import kube_run_for, make_bundle, stage_results
+    from .kube_stage import bundle_head, stamp_ctime
     from .plan import Request, resolve, with_image
     from .probe import probe
 
@@ -53,7 +54,7 @@ def bench_kube_repo(files: int = 50_000, total_mb: int = 200, count: int = 3, en
         start = time.perf_counter()
         make_repo(repo, files, total_mb)
         made = time.perf_counter() - start
-        command = 'echo "started $(date +%s.%N)"; echo changed >> d00/f0.bin'
+        command = 'echo "started $(date +%s.%N)"; echo changed >> "d00/f${JOB_COMPLETION_INDEX}00.bin"'
         req = Request("shell", mode="kube", workdir=repo, run_id=f"benchrepo-{os.getpid()}-{os.urandom(3).hex()}",
                       prompt="x", argv_override=("/bin/bash", "-c", command))
         matrix = load_matrix(env, workdir=None)
@@ -70,6 +71,8 @@ def bench_kube_repo(files: int = 50_000, total_mb: int = 200, count: int = 3, en
             t = time.perf_counter()
             ok = subprocess.run(bare, env=env, capture_output=True).returncode == 0
             baseline = time.perf_counter() - t if ok else None
+        env = {**env, "XDG_STATE_HOME": os.path.join(work, "state")}  # the staged runs: this bench's own
+        base_ctime = stamp_ctime(env)
         t = time.perf_counter()
         bundle = make_bundle(repo)
         bundled = time.perf_counter() - t
@@ -84,6 +87,20 @@ def bench_kube_repo(files: int = 50_000, total_mb: int = 200, count: int = 3, en
                     starts.append(float(line.split()[1]) - t_wall)
         first = min(starts) if starts else None
         failures = sum(1 for r in played.results if r.exit_code != 0 or not r.patch) + count - len(played.results)
+        untouched = subprocess.run(["git", "-C", repo, "status", "--porcelain"], capture_output=True,
+                                   text=True).stdout == ""
+        t = time.perf_counter()
+        outcomes = stage_results(plan, run.run_id, bundle_head(bundle), base_ctime, played.results, env)
+        staged_s = time.perf_counter() - t
+        t = time.perf_counter()
+        applied = held = 0
+        for o in outcomes:
+            if o.run:
+                done, kept = changes.apply(staged.find(env, o.run))
+                applied, held = applied + len(done), held + len(kept)
+        applied_s = time.perf_counter() - t
+        landed = len([ln for ln in subprocess.run(["git", "-C", repo, "status", "--porcelain"], capture_output=True,
+                                                  text=True).stdout.splitlines() if ln.strip()])
 
         def ratio(x: float | None) -> float | None:
             return round(x / baseline, 1) if x is not None and baseline else None
@@ -95,6 +112,9 @@ def bench_kube_repo(files: int = 50_000, total_mb: int = 200, count: int = 3, en
                 "podman_run_baseline_s": round(baseline, 3) if baseline else "failed: not timed",
                 "first_box_over_podman_run": ratio(first), "bundle_plus_first_box_over_podman_run":
                     ratio(first + bundled) if first is not None else None,
-                "failures": failures}
+                "checkout_untouched_before_apply": untouched, "staged_runs": sum(1 for o in outcomes if o.run),
+                "stage_all_s": round(staged_s, 2), "apply_all_s": round(applied_s, 2), "applied": applied,
+                "held": held, "files_changed_in_checkout_after_apply": landed,
+                "failures": failures + sum(1 for o in outcomes if o.error)}
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -282,6 +282,9 @@ def test_the_kube_repo_bench_runs_and_every_box_brings_its_patch(image: str) -> 
     assert r["failures"] == 0, r
     assert isinstance(r["podman_run_baseline_s"], float) and r["first_box_running_s"] is not None, r
     assert r["bundle_MB"] >= 2.5 and r["first_box_over_podman_run"] is not None, r
+    # Each box's patch staged, the checkout untouched until then, each applied (one file per box).
+    assert r["checkout_untouched_before_apply"] and r["staged_runs"] == 2 and r["applied"] == 2, r
+    assert r["held"] == 0 and r["files_changed_in_checkout_after_apply"] == 2, r
 
 
 
