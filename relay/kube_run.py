@@ -33,6 +33,7 @@ from .kube_render import (
     with_bundle,
 )
 from .kube_stage import Outcome, bundle_head, stage_box, stamp_ctime
+from .paths import state_dir
 from .plan import Plan
 
 MAX_PATCH = 64 << 20  # a box's patch larger than this is not written (its log is kept instead)
@@ -354,8 +355,7 @@ def apply_and_follow(kubectl: Kubectl, plan: Plan, run: KubeRun, env: Mapping[st
     bundle = make_bundle(plan.workdir)
     base = bundle_head(bundle)
     objects = render_objects(plan, run, bundle, keys)
-    run_dir = os.path.join(env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state"),
-                           "hive-relay", "kube", ns)
+    run_dir = os.path.join(state_dir(dict(env)), "kube", ns)
     deadline = time.monotonic() + (plan.timeout or 1800) + 60
     reaper = kube_reaper.start(kubectl.argv("delete", "namespace", ns, "--wait=false"), env)
     try:

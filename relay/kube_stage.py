@@ -155,12 +155,9 @@ def _sizes(workdir: str, oids: Sequence[str]) -> dict[str, int]:
     return sizes
 
 
-def _blobs(workdir: str, oids: Sequence[str], limit: int) -> dict[str, bytes]:
-    """The blobs' contents, by one `git cat-file --batch`; a blob over `limit` is left out, and
-    never read (its size is asked first)."""
-    if not oids:
-        return {}
-    sizes = _sizes(workdir, oids)
+def _blobs(workdir: str, oids: Sequence[str], sizes: Mapping[str, int], limit: int) -> dict[str, bytes]:
+    """The blobs' contents, by one `git cat-file --batch`; a blob over `limit` (by `sizes`, which
+    `_sizes` asked before any content) is left out, and never read."""
     oids = [o for o in dict.fromkeys(oids) if sizes.get(o, limit + 1) <= limit]
     if not oids:
         return {}
@@ -278,7 +275,7 @@ def stage_box(workdir: str, base: str, patch: bytes, run_id: str, meta: Mapping[
             more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
             return Outcome(index, error=f"part of the patch cannot be staged ({lost[0]}{more}); nothing of it is, "
                                         "so no half of it lands (apply the patch file by hand after review)")
-        blobs = _blobs(workdir, oids, limit)
+        blobs = _blobs(workdir, oids, sizes, limit)
     base_blobs = {c.path: c.old_oid for c in changes}
     layer = staged.for_run(env, run_id)
     record = {**meta, "base_commit": base, "base_blobs": base_blobs, "oid_len": len(base), "kube_index": index}
