@@ -26,6 +26,8 @@ from relay.kube_stage import bundle_head
 from relay.plan import Request, resolve
 from relay.probe import probe
 
+from .test_kube_stage import _env, _plan
+
 
 def _git(work: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(work), "-c", "user.email=t@t", "-c", "user.name=t", *args],
@@ -43,15 +45,6 @@ def checkout(tmp_path: Path) -> Path:
     _git(work, "commit", "-qm", "init")
     return work
 
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")}
-
-
-def _plan(checkout: Path, env: dict[str, str]):  # noqa: ANN202 - plan.Plan
-    matrix = load_matrix(env, workdir=None)
-    req = Request("shell", mode="kube", workdir=str(checkout), run_id="krt-1-abc", prompt="x")
-    return resolve(get_backend(matrix, "shell"), matrix, req, probe(env), env)
 
 B85 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
 

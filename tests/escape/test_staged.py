@@ -224,6 +224,22 @@ def test_a_host_edit_during_the_run_is_a_conflict_and_survives_apply(box: Sandbo
     report.fault(True)
 
 
+def two_boxes_saw_only_their_own(s: Sandbox, known: set[str], run1: str, out1: str, out2: str) -> None:
+    """After two staged boxes shared one checkout (box one: `one`, box two: `two`, both over
+    shared.txt): neither saw the other's writes, the checkout is untouched, each run holds its own
+    two paths, and the second apply is a conflict on the shared one (the first apply changed it)."""
+    assert out2.startswith("base\n") and "one.txt" not in out2, out2  # box two never saw box one's writes
+    assert out1.startswith("one\n") and "two.txt" not in out1, out1
+    assert (s.workdir / "shared.txt").read_text() == "base\n"
+    run2 = next(r["run"] for r in runs(s) if r["run"] not in known | {run1})
+    assert set(by_path(receipt(s, run1))) == {"shared.txt", "one.txt"}
+    assert set(by_path(receipt(s, run2))) == {"shared.txt", "two.txt"}
+    assert s.relay("apply", run1).returncode == 0
+    second = s.relay("apply", run2)
+    assert second.returncode == 1 and "conflict" in second.stdout
+    assert (s.workdir / "shared.txt").read_text() == "one\n" and (s.workdir / "two.txt").read_text() == "two\n"
+
+
 def test_two_staged_boxes_on_one_checkout_do_not_see_each_other(box: Sandbox, report) -> None:
     s = box
     (s.workdir / "shared.txt").write_text("base\n")
@@ -237,16 +253,7 @@ def test_two_staged_boxes_on_one_checkout_do_not_see_each_other(box: Sandbox, re
     _go(one)
     out1, err1 = one.communicate(timeout=300)
     assert one.returncode == 0 and two.returncode == 0, err1 + err2
-    assert out2.startswith("base\n") and "one.txt" not in out2  # box two never saw box one's writes
-    assert out1.startswith("one\n") and "two.txt" not in out1
-    assert (s.workdir / "shared.txt").read_text() == "base\n"
-    run2 = next(r["run"] for r in runs(s) if r["run"] not in known | {run1})
-    assert set(by_path(receipt(s, run1))) == {"shared.txt", "one.txt"}
-    assert set(by_path(receipt(s, run2))) == {"shared.txt", "two.txt"}
-    assert s.relay("apply", run1).returncode == 0
-    second = s.relay("apply", run2)  # the first apply changed shared.txt on the host: a conflict
-    assert second.returncode == 1 and "conflict" in second.stdout
-    assert (s.workdir / "shared.txt").read_text() == "one\n" and (s.workdir / "two.txt").read_text() == "two\n"
+    two_boxes_saw_only_their_own(s, known, run1, out1, out2)
     report.fault(True)
 
 
