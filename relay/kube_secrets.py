@@ -59,22 +59,21 @@ def _opener(env: Mapping[str, str]):  # noqa: ANN202 - logins.Opener
 
 
 def _login_token(route: CredentialRoute, env: Mapping[str, str], lasts_s: float) -> str:
-    from .logins import LoginError, LoginStore, _get
+    from .logins import LoginError, LoginStore
     from .paths import state_dir
 
     assert route.login is not None
-    home = env.get("HOME", "/")
-    # Seen from the run's deadline: a token that would expire before it is refreshed now.
-    store = LoginStore(route.login.file, route.login, home, _opener(env),
-                       clock=lambda: time.time() + lasts_s, lock_dir=state_dir(dict(env)))
+    # A token that would expire before the run's deadline is refreshed now (on the host, which
+    # writes its real new expiry back to the file, as a local run's proxy would).
+    store = LoginStore(route.login.file, route.login, env.get("HOME", "/"), _opener(env),
+                       lock_dir=state_dir(dict(env)), margin=lasts_s)
     try:
         token = store()
-        data, _ = store._read()
+        expires = store.expires_at()
     except LoginError as err:
         raise RefusedError(f"kube mode cannot carry the login {route.login.file} to the cluster: {err}; fix: log in "
                            "again on the host, or set an API key variable") from None
-    expires = _get(data, route.login.expires)
-    if isinstance(expires, (int, float)) and expires / 1000 < time.time() + lasts_s:
+    if expires is not None and expires < time.time() + lasts_s:
         raise RefusedError(f"the login {route.login.file} expires before this run's deadline, even refreshed; fix: a "
                            "shorter --timeout, or an API key variable")
     return token

@@ -92,8 +92,10 @@ class LoginStore:
     token endpoint (the proxy's, so the egress rules and their pins apply)."""
 
     def __init__(self, path: str, login: LoginFile, home: str, opener: Opener,
-                 clock: Callable[[], float] = time.time, lock_dir: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, lock_dir: str | None = None,
+                 margin: float = REFRESH_MARGIN_S) -> None:
         self.path, self.login, self.home, self.opener, self.clock = path, login, home, opener, clock
+        self.margin = margin  # the token must still be good this long, or it is refreshed first
         self.lock_dir = lock_dir  # our state dir: one refresh at a time across every launcher on the host
         self._lock = threading.Lock()
         self.refreshed = 0
@@ -110,7 +112,12 @@ class LoginStore:
 
     def _fresh(self, data: dict) -> bool:
         expires = _get(data, self.login.expires)
-        return not isinstance(expires, (int, float)) or expires / 1000 > self.clock() + REFRESH_MARGIN_S
+        return not isinstance(expires, (int, float)) or expires / 1000 > self.clock() + self.margin
+
+    def expires_at(self) -> float | None:
+        """When the host file's token expires (seconds since the epoch), or None if it names no expiry."""
+        expires = _get(self._read()[0], self.login.expires)
+        return expires / 1000 if isinstance(expires, (int, float)) else None
 
     def __call__(self) -> str:
         data, _ = self._read()

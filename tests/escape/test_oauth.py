@@ -223,6 +223,32 @@ def test_a_login_file_behind_a_link_is_not_read(api, login_proxy, tmp_path: Path
     assert blocked, answer
 
 
+def test_a_margin_refreshes_early_and_the_host_file_gets_the_real_expiry(api, ca, tmp_path: Path) -> None:
+    """kube mode needs a token good for the whole run (relay/kube_secrets.py): a store with a margin
+    refreshes a token that would expire inside it, and the host file gets the expiry the token
+    endpoint gave (now + expires_in), not one shifted by the margin; the twin: a token good past the
+    margin is used as it is, with no refresh."""
+    home = tmp_path / "home"
+    path = home / ".claude" / ".credentials.json"
+    route = replace(ROUTE, login=replace(ROUTE.login, file=str(path)))
+    context = ssl.create_default_context(cafile=str(ca[0]))
+
+    def opener(host: str, port: int) -> ssl.SSLSocket:
+        return context.wrap_socket(socket.create_connection(("127.0.0.1", api.server_address[1]), timeout=10),
+                                   server_hostname=host)
+
+    margin = 2400.0
+    write_login(home, int((time.time() + 3 * 3600) * 1000))  # good past the margin: no refresh
+    store = logins.LoginStore(str(path), route.login, str(home), opener, margin=margin)
+    assert store() == ACCESS and store.refreshed == 0
+    write_login(home, int((time.time() + 1200) * 1000))  # expires inside the margin: refreshed now
+    before = time.time()
+    assert store() == NEW_ACCESS and store.refreshed == 1
+    expires = store.expires_at()
+    assert expires is not None and before + 28800 - 5 <= expires <= time.time() + 28800 + 5
+    assert json.loads(path.read_text())["claudeAiOauth"]["expiresAt"] == int(expires * 1000)
+
+
 def test_mask_keeps_the_login_shape_with_placeholders() -> None:
     raw = json.dumps({"claudeAiOauth": {"accessToken": ACCESS, "refreshToken": REFRESH, "expiresAt": 1,
                                         "scopes": ["user:inference"]}, "other": 1}).encode()
