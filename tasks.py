@@ -13,7 +13,7 @@ from invoke.exceptions import ParseError
 from invoke.parser import Parser, ParserContext
 from invoke.parser.parser import ParseMachine, is_flag
 
-from relay.cli import (
+from relay.commands.cli import (
     ALLOW_DOC,
     ASK_DOC,
     CHANGE_HELP,
@@ -39,15 +39,13 @@ from relay.cli import (
     unknown_option,
     version_line,
 )
-from relay.cli import (
-    count as count_arg,
-)
-from relay.errors import UsageError
-from relay.options import SHORT_FLAGS
+from relay.commands.cli import count as count_arg
+from relay.commands.options import SHORT_FLAGS
+from relay.model.errors import UsageError
 
 
 def _exit(code: int) -> None:
-    from relay.cli import exit_now
+    from relay.commands.cli import exit_now
 
     exit_now(code)
 
@@ -197,9 +195,9 @@ def _patch_completion() -> None:
         if "contribute-hive" in tokens and "--" not in tokens:
             import os
 
-            from relay.cli import MODES
-            from relay.completion import names as config_names
-            from relay.plan import ISOLATIONS
+            from relay.commands.cli import MODES
+            from relay.commands.completion import names as config_names
+            from relay.plan.resolve import ISOLATIONS
 
             found = config_names(dict(os.environ))
             words = tokens[tokens.index("contribute-hive") + 1:]
@@ -292,7 +290,7 @@ contribute_hive = task(klass=_Task, positional=["backend", "mode"], iterable=lis
             "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce"})
 def doctor(c: Context, json: bool = False, mode: str | None = None) -> None:
     """Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."""
-    from relay.doctor import doctor as run_doctor
+    from relay.commands.doctor import doctor as run_doctor
 
     _exit(guarded(run_doctor, as_json=json, mode=mode))
 
@@ -308,7 +306,7 @@ def doctor(c: Context, json: bool = False, mode: str | None = None) -> None:
 def build_image(c: Context, base: str | None = None, rebuild: bool = False, base_only: bool = False,
                 save_base: str | None = None, base_archive: str | None = None) -> None:
     """Build the container-mode image (Dockerfile.contributor) for your uid; cached by content."""
-    from relay.cli import build_image as run_build_image
+    from relay.commands.cli import build_image as run_build_image
 
     _exit(guarded(run_build_image, base=base, rebuild=rebuild, base_only=base_only, save_base=save_base,
                   base_archive=base_archive))
@@ -320,13 +318,13 @@ def build_image(c: Context, base: str | None = None, rebuild: bool = False, base
 })
 def accept_state(c: Context, run: str, path: list[str] | None = None) -> None:
     """Accept an agent's kept-aside state (plugins, settings, new files...) into ~ after you reviewed it."""
-    from relay.cli import accept_state as run_accept_state
+    from relay.commands.cli import accept_state as run_accept_state
 
     _exit(guarded(run_accept_state, run, tuple(path or ())))
 
 
 def _logs(c: Context, run: str | None = None, denied: bool = False) -> None:
-    from relay.logs import show
+    from relay.egress.decision_log import show
 
     _exit(guarded(show, run or None, denied=denied))
 
@@ -337,8 +335,8 @@ logs = task(positional=["run"], help={"run": LOGS_HELP["run"], "denied": LOGS_HE
 
 def _clean(c: Context, dry_run: bool = False, all: bool = False,  # noqa: A002 - the flag is --all
            staged_older_than: str | None = None) -> None:
-    from relay.clean import clean as run_clean
-    from relay.cli import staged_days
+    from relay.commands.clean import clean as run_clean
+    from relay.commands.cli import staged_days
 
     _exit(guarded(lambda: run_clean(dry_run=dry_run, everything=all, staged_older_than=staged_days(staged_older_than))))
 
@@ -348,9 +346,9 @@ clean = task(help={"dry_run": CLEAN_HELP["dry_run"], "all": CLEAN_HELP["all"],
                    "staged_older_than": CLEAN_HELP["staged_older_than"]}, name="clean")(_clean)
 
 
-# The staged workdir's review (relay/changes.py): the same texts as `hive-relay changes|diff|apply|discard`.
+# The staged workdir's review (relay/trust/changes.py): the same texts as `hive-relay changes|diff|apply|discard`.
 def _staged_help(op: str) -> dict[str, str]:
-    from relay.cli import STAGED_HELP as H
+    from relay.commands.cli import STAGED_HELP as H
 
     out = {"run": H["list_run"] if op == "changes" else H["run"]}
     if op != "changes":
@@ -363,31 +361,31 @@ def _staged_help(op: str) -> dict[str, str]:
 
 
 def _changes(c: Context, run: str | None = None, json: bool = False) -> None:
-    from relay.changes_text import changes_main
+    from relay.ui.changes_text import changes_main
 
     _exit(guarded(changes_main, run or None, json))
 
 
 def _diff(c: Context, run: str, path: list[str] | None = None) -> None:
-    from relay.changes_text import diff_main
+    from relay.ui.changes_text import diff_main
 
     _exit(guarded(diff_main, run, tuple(path or ())))
 
 
 def _apply(c: Context, run: str, path: list[str] | None = None, skip_flagged: bool = False, json: bool = False) -> None:
-    from relay.changes_text import apply_main
+    from relay.ui.changes_text import apply_main
 
     _exit(guarded(apply_main, run, tuple(path or ()), skip_flagged, json))
 
 
 def _discard(c: Context, run: str, path: list[str] | None = None, json: bool = False) -> None:
-    from relay.changes_text import discard_main
+    from relay.ui.changes_text import discard_main
 
     _exit(guarded(discard_main, run, tuple(path or ()), json))
 
 
 def _staged_docs() -> None:
-    from relay.cli import APPLY_DOC, CHANGES_DOC, DIFF_DOC, DISCARD_DOC
+    from relay.commands.cli import APPLY_DOC, CHANGES_DOC, DIFF_DOC, DISCARD_DOC
 
     _changes.__doc__, _diff.__doc__, _apply.__doc__, _discard.__doc__ = CHANGES_DOC, DIFF_DOC, APPLY_DOC, DISCARD_DOC
 
@@ -401,21 +399,21 @@ discard = task(positional=["run"], iterable=["path"], help=_staged_help("discard
 
 @task(positional=["host"], help=CHANGE_HELP, name="allow")
 def allow(c: Context, host: str, run: str | None = None) -> None:
-    from relay.control import change
+    from relay.egress.control import change
 
     _exit(guarded(change, "allow", host, run or None))
 
 
 @task(positional=["host"], help=CHANGE_HELP, name="deny")
 def deny(c: Context, host: str, run: str | None = None) -> None:
-    from relay.control import change
+    from relay.egress.control import change
 
     _exit(guarded(change, "deny", host, run or None))
 
 
 @task(help={"run": CHANGE_HELP["run"]}, name="ask")
 def ask(c: Context, run: str | None = None) -> None:
-    from relay.control import ask as run_ask
+    from relay.egress.control import ask as run_ask
 
     _exit(guarded(run_ask, run or None))
 
@@ -428,7 +426,7 @@ def login(c: Context, backend: str) -> None:
     """Run BACKEND's own login on this host, outside any box (the credential stays on the host)."""
     import os
 
-    from relay.login import login as run_login
+    from relay.commands.login import login as run_login
 
     _exit(guarded(run_login, backend, dict(os.environ)))
 
@@ -446,7 +444,7 @@ def test(c: Context, args: str = "") -> None:
             "mode": "local (bubblewrap box, default) or container (podman/docker)"}, iterable=["backend"])
 def selftest(c: Context, backend: list[str] | None = None, json: bool = False, mode: str = "local") -> None:
     """Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."""
-    from relay.selftest import selftest as run_selftest
+    from relay.commands.selftest import selftest as run_selftest
 
     _exit(guarded(run_selftest, list(backend or []) or None, as_json=json, mode=mode))
 
@@ -466,19 +464,19 @@ def bench(c: Context, runs: int = 15, with_peers: bool = False, quick: bool = Fa
     """Benchmark launch overhead (idle and one core busy), proxy throughput/latency, memory and scale
     against same-run baselines. --kube: a 10-box fan-out; --kube-repo: a 200 MB, 50,000-file
     checkout fanned out to 3 boxes (minutes), against a bare `podman run`."""
-    from relay.bench import bench as run_bench
+    from relay.dev.bench import bench as run_bench
 
     if kube_repo:
         import json as _json
 
-        from relay.bench_kube_repo import bench_kube_repo
+        from relay.dev.bench_kube_repo import bench_kube_repo
 
         print(_json.dumps(bench_kube_repo(), indent=1))
         return
     if kube:
         import json as _json
 
-        from relay.bench import bench_kube
+        from relay.dev.bench import bench_kube
 
         print(_json.dumps(bench_kube(), indent=1))
         return

@@ -52,7 +52,7 @@ ensure_host() {
 }
 
 no_bwrap_note() {
-  # What a run can still do without bubblewrap; the same rule as relay/plan.py choose_tier().
+  # What a run can still do without bubblewrap; the same rule as relay/plan/resolve.py choose_tier().
   if [ "$(id -u)" = 0 ]; then
     say "without bubblewrap every run is refused (exit 3): agents need its network box, and the process tier cannot confine root; an agent runs without any box only with HIVE_RELAY_UNSANDBOXED_<BACKEND>=1"
   else

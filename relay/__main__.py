@@ -1,3 +1,3 @@
-from .cli import exit_now, main
+from relay.commands.cli import exit_now, main
 
 exit_now(main())

@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from relay.probe import probe  # noqa: E402
+from relay.host.probe import probe  # noqa: E402
 
 # `workdir: live`: most box tests check what the box itself can and cannot do, and read its writes
 # straight from the workdir. The staged default has tests of its own (tests/escape/test_staged.py,
@@ -107,7 +107,9 @@ def sandbox(tmp_path: Path) -> Sandbox:
 
 def _can_box() -> str | None:
     facts = probe(use_cache=False)
-    if not facts.supervised_ok:
+    from relay.policy.tiers import supervised_ok
+
+    if not supervised_ok(facts):
         return facts.bwrap_error or facts.seccomp_error or "no supervised box on this host"
     return None
 

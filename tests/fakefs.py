@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from relay.fsplan import FsView
+from relay.policy.fsplan import FsView
 
 
 class HostTouched(BaseException):

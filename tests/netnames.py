@@ -12,8 +12,8 @@ import socket
 
 import pytest
 
-from relay.errors import UsageError
-from relay.hosts import _is_ip, is_internal_address, parse_rule
+from relay.model.allow_rules import _is_ip, is_internal_address, parse_rule
+from relay.model.errors import UsageError
 
 
 def _candidates() -> list[str]:

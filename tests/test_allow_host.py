@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
-from relay import hosts
-from relay.errors import UsageError
-from relay.hosts import explain, find_rule, parse_rule
+from relay.model import allow_rules as hosts
+from relay.model.allow_rules import explain, find_rule, parse_rule
+from relay.model.errors import UsageError
 
 from .conftest import Sandbox
 

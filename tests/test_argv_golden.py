@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from relay import bwrap_argv, container_argv
-from relay.container_argv import ContainerRun
-from relay.denylist import protected_paths, secret_paths
-from relay.fsplan import FsPlan, Grant, Mount, plan_filesystem
-from relay.planlimits import Limits
+from relay.model.limits import Limits
+from relay.policy.denylist import protected_paths, secret_paths
+from relay.policy.fsplan import FsPlan, Grant, Mount, plan_filesystem
+from relay.render import bwrap_argv, container_argv
+from relay.render.container_argv import ContainerRun
 
 from .fakefs import HOME, TOOLS, WORKDIR, fake_host
 

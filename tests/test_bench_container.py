@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import bench_container
+from relay.dev import bench_container
 
 from .conftest import REPO, Sandbox
 

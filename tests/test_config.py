@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.config import ProfileSpec, apply_repo, load_matrix, load_shipped
-from relay.errors import ConfigError, UsageError
-from relay.profiles import resolve_profile
+from relay.config.load import ProfileSpec, apply_repo, load_matrix, load_shipped
+from relay.config.profiles import resolve_profile
+from relay.model.errors import ConfigError, UsageError
 
 from .conftest import REPO
 
@@ -276,7 +276,7 @@ def test_every_backend_field_is_covered_by_the_repo_rule(tmp_path: Path) -> None
     """A route changed by any path other than the YAML key (a future NARROWABLE entry) is still refused."""
     from dataclasses import replace
 
-    from relay.config import _narrow, _Where
+    from relay.config.load import _narrow, _Where
 
     base = load_shipped()["claude"]
     with pytest.raises(ConfigError, match="key 'credentials': repo config cannot change this key"):

@@ -410,8 +410,8 @@ def test_stdin_is_passed_to_prompt_runs(csandbox: Sandbox) -> None:
 
 
 def test_superseded_images_are_removed_but_the_current_one_stays(csandbox: Sandbox, image: str) -> None:
-    from relay import image as image_mod
-    from relay.config import load_shipped
+    from relay.config.load import load_shipped
+    from relay.modes import image as image_mod
 
     env = podman_env()
     old = f"{image_mod.IMAGE_REPO}:000000000000-u{UID or 1000}"

@@ -24,8 +24,8 @@ def _memo(s: Sandbox) -> list[str]:
 
 def _key(s: Sandbox, extra_env: dict[str, str] | None = None) -> str:
     """The memo key of the run the sandbox would start (its plan's engine and image)."""
-    code = ("import os; from relay.config import get_backend, load_matrix; from relay import image; "
-            "from relay.plan import Request, resolve, with_image; from relay.probe import probe; "
+    code = ("import os; from relay.config.load import get_backend, load_matrix; from relay.modes import image; "
+            "from relay.modes.image import with_image; from relay.plan.resolve import Request, resolve; from relay.host.probe import probe; "
             "env = dict(os.environ); m = load_matrix(env, workdir=None); "
             "req = Request('shell', mode='container', workdir=os.getcwd(), prompt='true'); "
             "p = resolve(get_backend(m, 'shell'), m, req, with_image(probe(env), m, req, env), env); "

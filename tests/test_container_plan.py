@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay.config import load_shipped
-from relay.image import VERSION_ARGS, dockerfile_defaults, spec_for, split_npm_spec
-from relay.seccomp_oci import prefix_cover, render
-from relay.seccomp_policy import TIOCLINUX, TIOCSTI, policy_for
+from relay.config.load import load_shipped
+from relay.modes.image import VERSION_ARGS, dockerfile_defaults, spec_for, split_npm_spec
+from relay.render.seccomp_bpf import TIOCLINUX, TIOCSTI, policy_for
+from relay.render.seccomp_oci import prefix_cover, render
 
 from .conftest import REPO, Sandbox
 from .test_plan import FACTS, plan_for
@@ -93,7 +93,7 @@ def test_interactive_with_a_terminal_gets_t(sandbox: Sandbox) -> None:
 
 
 def test_no_engine_is_a_clear_refusal(sandbox: Sandbox) -> None:
-    from relay.errors import RefusedError
+    from relay.model.errors import RefusedError
 
     with pytest.raises(RefusedError, match="needs podman or docker"):
         plan_for(sandbox, "shell", "container", facts=replace(FACTS, podman=None, docker=None))
@@ -129,8 +129,8 @@ def test_docker_gets_the_same_policy_without_podman_only_flags(sandbox: Sandbox)
 
 
 def test_engine_choice_honours_hive_relay_engine(sandbox: Sandbox) -> None:
-    from relay.errors import RefusedError
-    from relay.plan import choose_engine
+    from relay.model.errors import RefusedError
+    from relay.plan.resolve import choose_engine
 
     both = replace(FACTS, docker="/usr/bin/docker")
     assert choose_engine(both, {}) == "/usr/bin/podman"

@@ -1,5 +1,5 @@
 """Login files in the agent's state: the box's copy holds placeholders of the same shape, the real
-values stay on the host (relay/credfiles.py, config `secret_files:`), and a login no route can hold
+values stay on the host (relay/model/credential_files.py, config `secret_files:`), and a login no route can hold
 refuses the run unless its per-backend opt-in is set.
 
 Real CLIs where it matters: each runs a probe in the box through its own shell tool (as in
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import credfiles
+from relay.model import credential_files
 
 from . import fake_api
 from .conftest import Sandbox, require_box
@@ -79,19 +79,19 @@ FILES = {"codex": ".codex/auth.json", "gemini": ".gemini/oauth_creds.json",
 # --- the placeholders' shape (pure) ----------------------------------------------------------------------
 
 def test_an_api_key_keeps_its_prefix_length_and_classes_and_nothing_else() -> None:
-    fake = credfiles.placeholder_for(API_KEY)
+    fake = credential_files.placeholder_for(API_KEY)
     assert fake.startswith("sk-proj-") and len(fake) == len(API_KEY) and MARK not in fake and fake != API_KEY
     assert all(a.isdigit() == b.isdigit() and a.isupper() == b.isupper() for a, b in zip(fake, API_KEY, strict=True))
-    assert credfiles.placeholder_for(API_KEY) != fake  # random per run: nothing derived from the real one
+    assert credential_files.placeholder_for(API_KEY) != fake  # random per run: nothing derived from the real one
 
 
 def test_a_jwt_stays_a_jwt_with_its_claims_a_far_expiry_and_a_signature_of_nobody() -> None:
     real = CODEX_CHATGPT["tokens"]["id_token"]
-    fake = credfiles.placeholder_for(real)
+    fake = credential_files.placeholder_for(real)
     head, _, sig = fake.split(".")
     claims = unjwt(fake)
     assert head == real.split(".")[0] and MARK not in fake and sig != real.split(".")[2]
-    assert claims["exp"] == credfiles.FAR_FUTURE_S and claims["iat"] == OPENAI_CLAIMS["iat"]
+    assert claims["exp"] == credential_files.FAR_FUTURE_S and claims["iat"] == OPENAI_CLAIMS["iat"]
     assert claims["https://api.openai.com/auth"]["chatgpt_account_id"] == ACCOUNT and claims["email"] == "dev@example.com"
 
 
@@ -99,10 +99,10 @@ def test_a_jwt_stays_a_jwt_with_its_claims_a_far_expiry_and_a_signature_of_nobod
                                            ("gemini", GEMINI_OAUTH), ("opencode", OPENCODE_AUTH),
                                            ("claude", CLAUDE_CREDS)])
 def test_every_secret_of_the_shipped_tables_is_masked_and_the_rest_kept(backend: str, data: dict) -> None:
-    from relay.config import load_shipped
+    from relay.config.load import load_shipped
 
     paths = dict(load_shipped()[backend].secret_files)["~/" + FILES[backend]]
-    masked, n = credfiles.mask(json.dumps(data).encode(), paths)
+    masked, n = credential_files.mask(json.dumps(data).encode(), paths)
     text = masked.decode()
     assert MARK not in text and n == json.dumps(data).count(MARK)
     out = json.loads(text)
@@ -117,7 +117,7 @@ def test_every_secret_of_the_shipped_tables_is_masked_and_the_rest_kept(backend:
 
 def test_a_file_that_is_not_json_is_not_masked_but_refused() -> None:
     with pytest.raises(ValueError):
-        credfiles.mask(b"OPENAI_API_KEY=" + API_KEY.encode(), ("OPENAI_API_KEY",))
+        credential_files.mask(b"OPENAI_API_KEY=" + API_KEY.encode(), ("OPENAI_API_KEY",))
 
 
 # --- the plan: masked, refused, or in the box by opt-in --------------------------------------------------
@@ -329,8 +329,8 @@ def test_the_opt_in_is_said_in_the_banner_and_does_what_it_says(box_sandbox: San
 
 
 def test_the_route_reads_the_key_from_the_host_file_on_every_request(tmp_path: Path) -> None:
-    from relay.config import load_shipped
-    from relay.logins import LoginStore
+    from relay.config.load import load_shipped
+    from relay.trust.logins import LoginStore
 
     route = {r.name: r for r in load_shipped()["codex"].credentials}["openai-login"]
     home = tmp_path / "home"

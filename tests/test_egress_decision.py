@@ -1,4 +1,4 @@
-"""The one egress decision (relay/egress.py): a golden table of verdicts, and its invariants (hypothesis).
+"""The one egress decision (relay/policy/egress.py): a golden table of verdicts, and its invariants (hypothesis).
 
 The table is the policy as a reader would state it; a change in any verdict or reason shows here
 as a one-row diff. The properties check what must hold for every input: an IP literal never falls
@@ -14,14 +14,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.config import load_matrix, load_shipped
-from relay.egress import IP_NOT_LISTED, NOT_LISTED, Decision, allowed_rules, as_entries, decide, parse_entries
-from relay.errors import RefusedError
-from relay.hosts import HostRule, _is_ip, find_rule, is_internal_address, is_unspecified_target, normalize_host
-from relay.plan import Request, resolve
-from relay.probe import HostFacts
-from relay.profiles import resolve_profile
-from relay.proxy import decide as proxy_decide
+from relay.config.load import load_matrix, load_shipped
+from relay.config.profiles import resolve_profile
+from relay.egress.proxy import decide as proxy_decide
+from relay.model.allow_rules import (
+    HostRule,
+    _is_ip,
+    find_rule,
+    is_internal_address,
+    is_unspecified_target,
+    normalize_host,
+)
+from relay.model.errors import RefusedError
+from relay.model.host_facts import HostFacts
+from relay.plan.resolve import Request, resolve
+from relay.policy.egress import IP_NOT_LISTED, NOT_LISTED, Decision, allowed_rules, as_entries, decide, parse_entries
 
 from .conftest import Sandbox
 
@@ -64,7 +71,7 @@ GOLDEN: list[tuple[str, int, tuple[str, ...] | None, tuple[str, str, tuple[tuple
     ("pinned.test", 8443, None, ("deny", NOT_LISTED, (), False)),
     ("v6.test", 443, None, ("allow", "pinned to 2001:db8::1:443", (("2001:db8::1", 443),), False)),
     # IP literals: listed as themselves or refused (`*.3.4` cannot even be written: a name that ends
-    # in a number is an IPv4 spelling, relay/hostname.py).
+    # in a number is an IPv4 spelling, relay/model/hostname.py).
     ("1.2.3.4", 443, None, ("deny", IP_NOT_LISTED, (), False)),
     ("1.2.3.4", 443, ("1.2.3.4",), ("deny", IP_NOT_LISTED, (), False)),
     ("::ffff:1.2.3.4", 443, None, ("deny", IP_NOT_LISTED, (), False)),

@@ -226,7 +226,8 @@ def test_refused_run_installs_nothing(sandbox: Sandbox) -> None:
 # ---- invoke bench: a peer that cannot run is refused, and no ratio is taken against a failed run ---
 
 def test_bench_takes_no_ratio_against_a_failed_run(tmp_path: Path) -> None:
-    from relay.bench import launch_report, paired, ratio
+    from relay.dev.bench import launch_report
+    from relay.dev.measure import paired, ratio
 
     launch = paired({"bin/contribute-hive": ["true"], "srt true (peer)": ["false"]}, 3, dict(os.environ), str(tmp_path))
     assert launch["srt true (peer)"]["failures"] == 3 and launch["srt true (peer)"]["exit_codes"] == [1, 1, 1]
@@ -240,7 +241,7 @@ def test_bench_takes_no_ratio_against_a_failed_run(tmp_path: Path) -> None:
 
 def test_bench_refuses_srt_without_ripgrep_naming_the_fix(tmp_path: Path) -> None:
     """No rg, and no apt-get to install it (root would install ripgrep): the peer is refused, not timed."""
-    from relay.bench import ensure_ripgrep
+    from relay.dev.bench import ensure_ripgrep
 
     env = {**os.environ, "PATH": path_without(tmp_path, "rg", "apt-get")}
     assert ensure_ripgrep(env) == "srt needs ripgrep (rg), which is not installed; fix: sudo apt-get install ripgrep"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from relay.gitdir import gitlinks_in, validate
+from relay.trust.gitdir import gitlinks_in, validate
 
 from .conftest import Sandbox
 from .test_plan import plan_for
@@ -84,8 +84,8 @@ def test_gitlinks_in_every_index_version(tmp_path: Path) -> None:
 def test_an_empty_dot_git_is_no_repository(tmp_path) -> None:  # noqa: ANN001
     """Another box's placeholder: git needs HEAD to call it a git dir, and so does the planner, or a
     box planned while the placeholder stood would bind a private git dir that vanishes with it."""
-    from relay.fsplan import FsView
-    from relay.gitdir import locate, plan_git
+    from relay.policy.fsplan import FsView
+    from relay.trust.gitdir import locate, plan_git
 
     (tmp_path / ".git").mkdir()
     assert locate(str(tmp_path), FsView()) is None and plan_git(str(tmp_path), FsView()) is None

@@ -1,4 +1,4 @@
-"""relay/gitindex.py on indexes real git wrote: every version and hash, the extensions, and the rules
+"""relay/trust/gitindex.py on indexes real git wrote: every version and hash, the extensions, and the rules
 of `sanitize` (which bits, extensions and stat data survive, and when an index is refused)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import gitindex as gi
+from relay.trust import gitindex as gi
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from relay import hostsecrets
-from relay.cli import build_parser
-from relay.config import CredentialRoute, Matrix, load_matrix, load_shipped
-from relay.errors import ConfigError, RefusedError
-from relay.plan import Request, resolve
+from relay.commands.cli import build_parser
+from relay.config.load import CredentialRoute, Matrix, load_matrix, load_shipped
+from relay.egress import secret_source
+from relay.model.errors import ConfigError, RefusedError
+from relay.plan.resolve import Request, resolve
 
 from .fakefs import WORKDIR, fake_host
 from .test_plan_golden import ENV, PROCESS, SUPERVISED, fake_checkout  # noqa: F401 - fixture
@@ -120,9 +120,9 @@ def test_the_secret_of_a_skipped_grant_is_never_read(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     loud = grant("loud", "claude", command=("/bin/sh", "-c", f"touch {marker}; exit 1"))
     plan = plan_for("shell", loud)
-    assert hostsecrets.read_keys(plan.credentials, dict(ENV)) == {} and not marker.exists()
+    assert secret_source.read_keys(plan.credentials, dict(ENV)) == {} and not marker.exists()
     with pytest.raises(RefusedError, match="auth grant loud"):  # the twin: in scope, it is run (and fails)
-        hostsecrets.read_keys(plan_for("claude", loud).credentials, dict(ENV))
+        secret_source.read_keys(plan_for("claude", loud).credentials, dict(ENV))
     assert marker.exists()
 
 

@@ -1,5 +1,5 @@
 """`auth:` grants (user config), the send modes, and reading a grant's secret on the host
-(relay/hostsecrets.py): strict validation, one clear line per failure, never the secret."""
+(relay/egress/secret_source.py): strict validation, one clear line per failure, never the secret."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from relay import hostsecrets
-from relay.config import CredentialRoute, load_matrix
-from relay.egress import apply_credential, route_rules
-from relay.errors import ConfigError, RefusedError
-from relay.hosts import parse_rule
+from relay.config.load import CredentialRoute, load_matrix
+from relay.egress import secret_source as hostsecrets
+from relay.model.allow_rules import parse_rule
+from relay.model.errors import ConfigError, RefusedError
+from relay.policy.egress import apply_credential, route_rules
 
 SECRET = "s3cr3t-GRANT-VALUE"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relay.guard import changed_keys, enforce, snapshot
+from relay.trust.guard import changed_keys, enforce, snapshot
 
 
 def test_anything_but_data_keys_is_a_change_in_json_and_toml() -> None:

@@ -1,4 +1,4 @@
-"""One canonical name, one decision (relay/hostname.py): every spelling of an allowed name is refused
+"""One canonical name, one decision (relay/model/hostname.py): every spelling of an allowed name is refused
 or decided exactly like the canonical name, through the rules' parser and the request parser alike."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.egress import IP_NOT_LISTED, decide, parse_entries
-from relay.errors import UsageError
-from relay.hostname import HostError, canonical_host, ipv4_spelling
-from relay.hosts import parse_rule
-from relay.proxy import RequestError, parse_head
+from relay.egress.proxy import RequestError, parse_head
+from relay.model.allow_rules import parse_rule
+from relay.model.errors import UsageError
+from relay.model.hostname import HostError, canonical_host, ipv4_spelling
+from relay.policy.egress import IP_NOT_LISTED, decide, parse_entries
 
 RULES = parse_entries(("api.example.com", "*.svc.example.org", "pinned.example.net=10.0.0.7:9000",
                        "xn--bcher-kva.example", "93.184.216.34"))

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.errors import UsageError
-from relay.hosts import find_rule, is_internal_address, is_unspecified_target, parse_rule
-from relay.proxy import Body, RequestError, decide, parse_head
+from relay.egress.proxy import Body, RequestError, decide, parse_head
+from relay.model.allow_rules import find_rule, is_internal_address, is_unspecified_target, parse_rule
+from relay.model.errors import UsageError
 
 
 def rules(*entries: str):
@@ -233,8 +233,8 @@ def test_request_parser_never_crashes(head: bytes) -> None:
 
 
 def test_a_url_where_a_host_belongs_says_give_a_host(sandbox) -> None:  # noqa: ANN001 - conftest Sandbox
-    from relay.errors import UsageError
-    from relay.hosts import parse_rule
+    from relay.model.allow_rules import parse_rule
+    from relay.model.errors import UsageError
 
     for entry, fix in (("https://example.com/x", "example.com"), ("example.com/x", "example.com"),
                        ("http://example.com/x", "--allow-host example.com:80")):

@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import REPO, Sandbox, require_tool
 
-KEEP_RUNS = 100  # relay/logs.py
+KEEP_RUNS = 100  # relay/egress/decision_log.py
 
 
 def logs_dir(s: Sandbox) -> Path:
@@ -209,7 +209,8 @@ OTHER_UID_CASES = ["seen-by-another-uid"] + (["chowned-to-nobody"] if os.getuid(
 
 @pytest.mark.parametrize("case", OTHER_UID_CASES)
 def test_clean_leaves_another_users_run_dir_alone(sandbox: Sandbox, case: str) -> None:
-    from relay import clean, sweep
+    from relay.commands import clean
+    from relay.trust import rundirs
 
     s = sandbox
     theirs = s.root / "run" / f"hive-relay-{dead_pid()}-abcdef04"
@@ -223,7 +224,7 @@ def test_clean_leaves_another_users_run_dir_alone(sandbox: Sandbox, case: str) -
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "getuid", lambda: real + 4242)
         assert clean.stale_run_dirs(s.env) == [], "another user's stale run dir is not clean's to remove"
-        assert sweep.run_dirs(str(theirs.parent)) == 0 and theirs.exists(), "nor the janitor's sweep's"
+        assert rundirs.run_dirs(str(theirs.parent)) == 0 and theirs.exists(), "nor the janitor's sweep's"
     mine = [p for p in clean.stale_run_dirs(s.env) if p.startswith(str(s.root))]  # /tmp is shared
     assert mine == [str(theirs)], "the twin: its owner's clean removes it"
     proc = s.relay("clean")
@@ -240,7 +241,7 @@ def test_clean_rejects_bad_input_with_one_line(sandbox: Sandbox) -> None:
 def test_logs_and_clean_say_the_same_on_both_entries(sandbox: Sandbox, task: str) -> None:
     import re
 
-    from relay.cli import CLEAN_HELP, LOGS_HELP
+    from relay.commands.cli import CLEAN_HELP, LOGS_HELP
 
     texts = LOGS_HELP if task == "logs" else CLEAN_HELP
     listing = invoke(sandbox, "--list").stdout
@@ -254,8 +255,8 @@ def test_logs_and_clean_say_the_same_on_both_entries(sandbox: Sandbox, task: str
 
 def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or_one_in_use(
         sandbox: Sandbox, tmp_path: Path) -> None:
-    from relay import image
-    from relay.config import load_matrix
+    from relay.config.load import load_matrix
+    from relay.modes import image
 
     from .conftest import _stable_runtime_dir, require_tool
 
@@ -273,7 +274,7 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
     current = image.spec_from_env(load_matrix(env, workdir=None).backends, os.getuid(), os.getgid(), env).tag
     old, busy = f"{image.IMAGE_REPO}:000000000000-u{uid}", f"{image.IMAGE_REPO}:111111111111-u{uid}"
     foreign = f"{image.IMAGE_REPO}:000000000000-u{uid + 4242}"
-    from relay.kube_podman import proxy_image_tag  # kube mode's proxy image: the current one stays
+    from relay.modes.kube_podman import proxy_image_tag  # kube mode's proxy image: the current one stays
 
     proxy_now = proxy_image_tag(image.spec_from_env(load_matrix(env, workdir=None).backends, 1000, 1000, env).tag)
     proxy_old = f"{image.PROXY_REPO}:000000000000"

@@ -1,5 +1,5 @@
-"""Method and path rules (relay/httprules.py) on plain-HTTP rules and credential routes, and the one
-shape every refusal takes (relay/denial.py), through the real proxy."""
+"""Method and path rules (relay/model/http_rules.py) on plain-HTTP rules and credential routes, and the one
+shape every refusal takes (relay/model/refusal.py), through the real proxy."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from relay import httprules
-from relay.config import CredentialRoute
-from relay.denial import ENTRY
-from relay.errors import UsageError
-from relay.hosts import parse_rule
-from relay.httprules import HttpRules, normalise_path, path_matches, refusal
-from relay.proxy import DecisionLog, EgressProxy
+from relay.config.load import CredentialRoute
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.model import http_rules
+from relay.model.allow_rules import parse_rule
+from relay.model.errors import UsageError
+from relay.model.http_rules import HttpRules, normalise_path, path_matches, refusal
+from relay.model.refusal import ENTRY
 
 from .servers import make_ca, start_echo, start_http, start_tcp
 
@@ -26,7 +26,7 @@ POLICY = "by the hive-relay egress policy"
 @pytest.mark.parametrize("bad", ["/v1/../admin", "/v1/./x", "/v1//x", "/v1/%2e%2e/admin", "/v1%2fadmin", "/v1%5cx",
                                  "/v1/%2E/x", "/v1\\x", "v1/x", "/a%00b", "/v1/%2e%2E"])
 def test_a_path_that_is_not_normalised_is_refused_whatever_the_rule(bad: str) -> None:
-    with pytest.raises(httprules.PathError):
+    with pytest.raises(http_rules.PathError):
         normalise_path(bad)
     assert refusal(HttpRules(), "GET", bad).startswith("the path is not normalised")
 

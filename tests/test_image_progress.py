@@ -9,8 +9,8 @@ import io
 
 import pytest
 
-from relay.errors import RelayError
-from relay.image import _run
+from relay.model.errors import RelayError
+from relay.modes.image import _run
 
 SCRIPT = ("echo 'STEP 1/3: FROM base'; echo '--> 0ec293d8db4'; sleep 1.3; echo 'npm warn chatter'; "
           "echo 'STEP 2/3: RUN npm install'; sleep 1.3; echo 'STEP 3/3: COPY x'; echo done")

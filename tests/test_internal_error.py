@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.cli import guarded
-from relay.errors import EXIT_INTERNAL, UsageError
+from relay.commands.guarded import guarded
+from relay.model.errors import EXIT_INTERNAL, UsageError
 
 
 def _bug() -> int:

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from relay import kube_canary, kube_podman
-from relay.config import get_backend, load_matrix
-from relay.errors import EXIT_REFUSED
-from relay.kube_canary import CanaryProbe, decide, parse
-from relay.kube_run import kube_run_for, make_bundle
-from relay.plan import Request, resolve, with_image
-from relay.probe import probe
+from relay.config.load import get_backend, load_matrix
+from relay.host.probe import probe
+from relay.model.errors import EXIT_REFUSED
+from relay.modes import kube_canary, kube_podman, kube_proxy_image
+from relay.modes.image import with_image
+from relay.modes.kube_canary import CanaryProbe, decide, parse
+from relay.modes.kube_run import kube_run_for, make_bundle
+from relay.plan.resolve import Request, resolve
 
 from .conftest import podman_env
 
@@ -46,7 +47,7 @@ def test_decide_refuses_what_is_not_enforced_unless_opted_in() -> None:
 
 def test_doctor_mode_kube_without_a_cluster_is_one_line_exit_3(tmp_path: Path) -> None:
     env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
-    proc = subprocess.run([sys.executable, "-c", "import sys; from relay.doctor import doctor; sys.exit(doctor(mode='kube'))"],
+    proc = subprocess.run([sys.executable, "-c", "import sys; from relay.commands.doctor import doctor; sys.exit(doctor(mode='kube'))"],
                           capture_output=True, text=True, env=env, cwd=REPO)
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and "context" in proc.stderr and "fix:" in proc.stderr
@@ -85,7 +86,7 @@ def test_the_canary_under_podman_kube_play(tmp_path: Path, image: str, network: 
     backend = get_backend(matrix, "claude")
     plan = resolve(backend, matrix, req, facts, env)
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
-    kube_podman.build_proxy_image(["podman"], run.image, env)
+    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     try:
         played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=180,
                                   box_network=network)

@@ -2,7 +2,7 @@
 
 The Job's pod template becomes one pod per index on `--network none`; the proxy Deployment's pod
 runs our proxy on the host network; the launcher's listener in each box pod's network namespace is
-spliced to it (relay/kube_podman.py). Attack + twin: the box reaches an allowed host only through
+spliced to it (relay/modes/kube_podman.py). Attack + twin: the box reaches an allowed host only through
 the proxy, a host not on the list is denied, a direct connection has no route; AF_UNIX sockets get
 EPERM under the Localhost seccomp profile while socketpair works; each box has its own user
 namespace (hostUsers: false) and its own workspace; N boxes bring back N patches and the checkout
@@ -22,13 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from relay import changes, kube_podman, staged
-from relay.config import get_backend, load_matrix
-from relay.kube_run import kube_run_for, make_bundle, stage_results, write_patches
-from relay.kube_stage import bundle_head, stamp_ctime
-from relay.plan import Request, resolve, with_image
-from relay.probe import probe
-from relay.vocab import LimitsMethod
+from relay.config.load import get_backend, load_matrix
+from relay.host.probe import probe
+from relay.model.vocab import LimitsMethod
+from relay.modes import kube_podman, kube_proxy_image
+from relay.modes.image import with_image
+from relay.modes.kube_run import kube_run_for, make_bundle, stage_results, write_patches
+from relay.plan.resolve import Request, resolve
+from relay.trust import changes, staged
+from relay.trust.kube_stage import bundle_head, stamp_ctime
 
 from .conftest import _storage_conf, podman_env
 from .servers import Handler, start_http
@@ -89,7 +91,7 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
     plan = resolve(get_backend(matrix, "shell"), matrix, req, facts, env)
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 3, 2, env), env)
     assert run.image == image
-    kube_podman.build_proxy_image(["podman"], run.image, env)
+    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     env = {**env, "XDG_STATE_HOME": str(tmp_path / "state")}
     base_ctime = stamp_ctime(env)
     bundle = make_bundle(str(work))
@@ -164,7 +166,7 @@ def test_a_real_claude_turn_in_a_kube_pod_through_the_proxy_pod(tmp_path: Path, 
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
-    kube_podman.build_proxy_image(["podman"], run.image, env)
+    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     try:
         played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300)
     finally:
@@ -185,7 +187,7 @@ def test_a_box_past_its_time_is_removed_with_its_pods_and_volumes(tmp_path: Path
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 2, 2, env), env)
-    kube_podman.build_proxy_image(["podman"], run.image, env)
+    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     with pytest.raises(TimeoutError):
         kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=20)
     prefix = kube_podman.pod_prefix(run.run_id)
@@ -217,12 +219,12 @@ def test_rootless_cgroup_v1_limits_become_hard_rlimits_in_the_command() -> None:
 
 def test_rootless_plays_the_users_own_image() -> None:
     """Root plays the cluster's image (uid 1000); a user plays the image build-image made for them."""
-    from relay.kube_render import KubeRun
+    from relay.modes.kube_objects import KubeRun
 
     run = KubeRun(run_id="r", image="localhost/hive-relay-contributor:x-u1000", proxy_image="p")
     assert kube_podman.local_run(run, {}, uid=0) == run
     mine = kube_podman.local_run(run, {}, uid=4242)
-    assert mine.image.endswith("-u4242") and mine.proxy_image == kube_podman.proxy_image_tag(mine.image)
+    assert mine.image.endswith("-u4242") and mine.proxy_image == kube_proxy_image.proxy_image_tag(mine.image)
     assert kube_podman.local_run(run, {"HIVE_RELAY_KUBE_IMAGE": "x"}, uid=4242) == run
 
 
@@ -252,7 +254,7 @@ def test_a_real_checkout_travels_with_its_uncommitted_work_and_comes_back_staged
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
-    kube_podman.build_proxy_image(["podman"], run.image, env)
+    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     base_ctime = stamp_ctime(env)
     bundle = make_bundle(str(work))
     assert len(bundle) > 8 << 20
@@ -276,7 +278,7 @@ def test_a_real_checkout_travels_with_its_uncommitted_work_and_comes_back_staged
 def test_the_kube_repo_bench_runs_and_every_box_brings_its_patch(image: str) -> None:
     """`invoke bench --kube-repo`, scaled down (300 files, 3 MB, 2 boxes): the rows are there, the
     baseline was timed, and every box came back with its patch."""
-    from relay.bench_kube_repo import bench_kube_repo
+    from relay.dev.bench_kube_repo import bench_kube_repo
 
     r = bench_kube_repo(files=300, total_mb=3, count=2, env=podman_env())
     assert r["failures"] == 0, r
@@ -293,13 +295,13 @@ def test_a_grant_and_a_login_route_work_from_a_pod_with_the_secret_only_in_the_p
     """The whole credential policy on the cluster, for real under podman kube play: a box pod calls
     an `auth:` grant's route and claude's login route; the TLS upstreams (a throwaway CA, the real
     names pinned to 127.0.0.1) receive the real grant secret and the real login token, which only
-    the proxy pod got (relay/kube_secrets.py); the box's probe of its env, /proc and files finds
+    the proxy pod got (relay/modes/kube_secrets.py); the box's probe of its env, /proc and files finds
     only the placeholder, and must find that. Attack twin: the placeholder sent to an allowed host
     that is no route's upstream arrives there as the placeholder."""
     import json as _json
     import time as _time
 
-    from relay.kube_secrets import secret_values
+    from relay.modes.kube_secrets import secret_values
 
     from . import fake_api
     from .servers import make_ca
@@ -343,7 +345,7 @@ def test_a_grant_and_a_login_route_work_from_a_pod_with_the_secret_only_in_the_p
     plan = resolve(get_backend(matrix, "claude"), matrix, req, with_image(probe(env), matrix, req, env), env)
     assert {r.name for r in plan.credentials} >= {"gr", "anthropic-login"}, plan.credentials
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
-    kube_podman.build_proxy_image(["podman"], run.image, env)
+    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     try:
         played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300,
                                   secret_values=secret_values(plan, env), proxy_ca=str(ca))

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from relay import changes, kube_stage, staged
-from relay.changes import Entry
-from relay.changes_text import entry_line
-from relay.config import get_backend, load_matrix
-from relay.kube_run import BoxResult, Kubectl, _kubectl, make_bundle, stage_results
-from relay.kube_stage import bundle_head
-from relay.plan import Request, resolve
-from relay.probe import probe
+from relay.config.load import get_backend, load_matrix
+from relay.host.probe import probe
+from relay.modes.kube_run import BoxResult, Kubectl, _kubectl, make_bundle, stage_results
+from relay.plan.resolve import Request, resolve
+from relay.trust import changes, kube_stage, staged
+from relay.trust.changes import Entry
+from relay.trust.kube_stage import bundle_head
+from relay.ui.changes_text import entry_line
 
 from .test_kube_stage import _env, _plan
 
@@ -187,8 +187,8 @@ def test_no_credential_reaches_an_annotation_argv_or_other_object(checkout: Path
     """Attack surface: `kubectl apply` of a Secret copies its stringData into the object's
     last-applied-configuration annotation (printed by `kubectl describe`). The value must travel
     once, in the stdin of a `create` of the Secret alone, and appear in no argv and no other object."""
-    from relay.kube_render import RESULT_BEGIN, RESULT_END
-    from relay.kube_run import Kubectl, apply_and_follow, kube_run_for
+    from relay.modes.kube_objects import RESULT_BEGIN, RESULT_END
+    from relay.modes.kube_run import Kubectl, apply_and_follow, kube_run_for
 
     fake = tmp_path / "bin" / "kubectl"
     fake.parent.mkdir()
@@ -226,13 +226,13 @@ def test_a_box_holding_idle_connections_cannot_crowd_the_bundle_server(tmp_path:
     import socket
     import time
 
-    from relay import kube_bundle
+    from relay.modes import kube_bundle
 
     (tmp_path / kube_bundle.NAME).write_bytes(b"the bundle")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "relay.kube_bundle", "serve", "--dir", str(tmp_path), "--listen",
+    server = subprocess.Popen([sys.executable, "-m", "relay.modes.kube_bundle", "serve", "--dir", str(tmp_path), "--listen",
                                f"0.0.0.0:{port}"], stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
     held = []
     try:

@@ -19,11 +19,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from relay import kube_render
-from relay.config import Matrix, load_shipped
-from relay.kube_render import KubeRun, render_objects, to_yaml
-from relay.kube_run import BoxResult, extract_result, progress_line, write_patches
-from relay.plan import Request, resolve
+from relay.config.load import Matrix, load_shipped
+from relay.modes import kube_objects as kube_render
+from relay.modes.kube_objects import KubeRun, render_objects, to_yaml
+from relay.modes.kube_run import BoxResult, extract_result, progress_line, write_patches
+from relay.plan.resolve import Request, resolve
 
 from .fakefs import WORKDIR, fake_host
 from .test_plan_golden import ENV, SUPERVISED
@@ -108,7 +108,7 @@ def test_the_job_carries_every_required_setting(fake_checkout: None) -> None:
 
 
 def test_the_seccomp_profile_is_container_modes(fake_checkout: None, fixed_seccomp: None) -> None:
-    from relay.seccomp_oci import render
+    from relay.render.seccomp_oci import render
 
     plan = kube_plan("claude")
     assert kube_render.seccomp_profile(plan) == render(plan.seccomp_policy, BASE_PROFILE)
@@ -120,7 +120,7 @@ def test_keys_live_only_in_the_proxys_secret(fake_checkout: None) -> None:
     """Attack: the key in a box's env, volume or envFrom. Twin: the proxy gets it, on a real apply only."""
     plan = kube_plan("claude")
     assert plan.credentials, "the fixture's ANTHROPIC_API_KEY should make a credential route"
-    from relay.kube_secrets import carried
+    from relay.modes.kube_secrets import carried
 
     key = next(c.key for c in carried(plan.credentials) if c.route.name == "anthropic")
     dry = render_objects(plan, RUN, b"x")
@@ -193,14 +193,14 @@ def test_a_bundle_of_any_size_is_in_no_object(fake_checkout: None) -> None:
 
 
 def test_the_bundle_server_serves_only_a_complete_checked_bundle(tmp_path: Path) -> None:
-    """relay/kube_bundle.py: 503 before the bundle is in, a wrong sha256 or size is refused and
+    """relay/modes/kube_bundle.py: 503 before the bundle is in, a wrong sha256 or size is refused and
     serves nothing, any other path is 404; the twin: the right bundle is served byte for byte."""
     import io
     import threading
     import urllib.error
     import urllib.request
 
-    from relay import kube_bundle
+    from relay.modes import kube_bundle
 
     data = os.urandom(3 << 20)
     good = hashlib.sha256(data).hexdigest()
@@ -325,7 +325,7 @@ case "$*" in
   *"rollout status deployment/hive-relay-proxy"*) ;;
   *"get job boxes -o jsonpath={.metadata.uid}"*) printf 0b6c5a9e-1111-4222-8333-444455556666 ;;
   *"get pods"*) [ -n "$HANG" ] && { echo "$$" > "$STUB_DIR/hung"; sleep 300; } ;;&
-  *" exec -i deployment/hive-relay-proxy -c bundle --context=stub-context -- python3 -m relay.kube_bundle receive "*) cat > "$STUB_DIR/bundle" ;;
+  *" exec -i deployment/hive-relay-proxy -c bundle --context=stub-context -- python3 -m relay.modes.kube_bundle receive "*) cat > "$STUB_DIR/bundle" ;;
   *"get pods"*)
     [ "$MODE" = fail ] && { echo "the server is gone" >&2; exit 1; }
     cat "$STUB_DIR/pods.json" ;;
@@ -505,9 +505,9 @@ def test_a_codex_api_key_login_file_reaches_only_the_clusters_proxy(tmp_path: Pa
     job = data["kube"]["objects"][-1]
     box_env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert box_env["CODEX_API_KEY"] == "hive-relay-placeholder"
-    from relay.config import get_backend, load_matrix
-    from relay.kube_secrets import secret_values
-    from relay.probe import probe
+    from relay.config.load import get_backend, load_matrix
+    from relay.host.probe import probe
+    from relay.modes.kube_secrets import secret_values
 
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "codex"), matrix,

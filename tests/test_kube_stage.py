@@ -1,4 +1,4 @@
-"""kube mode's patches become staged runs (relay/kube_stage.py), reviewed and applied with the same
+"""kube mode's patches become staged runs (relay/trust/kube_stage.py), reviewed and applied with the same
 `changes`/`diff`/`apply` as local mode's layers. Real git, real files; no cluster is needed for
 this part (the patches are what a box pod prints: tests/test_kube_podman.py makes them for real).
 
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from relay import changes, kube_stage, staged
-from relay.config import get_backend, load_matrix
-from relay.kube_run import BoxResult, stage_results
-from relay.plan import Request, resolve
-from relay.probe import probe
+from relay.config.load import get_backend, load_matrix
+from relay.host.probe import probe
+from relay.modes.kube_run import BoxResult, stage_results
+from relay.plan.resolve import Request, resolve
+from relay.trust import changes, kube_stage, staged
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -221,7 +221,7 @@ def test_the_bundle_writes_nothing_into_the_users_repository(checkout: Path, tmp
     """The bundle's refs live in a scratch repository that borrows the user's objects: afterwards
     the user's refs, index and status are exactly as before (no snapshot ref, even for a moment a
     kill -9 could catch), and the bundle still carries the snapshot (a clone has the untracked file)."""
-    from relay.kube_run import SNAPSHOT_REF, make_bundle
+    from relay.modes.kube_run import SNAPSHOT_REF, make_bundle
 
     (checkout / "README.md").write_text("hello\nuncommitted\n")
     (checkout / "untracked.txt").write_text("untracked\n")

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relay import control
-from relay.denial import ENTRY
-from relay.proxy import DecisionLog, EgressProxy
+from relay.egress import control
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.model.refusal import ENTRY
 
 from .conftest import Sandbox
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from relay import control
-from relay.denial import ENTRY
-from relay.errors import EXIT_NO_RUN, EXIT_REFUSED, RefusedError
+from relay.egress import control
+from relay.model.errors import EXIT_NO_RUN, EXIT_REFUSED, RefusedError
+from relay.model.refusal import ENTRY
 
 from .conftest import REPO, Sandbox, require_tool
 from .servers import start_http
@@ -207,7 +207,7 @@ def test_another_users_run_is_refused_and_its_twin_is_found(tmp_path: Path) -> N
 
 
 def test_apply_follows_the_allow_host_rules() -> None:
-    from relay.hosts import parse_rule
+    from relay.model.allow_rules import parse_rule
 
     rules = (parse_rule("api.example.com"),)
     added, rule, message = control.apply(rules, "allow", "svc.test:8080=127.0.0.1:8080")
@@ -345,7 +345,7 @@ def test_ask_answered_with_an_allow_the_proxy_refuses_releases_the_request_at_on
     import io
     import socket
 
-    from relay.proxy import ASK_TIMEOUT, DecisionLog, EgressProxy
+    from relay.egress.proxy import ASK_TIMEOUT, DecisionLog, EgressProxy
 
     base = tmp_path / "run"
     base.mkdir(mode=0o700)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy, still_allowed
+from relay.egress.proxy import DecisionLog, EgressProxy, still_allowed
+from relay.model.allow_rules import parse_rule
 
 from .conftest import Sandbox, require_tool
 from .servers import start_tcp
@@ -208,7 +208,7 @@ def test_deny_cuts_a_streaming_credential_route_request(tmp_path: Path) -> None:
     request streaming through the route (a model's answer), and the route's TLS reader ends cleanly."""
     import ssl
 
-    from relay.config import CredentialRoute
+    from relay.config.load import CredentialRoute
 
     from .servers import make_ca
 

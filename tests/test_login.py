@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pexpect
 
-from relay.config import load_shipped
-from relay.login import login_argv
-from relay.procs import children
+from relay.commands.login import login_argv
+from relay.config.load import load_shipped
+from relay.host.procs import children
 
 from .conftest import REPO, Sandbox
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.denial import ENTRY
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.model.allow_rules import parse_rule
+from relay.model.refusal import ENTRY
 
 from .conftest import Sandbox, require_tool
 from .servers import Server

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from relay.placeholders import Registry
+from relay.trust.placeholders import Registry
 
 
 def test_a_vanished_placeholder_is_made_again_and_released(tmp_path: Path) -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from relay.config import load_matrix
-from relay.errors import RefusedError, UsageError
-from relay.plan import Request, resolve, with_image
-from relay.probe import HostFacts
+from relay.config.load import load_matrix
+from relay.model.errors import RefusedError, UsageError
+from relay.model.host_facts import HostFacts
+from relay.modes.image import with_image
+from relay.plan.resolve import Request, resolve
 
 from .conftest import Sandbox
 

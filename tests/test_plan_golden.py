@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-import relay.engine  # noqa: F401 - imported ahead: loading code is not reading the host
-import relay.gitdir  # noqa: F401
-import relay.landlock  # noqa: F401
-from relay import paths
-from relay.config import Matrix, load_shipped
-from relay.errors import RelayError
-from relay.plan import Request, resolve
-from relay.probe import HostFacts
+import relay.box.landlock  # noqa: F401
+import relay.host.container_engine  # noqa: F401 - imported ahead: loading code is not reading the host
+import relay.trust.gitdir  # noqa: F401
+from relay.config.load import Matrix, load_shipped
+from relay.host import paths
+from relay.model.errors import RelayError
+from relay.model.host_facts import HostFacts
+from relay.plan.resolve import Request, resolve
 
 from .fakefs import HOME, TOOLS, WORKDIR, HostTouched, fake_host, no_host_io
 

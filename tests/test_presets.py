@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from relay import presets
-from relay.errors import UsageError
-from relay.hosts import parse_rule
+from relay.config import presets
+from relay.model.allow_rules import parse_rule
+from relay.model.errors import UsageError
 
 from .conftest import Sandbox, require_tool
 from .servers import start_http

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from relay import proxy as proxy_mod
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy
+from relay.egress import proxy as proxy_mod
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.model.allow_rules import parse_rule
 
 from .servers import start_http
 
@@ -197,8 +197,8 @@ def test_a_credential_routes_upstream_failing_before_its_head_is_answered(monkey
 
 CHILD = r"""
 import os, resource, socket, sys, time
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy
+from relay.model.allow_rules import parse_rule
+from relay.egress.proxy import DecisionLog, EgressProxy
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 listener = socket.socket()
@@ -267,7 +267,7 @@ def test_out_of_file_descriptors_accept_and_connect_are_answered(tmp_path: Path)
 
 
 def test_the_proxy_pod_holds_many_tunnels_under_its_memory_rlimit(tmp_path: Path) -> None:
-    """kube mode's proxy process (relay.proxy_main) under the proxy pod's 256 MiB limit as the hard
+    """kube mode's proxy process (relay.egress.proxy_main) under the proxy pod's 256 MiB limit as the hard
     RLIMIT_DATA it becomes rootless on cgroup v1: at the default 8 MiB thread stack it ran out of
     threads at about 30, two per CONNECT tunnel, and then answered nothing (now, a 503). With its small
     worker stacks it holds 60 open tunnels at once, each echoing through (and the pod is no bigger)."""
@@ -286,7 +286,7 @@ def test_the_proxy_pod_holds_many_tunnels_under_its_memory_rlimit(tmp_path: Path
     def pod_limit() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (256 << 20, 256 << 20))
 
-    proc = subprocess.Popen([sys.executable, "-m", "relay.proxy_main", "--config", str(config)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "relay.egress.proxy_main", "--config", str(config)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=pod_limit)
     tunnels: list[socket.socket] = []
     try:
@@ -316,7 +316,7 @@ def test_the_kube_forwarder_answers_when_the_proxy_pod_does_not(make_proxy, tmp_
     the proxy pod) used to close the box's connection unanswered when the proxy pod did not answer: a
     502 with the reason now. The twin: with the proxy up, the same forwarder carries the request through.
     The listener is on 127.0.0.1 here rather than in a pod's namespace (test_kube_podman plays that)."""
-    from relay import kube_podman
+    from relay.modes import kube_podman
 
     server, good, _ = start_http()
     with socket.socket() as s:

@@ -1,5 +1,5 @@
-"""The one table of what runs on the host later (relay/runs_later.py), and the exit report's use of it
-(relay/exitreport.py, relay/workdiraside.py) without a box: every class by name, the ctime signature
+"""The one table of what runs on the host later (relay/model/runs_later.py), and the exit report's use of it
+(relay/trust/exit_report.py, relay/trust/workdir_aside.py) without a box: every class by name, the ctime signature
 that a same-size rewrite with the mtime set back cannot pass, new entries found by a directory's
 ctime, agent config moved aside and put back, and ordinary source quiet."""
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from relay import exitreport, runs_later, workdiraside
-from relay.runs_later import RunsLater, by_entry, by_name
+from relay.model import runs_later
+from relay.model.runs_later import RunsLater, by_entry, by_name
+from relay.trust import exit_report, workdir_aside
 
 CLASSED = {
     "package.json": RunsLater.PACKAGE_SCRIPTS, "sub/Makefile": RunsLater.PACKAGE_SCRIPTS,
@@ -104,7 +105,7 @@ def test_a_same_size_rewrite_with_mtime_set_back_and_a_new_executable_in_a_dir_w
     w = tmp_path / "w"
     w.mkdir()
     _tree(w)
-    watch = exitreport.start(str(w))
+    watch = exit_report.start(str(w))
     assert watch is not None
     _same_size_rewrite_mtime_back(w / "conftest.py", b"y = 2\n")
     dst = (w / "build").stat()
@@ -112,7 +113,7 @@ def test_a_same_size_rewrite_with_mtime_set_back_and_a_new_executable_in_a_dir_w
     (w / "build" / "evil").chmod(0o755)
     os.utime(w / "build", ns=(dst.st_atime_ns, dst.st_mtime_ns))
     (w / "invoke.py").write_text("import os\n")
-    found = exitreport.finish(watch)
+    found = exit_report.finish(watch)
     files = dict(found.files)
     assert files.get("conftest.py") == "task-runner" and files.get("build/evil") == "new executable"
     assert files.get("invoke.py") == "task-runner" and "build/old" not in files and not found.partial
@@ -123,7 +124,7 @@ def test_agent_config_is_moved_aside_the_original_put_back_and_accepted_back(tmp
     w.mkdir()
     _tree(w)
     original = (w / "pkg" / ".claude" / "settings.json").read_bytes()
-    watch = exitreport.start(str(w))
+    watch = exit_report.start(str(w))
     assert watch is not None
     (w / "pkg" / ".claude" / "settings.json").write_text('{"hooks": {"Stop": [{"command": "id"}]}}\n')
     (w / "pkg" / ".claude" / "skills" / "s").mkdir(parents=True)
@@ -132,8 +133,8 @@ def test_agent_config_is_moved_aside_the_original_put_back_and_accepted_back(tmp
     (w / "sub" / ".opencode" / "plugins" / "p.js").write_text("export default async () => ({})\n")
     os.symlink("/etc/passwd", w / "sub" / ".mcp.json")
     os.mkfifo(w / "sub" / "opencode.json")
-    kept = workdiraside.kept_dir(str(state), "1-0000000a")
-    found = exitreport.finish(watch, kept, "1-0000000a")
+    kept = workdir_aside.kept_dir(str(state), "1-0000000a")
+    found = exit_report.finish(watch, kept, "1-0000000a")
     assert (w / "pkg" / ".claude" / "settings.json").read_bytes() == original
     for gone in ("pkg/.claude/skills/s/SKILL.md", "sub/.opencode/plugins/p.js", "sub/.mcp.json", "sub/opencode.json"):
         assert not os.path.lexists(w / gone), gone
@@ -144,14 +145,14 @@ def test_agent_config_is_moved_aside_the_original_put_back_and_accepted_back(tmp
                                                   "target": "/etc/passwd"}
     assert manifest["files"]["sub/opencode.json"]["kind"] == "special"
     assert "hooks" in (Path(kept) / "files" / "pkg/.claude/settings.json").read_text()
-    done = workdiraside.accept(str(state), "1-0000000a", (str(w / "pkg/.claude/settings.json"),
+    done = workdir_aside.accept(str(state), "1-0000000a", (str(w / "pkg/.claude/settings.json"),
                                                            "workdir:sub/.opencode/plugins/p.js"))
     assert len(done) == 2 and "hooks" in (w / "pkg" / ".claude" / "settings.json").read_text()
     assert (w / "sub" / ".opencode" / "plugins" / "p.js").exists()
-    from relay.errors import UsageError
+    from relay.model.errors import UsageError
 
     with pytest.raises(UsageError, match="not stored"):
-        workdiraside.accept(str(state), "1-0000000a", ("workdir:sub/opencode.json",))
+        workdir_aside.accept(str(state), "1-0000000a", ("workdir:sub/opencode.json",))
 
 
 def test_deleted_agent_config_is_put_back(tmp_path: Path) -> None:
@@ -159,10 +160,10 @@ def test_deleted_agent_config_is_put_back(tmp_path: Path) -> None:
     w.mkdir()
     _tree(w)
     original = (w / "pkg" / ".claude" / "settings.json").read_bytes()
-    watch = exitreport.start(str(w))
+    watch = exit_report.start(str(w))
     assert watch is not None
     (w / "pkg" / ".claude" / "settings.json").unlink()
-    found = exitreport.finish(watch, workdiraside.kept_dir(str(tmp_path / "s"), "1-0000000b"), "1-0000000b")
+    found = exit_report.finish(watch, workdir_aside.kept_dir(str(tmp_path / "s"), "1-0000000b"), "1-0000000b")
     assert (w / "pkg" / ".claude" / "settings.json").read_bytes() == original and not found.files
     assert found.aside == ["put back 1 agent config file(s) the box deleted in the workdir: pkg/.claude/settings.json"]
 
@@ -171,14 +172,14 @@ def test_ordinary_edits_are_quiet(tmp_path: Path) -> None:
     w = tmp_path / "w"
     w.mkdir()
     _tree(w)
-    watch = exitreport.start(str(w))
+    watch = exit_report.start(str(w))
     assert watch is not None
     (w / "app.py").write_text("print(2)\n")
     (w / "util.py").write_text("x = 1\n")
     (w / "src" / "pkg").mkdir(parents=True)
     (w / "src" / "pkg" / "__init__.py").write_text("")
     (w / "build" / "notes.txt").write_text("not executable\n")
-    found = exitreport.finish(watch, workdiraside.kept_dir(str(tmp_path / "s"), "1-0000000c"), "1-0000000c")
+    found = exit_report.finish(watch, workdir_aside.kept_dir(str(tmp_path / "s"), "1-0000000c"), "1-0000000c")
     assert found.files == [] and found.aside == [] and not found.partial
 
 
@@ -188,14 +189,14 @@ def test_a_directory_the_box_made_unreadable_makes_the_report_partial(tmp_path: 
     w = tmp_path / "w"
     w.mkdir()
     _tree(w)
-    watch = exitreport.start(str(w))
+    watch = exit_report.start(str(w))
     assert watch is not None
     (w / "hide").mkdir()
     (w / "hide" / "conftest.py").write_text("x\n")
     (w / "hide").chmod(0)
     try:
-        found = exitreport.finish(watch)
-        lines = exitreport.publish(found, str(w), str(tmp_path / "s"), "1-0000000d", None)
+        found = exit_report.finish(watch)
+        lines = exit_report.publish(found, str(w), str(tmp_path / "s"), "1-0000000d", None)
     finally:
         (w / "hide").chmod(0o755)
     if os.getuid() == 0:

@@ -3,7 +3,7 @@
 One local server plays every ecosystem's registry (a static dir): a file, an npm package document, a PyPI
 simple index, and a bare git repo served over git's dumb HTTP protocol. The box reaches it only as
 `reg.test:PORT`, pinned with --allow-host; `denied.test:PORT` is the same server under a name the
-policy does not list. Node's fetch goes through the proxy on Node 20 too (relay/nodeproxy.py), Java through
+policy does not list. Node's fetch goes through the proxy on Node 20 too (relay/box/nodeproxy.py), Java through
 JAVA_TOOL_OPTIONS, npm through npm_config_proxy, pip, git, curl and Python through the proxy variables.
 """
 
@@ -153,7 +153,7 @@ def test_java_and_node_settings_are_in_the_plan(sandbox: Sandbox) -> None:
 def test_the_node_preload_keeps_loopback_direct_and_stands_aside_when_a_dispatcher_exists(tmp_path: Path) -> None:
     """Outside any box: with the preload, fetch to 127.0.0.1 (NO_PROXY) goes direct, not to the proxy."""
     require_tool("node")
-    from relay.nodeproxy import node_options
+    from relay.box.nodeproxy import node_options
 
     server = Server(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(tmp_path)))
     (tmp_path / "x.txt").write_text("direct\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import safefs
+from relay.host import safefs
 
 
 @pytest.fixture(params=["openat2", "walk"])

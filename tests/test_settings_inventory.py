@@ -2,7 +2,7 @@
 (config/settings/<cli>.yaml), so a CLI upgrade cannot widen what comes back from a box unnoticed.
 
 The key sets are read from the real CLI packages (tests/cli_keys.py says how, per CLI). The packages are
-installed like the other real-CLI tests do (relay.install.ensure_cli under HIVE_RELAY_TOOLS); a missing
+installed like the other real-CLI tests do (relay.modes.install.ensure_cli under HIVE_RELAY_TOOLS); a missing
 package is a failure, never a skip: CI must not pass with an upgrade check that did not run.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from relay import settingskeys
-from relay.config import load_shipped
-from relay.install import cli_path, ensure_cli
+from relay.config import settings_keys
+from relay.config.load import load_shipped
+from relay.modes.install import cli_path, ensure_cli
 
 from . import cli_keys
 from .conftest import REPO
@@ -45,7 +45,7 @@ def _pinned(name: str, tools: Path) -> None:
     assert installed == version, f"{package} {installed} is installed, {version} is pinned"
 
 
-def _unclassified(known: cli_keys.Tree, node: settingskeys.Node, where: str = "") -> list[str]:
+def _unclassified(known: cli_keys.Tree, node: settings_keys.Node, where: str = "") -> list[str]:
     """Keys the CLI knows at a level the inventory judges key by key, but which it does not list."""
     if node.keys is None:
         return []
@@ -65,7 +65,7 @@ def test_claude_settings_json_keys_are_all_classified(tools: Path) -> None:
     known = cli_keys.claude_settings(text)
     assert {"apiKeyHelper", "hooks", "env", "permissions", "statusLine", "theme", "model"} <= set(known)
     assert len(known) > 100, len(known)
-    missing = _unclassified(known, settingskeys.inventory()[".claude/settings.json"])
+    missing = _unclassified(known, settings_keys.inventory()[".claude/settings.json"])
     assert not missing, f"claude knows settings.json keys config/settings/claude.yaml does not classify: {missing}"
 
 
@@ -74,7 +74,7 @@ def test_claude_json_keys_are_all_classified(tools: Path) -> None:
     top, project = cli_keys.claude_global_config(cli_keys._text(cli_keys.claude_binary(tools)))
     assert {"numStartups", "theme", "env", "mcpServers", "userID"} <= top and len(top) > 80, sorted(top)
     assert {"hasTrustDialogAccepted", "allowedTools", "mcpServers", "lastCost"} <= project, sorted(project)
-    node = settingskeys.inventory()[".claude.json"]
+    node = settings_keys.inventory()[".claude.json"]
     assert node.keys is not None and "projects" in node.keys
     proj = node.keys["projects"].each
     assert proj is not None and proj.keys is not None
@@ -85,7 +85,7 @@ def test_claude_json_keys_are_all_classified(tools: Path) -> None:
 def test_codex_config_toml_keys_are_all_classified(tools: Path) -> None:
     _pinned("codex", tools)
     run = cli_keys.codex_config_fields(cli_keys.codex_binary(tools).read_bytes())
-    node = settingskeys.inventory()[".codex/config.toml"]
+    node = settings_keys.inventory()[".codex/config.toml"]
     assert node.keys is not None
     known = set(node.keys)
     assert len(run) > 1000 and b"approval_policy" in run and b"mcp_servers" in run, run[:200]
@@ -99,7 +99,7 @@ def test_gemini_settings_keys_are_all_classified(tools: Path) -> None:
     _pinned("gemini", tools)
     known = cli_keys.gemini_settings(tools)
     assert {"mcpServers", "hooks", "ui", "security", "tools"} <= set(known), sorted(known)
-    missing = _unclassified(known, settingskeys.inventory()[".gemini/settings.json"])
+    missing = _unclassified(known, settings_keys.inventory()[".gemini/settings.json"])
     assert not missing, f"gemini knows settings keys config/settings/gemini.yaml does not classify: {missing}"
 
 
@@ -108,7 +108,7 @@ def test_opencode_config_keys_are_all_classified(tools: Path) -> None:
     known = cli_keys.opencode_config(cli_keys._text(cli_keys.opencode_binary(tools)))
     assert {"provider", "formatter", "lsp", "permission", "plugin", "mcp", "model"} <= known, sorted(known)
     for rel in (".config/opencode/opencode.json", ".config/opencode/config.json"):
-        node = settingskeys.inventory()[rel]
+        node = settings_keys.inventory()[rel]
         assert node.keys is not None
         missing = sorted(known - set(node.keys))
         assert not missing, f"opencode knows config keys config/settings/opencode.yaml does not classify: {missing}"

@@ -1,4 +1,4 @@
-"""The settings allowlists (relay/settingskeys.py): every red-team key class is review, data comes back."""
+"""The settings allowlists (relay/config/settings_keys.py): every red-team key class is review, data comes back."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import tomllib
 
-from relay import settingskeys
-from relay.vocab import KeyClass
+from relay.config import settings_keys
+from relay.model.vocab import KeyClass
 
 CLAUDE = ".claude/settings.json"
 HELPERS = ("apiKeyHelper", "awsAuthRefresh", "awsCredentialExport", "fileSuggestion", "gcpAuthRefresh",
@@ -43,7 +43,7 @@ PLANTS = [
 
 
 def _bytes(rel: str, data: dict) -> bytes:
-    return settingskeys.toml_dumps(data).encode() if rel.endswith(".toml") else json.dumps(data).encode()
+    return settings_keys.toml_dumps(data).encode() if rel.endswith(".toml") else json.dumps(data).encode()
 
 
 def _load(rel: str, data: bytes | None) -> dict:
@@ -53,7 +53,7 @@ def _load(rel: str, data: bytes | None) -> dict:
 @pytest.mark.parametrize(("rel", "host", "box"), PLANTS, ids=lambda v: v if isinstance(v, str) else None)
 def test_every_planted_class_is_review_and_never_live(rel: str, host: dict, box: dict) -> None:
     planted = {**box, "model": "picked-in-the-box"} if rel != ".claude.json" else {**box, "theme": "light"}
-    verdict = settingskeys.settle(rel, _bytes(rel, host), _bytes(rel, planted))
+    verdict = settings_keys.settle(rel, _bytes(rel, host), _bytes(rel, planted))
     live = _load(rel, verdict.live)
     data_key = "theme" if rel == ".claude.json" else "model"
     blocked = bool(verdict.review) and all(live.get(k) == host.get(k) for k in box)
@@ -63,26 +63,26 @@ def test_every_planted_class_is_review_and_never_live(rel: str, host: dict, box:
 
 def test_data_only_edits_come_back_byte_for_byte() -> None:
     box = b'{"theme": "light", "model": "opus"}'
-    assert settingskeys.settle(CLAUDE, b'{"theme": "dark"}', box) == settingskeys.Verdict(box, ())
-    assert settingskeys.settle(".codex/config.toml", None, b'model = "o3"\n').review == ()
-    assert settingskeys.settle(".gemini/settings.json", None, b'{"ui": {"theme": "x"}, "model": {"name": "m"}}').review == ()
+    assert settings_keys.settle(CLAUDE, b'{"theme": "dark"}', box) == settings_keys.Verdict(box, ())
+    assert settings_keys.settle(".codex/config.toml", None, b'model = "o3"\n').review == ()
+    assert settings_keys.settle(".gemini/settings.json", None, b'{"ui": {"theme": "x"}, "model": {"name": "m"}}').review == ()
 
 
 def test_removing_a_non_data_key_is_review_too() -> None:
-    verdict = settingskeys.settle(CLAUDE, b'{"disableAllHooks": true, "theme": "a"}', None)
+    verdict = settings_keys.settle(CLAUDE, b'{"disableAllHooks": true, "theme": "a"}', None)
     assert verdict.review == ("disableAllHooks (grant)",) and json.loads(verdict.live) == {"disableAllHooks": True}
 
 
 def test_toml_writer_round_trips() -> None:
     data = {"model": "m", "n": 1, "f": 0.5, "b": True, "l": ["a", 1], "projects": {"/a b": {"trust_level": "t"}},
             "tui": {"x": {"y": 1}}, "s": 'q"\\\n'}
-    assert tomllib.loads(settingskeys.toml_dumps(data)) == data
+    assert tomllib.loads(settings_keys.toml_dumps(data)) == data
 
 
 def test_every_shipped_guard_and_sync_file_has_an_inventory() -> None:
-    from relay.config import load_shipped
+    from relay.config.load import load_shipped
 
-    inv = settingskeys.inventory()
+    inv = settings_keys.inventory()
     for name, backend in load_shipped().items():
         for path in (*backend.home_guard, *(p for p in backend.home_sync if "claude" in p)):
             assert path.removeprefix("~/") in inv, (name, path)
@@ -91,7 +91,7 @@ def test_every_shipped_guard_and_sync_file_has_an_inventory() -> None:
 def test_every_class_in_the_inventories_is_a_key_class() -> None:
     seen = set()
 
-    def walk(node: settingskeys.Node) -> None:
+    def walk(node: settings_keys.Node) -> None:
         if node.cls:
             seen.add(node.cls)
         for child in (node.keys or {}).values():
@@ -99,6 +99,6 @@ def test_every_class_in_the_inventories_is_a_key_class() -> None:
         if node.each:
             walk(node.each)
 
-    for node in settingskeys.inventory().values():
+    for node in settings_keys.inventory().values():
         walk(node)
     assert KeyClass.DATA in seen and seen <= set(KeyClass)

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from relay import changes, changes_text, staged
-from relay.config import Matrix, load_matrix, load_shipped
-from relay.errors import ConfigError, RefusedError, UsageError
-from relay.plan import Request, resolve
+from relay.config.load import Matrix, load_matrix, load_shipped
+from relay.model.errors import ConfigError, RefusedError, UsageError
+from relay.plan.resolve import Request, resolve
+from relay.trust import changes, staged
+from relay.ui import changes_text
 
 from .fakefs import WORKDIR, fake_host, no_host_io
 from .test_plan_golden import ENV, PROCESS, SUPERVISED, fake_checkout  # noqa: F401 - fixture
@@ -227,7 +228,7 @@ def test_diff_is_plain_off_a_terminal_and_names_binaries(tmp_path: Path, capsys:
 
 
 def test_apply_at_exit_needs_a_staged_run(fake_checkout: None) -> None:  # noqa: F811
-    from relay.errors import UsageError
+    from relay.model.errors import UsageError
 
     with pytest.raises(UsageError):
         _resolve(Request("", apply=True, live=True))

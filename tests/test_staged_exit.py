@@ -18,10 +18,13 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from relay import clean, staged, staged_exit, sweep
-from relay.changes import Review
-from relay.denial import ENTRY
-from relay.vocab import ExitChoice
+from relay.commands import clean
+from relay.host import liveness
+from relay.model.refusal import ENTRY
+from relay.model.vocab import ExitChoice
+from relay.trust import rundirs, staged
+from relay.trust.changes import Review
+from relay.ui import staged_counts, staged_exit
 
 from .conftest import Sandbox
 from .test_housekeeping import dead_pid, invoke, one_error_line, plant_log
@@ -53,18 +56,18 @@ class _E:
 
 def test_the_lines_say_the_counts_and_the_exact_commands() -> None:
     rv = Review(None, [_E(), _E(flags=True), _E(conflict="host edit"), _E()], git=0)  # type: ignore[arg-type]
-    c = staged_exit.counts_of(rv)
-    assert c == staged_exit.Counts(4, 1, 1, 0, 0) and not c.empty
-    assert staged_exit.summary_line(c, "R1") == "staged: 4 changed, 1 flagged, 1 conflict (run R1; nothing applied yet)"
-    assert staged_exit.prompt_run_line(c, "R1", "/x/bin/contribute-hive") == (
+    c = staged_counts.counts_of(rv)
+    assert c == staged_counts.Counts(4, 1, 1, 0, 0) and not c.empty
+    assert staged_counts.summary_line(c, "R1") == "staged: 4 changed, 1 flagged, 1 conflict (run R1; nothing applied yet)"
+    assert staged_counts.prompt_run_line(c, "R1", "/x/bin/contribute-hive") == (
         "staged: 4 changed, 1 flagged, 1 conflict, not applied; apply: /x/bin/contribute-hive apply R1 "
         "--skip-flagged; review: /x/bin/contribute-hive changes R1")
-    plain = staged_exit.Counts(2)
-    assert staged_exit.prompt_run_line(plain, "R2", "E") == (
+    plain = staged_counts.Counts(2)
+    assert staged_counts.prompt_run_line(plain, "R2", "E") == (
         "staged: 2 changed, 0 flagged, 0 conflicts, not applied; apply: E apply R2; review: E changes R2")
-    assert staged_exit.counts_text(staged_exit.Counts(0, git=3, refused=1)) == (
+    assert staged_counts.counts_text(staged_counts.Counts(0, git=3, refused=1)) == (
         "0 changed, 0 flagged, 0 conflicts, 1 refused, 3 git files")
-    assert staged_exit.Counts().empty and not staged_exit.Counts(git=1).empty
+    assert staged_counts.Counts().empty and not staged_counts.Counts(git=1).empty
     assert ENTRY.endswith("/bin/contribute-hive") and os.path.isabs(ENTRY)
 
 
@@ -74,7 +77,7 @@ def _layer(tmp_path: Path, run: str | None = None, started: float | None = None)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     env = {"HOME": str(tmp_path / "home"), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    layer = staged.for_run(env, run or sweep.new_run_id())  # default: owned by this process
+    layer = staged.for_run(env, run or liveness.new_run_id())  # default: owned by this process
     staged.create(layer, str(work), {"backend": "shell", "profile_digest": "d"})
     if started is not None:
         meta = staged.read_json(layer.root, staged.META) or {}
@@ -98,7 +101,7 @@ def test_an_empty_layer_goes_quietly_and_a_changed_one_gets_the_line(tmp_path: P
 def test_the_prompt_loop_keeps_on_enter_eof_and_a_refused_discard(tmp_path: Path) -> None:
     run, env = _layer(tmp_path)
     Path(run.layer.upper, "new.txt").write_text("x\n")
-    c = staged_exit.counts(run.layer)[1]
+    c = staged_counts.counts(run.layer)[1]
     for answers in (["\n"], [None], ["what\n", "k\n"], ["d\n", "n\n", "\n"], ["d\n", None]):
         feed = iter(answers)
         lines = staged_exit.ask(-1, run.layer, c, env, ask_line=lambda _q, feed=feed: next(feed))
@@ -113,7 +116,7 @@ def test_the_sweep_and_clean_never_delete_an_unapplied_layer(tmp_path: Path, cap
     """A dead launcher's layer (kill -9, power cut) survives every launch's sweep and a plain
     `clean`; `--staged-older-than` removes ended runs older than the age, naming each, and never a
     running one."""
-    from relay.cli import _sweep_stale_state
+    from relay.commands.cli import _sweep_stale_state
 
     old, env = _layer(tmp_path, f"{dead_pid()}-1-deadbeef-{os.urandom(4).hex()}", started=time.time() - 10 * 86400)
     Path(old.layer.upper, "work.txt").write_text("unapplied\n")
@@ -122,7 +125,7 @@ def test_the_sweep_and_clean_never_delete_an_unapplied_layer(tmp_path: Path, cap
     mine, _ = _layer(tmp_path, started=time.time() - 30 * 86400)  # this process owns it: running
     env["XDG_RUNTIME_DIR"] = str(tmp_path / "home" / ".local" / "state" / "hive-relay")  # even if they shared a dir
     for base in (env["XDG_RUNTIME_DIR"], staged.staged_root(env)):
-        sweep.run_dirs(base)
+        rundirs.run_dirs(base)
     _sweep_stale_state(env)
     assert all(os.path.isdir(r.layer.upper) for r in (old, young, mine))
     assert clean.clean(env=env) == 0

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.engine import EngineInfo
-from relay.storage import StorageStep, decide
+from relay.host.container_engine import EngineInfo
+from relay.host.podman_storage import StorageStep, decide
 
 from .conftest import REPO
 
@@ -57,7 +57,7 @@ def new_user(tmp_path: Path):  # noqa: ANN201 - yields the environment
 
 
 def _ensure(env: dict[str, str]) -> subprocess.CompletedProcess:
-    code = "import os; from relay.storage import ensure_overlay; print(ensure_overlay('podman', os.environ, print).value)"
+    code = "import os; from relay.host.podman_storage import ensure_overlay; print(ensure_overlay('podman', os.environ, print).value)"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
 
 

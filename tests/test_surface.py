@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from relay import __version__
-from relay.cli import COMMAND_HELP, EPILOG, HELP, OPTIONS, flag_name
-from relay.completion import script
+from relay.commands.cli import COMMAND_HELP, EPILOG, HELP, OPTIONS, flag_name
+from relay.commands.completion import script
 from tests.conftest import REPO, Sandbox, require_box
 
 BIN = str(REPO / "bin" / "contribute-hive")
@@ -272,7 +272,7 @@ def test_pip_install_puts_hive_relay_on_path(sandbox: Sandbox, tmp_path: Path) -
     assert plan.returncode == 0, plan.stderr
     data = json.loads(plan.stdout)
     assert data["workdir"] == str(elsewhere.resolve()) and data["backend"] == "shell"
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import relay.paths as p; print(p.PACKAGE_ROOT, p.IN_CHECKOUT)"],
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import relay.host.paths as p; print(p.PACKAGE_ROOT, p.IN_CHECKOUT)"],
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout.split()
     assert where == [str(share), "False"]
     assert "_hive_relay_complete" in go("completion", "bash").stdout
@@ -291,7 +291,7 @@ SHORT_FLAGS_FROZEN = {
 
 def test_short_flags_are_frozen_and_the_same_in_both_entries() -> None:
     import tasks
-    from relay.options import SHORT_FLAGS
+    from relay.commands.options import SHORT_FLAGS
 
     assert SHORT_FLAGS == SHORT_FLAGS_FROZEN
     assert len(set(SHORT_FLAGS.values())) == len(SHORT_FLAGS)

@@ -105,7 +105,8 @@ def test_process_tier_confines_files_network_and_sockets(sandbox: Sandbox) -> No
 
 
 def test_process_tier_refuses_root_and_only_root() -> None:
-    from relay.probe import probe
+    from relay.host.probe import probe
+    from relay.policy.tiers import process_error
 
-    error = probe(use_cache=False).process_error or ""
+    error = process_error(probe(use_cache=False)) or ""
     assert ("root caller" in error) is ROOT

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.errors import EXIT_UPSTREAM
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy, UpstreamWatch, _cause
+from relay.egress.proxy import DecisionLog, EgressProxy, UpstreamWatch, _cause
+from relay.model.allow_rules import parse_rule
+from relay.model.errors import EXIT_UPSTREAM
 
 from .conftest import Sandbox, require_tool
 from .servers import start_echo, start_http

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from relay import vmhost
-from relay.config import load_shipped
-from relay.errors import RefusedError, UsageError
-from relay.probe import HostFacts
-from relay.tiers import ISOLATIONS, auto_pick, choose_tier
-from relay.vocab import Tier
+from relay.config.load import load_shipped
+from relay.host import vm_host
+from relay.model.errors import RefusedError, UsageError
+from relay.model.host_facts import HostFacts
+from relay.model.vocab import Tier
+from relay.policy.tiers import ISOLATIONS, auto_pick, choose_tier
 
 from .conftest import REPO, Sandbox
 
@@ -34,7 +34,7 @@ class Req:
 
 def choose(isolation: str | None, facts: HostFacts = READY, mode: str = "local"):
     backends = load_shipped()
-    from relay.config import Matrix
+    from relay.config.load import Matrix
 
     return choose_tier(Req(isolation, mode), facts, backends["shell"],
                        Matrix(backends=backends, profiles={}, allow_unsandboxed=frozenset(), sources=()), {})
@@ -82,21 +82,21 @@ def test_facts_built_by_hand_never_enable_the_vm() -> None:
 
 def test_kvm_probe_names_this_hosts_real_state() -> None:
     """The real /dev/kvm: absent, not ours, PVM (this machine type) or usable; each with its fix."""
-    error = vmhost.kvm_error()
-    if not os.path.exists(vmhost.KVM_DEV):
+    error = vm_host.kvm_error()
+    if not os.path.exists(vm_host.KVM_DEV):
         assert error is not None and "does not exist" in error and "fix:" in error
-    elif not os.access(vmhost.KVM_DEV, os.R_OK | os.W_OK):
+    elif not os.access(vm_host.KVM_DEV, os.R_OK | os.W_OK):
         assert error is not None and "no access" in error and "kvm" in error and "fix:" in error
-    elif os.path.isdir(vmhost.PVM_MODULE):
+    elif os.path.isdir(vm_host.PVM_MODULE):
         assert error is not None and "PVM" in error and "HIVE_RELAY_VM_KERNEL" in error
         # Naming a guest kernel built for PVM is the way through on such a host.
-        assert vmhost.kvm_error(user_kernel="/boot/vmlinux-pvm") is None
+        assert vm_host.kvm_error(user_kernel="/boot/vmlinux-pvm") is None
     else:
         assert error is None
 
 
 def test_missing_kvm_device_says_so_with_the_fix(tmp_path: Path) -> None:
-    error = vmhost.kvm_error(dev=str(tmp_path / "kvm"))
+    error = vm_host.kvm_error(dev=str(tmp_path / "kvm"))
     assert error is not None and "does not exist" in error and "fix: modprobe" in error
 
 
@@ -105,43 +105,43 @@ def test_a_kvm_device_the_caller_cannot_open_names_the_group_fix(tmp_path: Path)
     fake = tmp_path / "kvm"
     fake.write_text("")
     fake.chmod(0o600)
-    assert "groupadd -f kvm" in vmhost._permission_fix(str(fake)) or os.stat(fake).st_gid != 0
+    assert "groupadd -f kvm" in vm_host._permission_fix(str(fake)) or os.stat(fake).st_gid != 0
     fake.chmod(0o660)
     if os.stat(fake).st_gid != 0:
-        assert "usermod -aG" in vmhost._permission_fix(str(fake))
+        assert "usermod -aG" in vm_host._permission_fix(str(fake))
     assert stat.S_IMODE(os.stat(fake).st_mode) == 0o660
 
 
 def test_a_regular_file_is_not_kvm(tmp_path: Path) -> None:
     fake = tmp_path / "kvm"
     fake.write_text("")
-    error = vmhost.kvm_error(dev=str(fake))
+    error = vm_host.kvm_error(dev=str(fake))
     assert error is not None and ("refused to create a VM" in error or "no access" in error)
 
 
 def test_guest_kernel_comes_from_the_cache_or_the_users_pick(tmp_path: Path) -> None:
-    assert vmhost.guest_kernel({"HIVE_RELAY_VM_CACHE": str(tmp_path)}) is None
+    assert vm_host.guest_kernel({"HIVE_RELAY_VM_CACHE": str(tmp_path)}) is None
     (tmp_path / "boot").mkdir()
     for name in ("vmlinuz-6.1.0-9-amd64", "vmlinuz-6.1.0-10-amd64", "vmlinuz-6.1.0-11-cloud-amd64",
                  "vmlinuz-6.1.0-11-amd64.bak"):
         (tmp_path / "boot" / name).write_text("")
     # Newest by number (10 > 9), and never the cloud flavour (no 9p) or a stray file.
-    assert vmhost.guest_kernel({"HIVE_RELAY_VM_CACHE": str(tmp_path)}) == str(tmp_path / "boot/vmlinuz-6.1.0-10-amd64")
+    assert vm_host.guest_kernel({"HIVE_RELAY_VM_CACHE": str(tmp_path)}) == str(tmp_path / "boot/vmlinuz-6.1.0-10-amd64")
     own = tmp_path / "vmlinux-pvm"
     own.write_text("")
-    assert vmhost.guest_kernel({"HIVE_RELAY_VM_KERNEL": str(own)}) == str(own)
-    assert vmhost.guest_kernel({"HIVE_RELAY_VM_KERNEL": str(tmp_path / "nope")}) is None
-    error = vmhost.vm_error({"HIVE_RELAY_VM_CACHE": str(tmp_path / "empty"), "PATH": os.environ["PATH"]})
+    assert vm_host.guest_kernel({"HIVE_RELAY_VM_KERNEL": str(own)}) == str(own)
+    assert vm_host.guest_kernel({"HIVE_RELAY_VM_KERNEL": str(tmp_path / "nope")}) is None
+    error = vm_host.vm_error({"HIVE_RELAY_VM_CACHE": str(tmp_path / "empty"), "PATH": os.environ["PATH"]})
     assert error is not None and "fix:" in error
 
 
 def test_the_ci_host_has_qemu_and_the_guest_kernel() -> None:
     """.ci/run installs them: qemu's microvm machine and Debian's generic kernel, extracted, never installed."""
     env = dict(os.environ)
-    assert vmhost.qemu_path(env) is not None
-    machines = subprocess.run([vmhost.qemu_path(env) or "", "-machine", "help"], capture_output=True, text=True).stdout
+    assert vm_host.qemu_path(env) is not None
+    machines = subprocess.run([vm_host.qemu_path(env) or "", "-machine", "help"], capture_output=True, text=True).stdout
     assert "microvm" in machines
-    kernel = vmhost.guest_kernel({k: v for k, v in env.items() if k != "HIVE_RELAY_VM_KERNEL"})
+    kernel = vm_host.guest_kernel({k: v for k, v in env.items() if k != "HIVE_RELAY_VM_KERNEL"})
     assert kernel is not None and os.access(kernel, os.R_OK)
     assert not os.path.exists(f"/boot/{os.path.basename(kernel)}")  # not installed on the host
 
@@ -168,7 +168,7 @@ def test_doctor_reports_kvm_qemu_the_kernel_and_the_image(sandbox: Sandbox) -> N
     rows = {c["name"]: c for c in data["components"]}
     for name in ("vm: kvm", "vm: qemu", "vm: guest kernel", "vm: root image"):
         assert name in rows
-    assert rows["vm: kvm"]["ok"] == (vmhost.kvm_error() is None)
+    assert rows["vm: kvm"]["ok"] == (vm_host.kvm_error() is None)
     assert "hive-relay-contributor:" in rows["vm: root image"]["detail"]
     assert data["enforceable"]["vm"].startswith("NOT enforceable")
     assert data["enforceable"]["auto pick"] != "vm"
@@ -179,17 +179,17 @@ def test_doctor_reports_kvm_qemu_the_kernel_and_the_image(sandbox: Sandbox) -> N
 # same guest, kernel, initramfs, disks and devices: slower, and the same behaviour to test.
 
 def _accel() -> str:
-    return "kvm" if vmhost.kvm_error() is None else "tcg"
+    return "kvm" if vm_host.kvm_error() is None else "tcg"
 
 
 @pytest.fixture(scope="session")
 def guest_parts(image: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from relay import vmboot
-    from relay.paths import cache_dir
+    from relay.host.paths import cache_dir
+    from relay.modes import vm_boot
 
     env = dict(os.environ)
-    kernel = vmhost.guest_kernel(env)
-    qemu = vmhost.qemu_path(env)
+    kernel = vm_host.guest_kernel(env)
+    qemu = vm_host.qemu_path(env)
     assert kernel and qemu, "run .ci/run's VM step: qemu-system-x86 and the guest kernel"
     cache = str(cache_dir(env) / "vm")
     from .conftest import podman_env
@@ -197,11 +197,11 @@ def guest_parts(image: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     saved = dict(os.environ)
     os.environ.update(podman_env())
     try:
-        root = vmboot.ensure_root_image(["podman"], image, cache, rootless=os.getuid() != 0)
+        root = vm_boot.ensure_root_image(["podman"], image, cache, rootless=os.getuid() != 0)
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    return {"qemu": qemu, "kernel": kernel, "initrd": vmboot.ensure_initrd(cache, kernel), "root": root}
+    return {"qemu": qemu, "kernel": kernel, "initrd": vm_boot.ensure_initrd(cache, kernel), "root": root}
 
 
 def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_nothing_else(
@@ -212,7 +212,7 @@ def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_no
     import http.server
     import threading
 
-    from relay import vmboot
+    from relay.modes import vm_boot
 
     class Hello(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -228,7 +228,7 @@ def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_no
     port = server.server_address[1]
     work, home = str(sandbox.workdir), str(sandbox.home)
     os.chmod(sandbox.workdir, 0o777)  # the guest user writes through qemu's 9p (created as qemu's uid)
-    shares = (vmboot.Share("work", work, True), vmboot.Share("grant0", f"{home}/.claude", False))
+    shares = (vm_boot.Share("work", work, True), vm_boot.Share("grant0", f"{home}/.claude", False))
     script = "; ".join([
         "echo hi", "id -u",
         f"cat {home}/.claude/settings.json",
@@ -245,13 +245,13 @@ def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_no
     (sandbox.workdir / ".git" / "hooks").mkdir(parents=True)
     (sandbox.workdir / ".git" / "hooks" / "pre-push.sample").write_text("# sample\n")
     os.chmod(sandbox.workdir / ".git" / "hooks", 0o777)  # only the guest's read-only bind stands in the way
-    vmboot.write_ctl(ctl, shares, 1000, work, {"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin"}, script,
+    vm_boot.write_ctl(ctl, shares, 1000, work, {"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin"}, script,
                      protect=(f"{work}/.git/hooks", f"{work}/.envrc"))
-    guest = vmboot.Guest(qemu=guest_parts["qemu"], kernel=guest_parts["kernel"], initrd=guest_parts["initrd"],
+    guest = vm_boot.Guest(qemu=guest_parts["qemu"], kernel=guest_parts["kernel"], initrd=guest_parts["initrd"],
                          root_image=guest_parts["root"], ctl_dir=ctl, shares=shares, memory_mb=512, accel=_accel(),
                          guestfwd=f"tcp:10.0.2.100:3128-cmd:socat STDIO TCP:127.0.0.1:{port}")
     try:
-        code, qemu_rc, out = vmboot.boot(guest, timeout=240, stdout=subprocess.PIPE)
+        code, qemu_rc, out = vm_boot.boot(guest, timeout=240, stdout=subprocess.PIPE)
     finally:
         server.shutdown()
     text = out.decode(errors="replace")
@@ -267,10 +267,10 @@ def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_no
 
 
 def test_guest_argv_shares_only_what_it_is_given_and_has_no_way_out() -> None:
-    from relay import vmboot
+    from relay.modes import vm_boot
 
-    guest = vmboot.Guest(qemu="/usr/bin/qemu-system-x86_64", kernel="/k", initrd="/i", root_image="/r.ext4",
-                         ctl_dir="/run/ctl", shares=(vmboot.Share("work", "/src/p", True),))
+    guest = vm_boot.Guest(qemu="/usr/bin/qemu-system-x86_64", kernel="/k", initrd="/i", root_image="/r.ext4",
+                         ctl_dir="/run/ctl", shares=(vm_boot.Share("work", "/src/p", True),))
     argv = guest.argv()
     text = " ".join(argv)
     assert "-nodefaults" in argv and "-no-reboot" in argv and "accel=kvm" in text
@@ -279,8 +279,8 @@ def test_guest_argv_shares_only_what_it_is_given_and_has_no_way_out() -> None:
     assert "path=/src/p,security_model=none " in text + " " and text.count("virtio-9p-device") == 2
     assert argv[argv.index("-netdev") + 1] == "user,id=net,restrict=on,ipv6=off"
     assert "signal=off" in text and "isa-debug-exit" in text
-    assert vmboot.exit_code(15) == 7 and vmboot.exit_code(1) == 0 and vmboot.exit_code(0) is None
-    assert vmboot.exit_code(-9) is None
+    assert vm_boot.exit_code(15) == 7 and vm_boot.exit_code(1) == 0 and vm_boot.exit_code(0) is None
+    assert vm_boot.exit_code(-9) is None
 
 
 def test_qemu_dies_with_a_launcher_killed_by_sigkill(guest_parts: dict[str, str], sandbox: Sandbox) -> None:
@@ -288,13 +288,14 @@ def test_qemu_dies_with_a_launcher_killed_by_sigkill(guest_parts: dict[str, str]
     import signal
     import time
 
-    from relay import procs, vmboot
+    from relay.host import procs
+    from relay.modes import vm_boot
 
     ctl = str(sandbox.root / "ctl")
-    vmboot.write_ctl(ctl, (), 1000, "/", {"PATH": "/usr/bin:/bin"}, "sleep 600")
+    vm_boot.write_ctl(ctl, (), 1000, "/", {"PATH": "/usr/bin:/bin"}, "sleep 600")
     spec = {"qemu": guest_parts["qemu"], "kernel": guest_parts["kernel"], "initrd": guest_parts["initrd"],
             "root_image": guest_parts["root"], "ctl_dir": ctl, "shares": [], "memory_mb": 256, "accel": _accel()}
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from relay import vmboot\n"
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from relay.modes import vm_boot as vmboot\n"
             "spec = json.loads(sys.argv[2]); spec['shares'] = ()\n"
             "vmboot.boot(vmboot.Guest(**spec), timeout=600)\n")
     launcher = subprocess.Popen([sys.executable, "-c", code, str(REPO), json.dumps(spec)])

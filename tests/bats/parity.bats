@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# The shell deny list (bin/denylist.sh) must equal the Python one (relay/denylist.py).
+# The shell deny list (bin/denylist.sh) must equal the Python one (relay/policy/denylist.py).
 
 setup() {
   ROOT="$(cd "$BATS_TEST_DIRNAME/../.." && pwd)"
@@ -7,7 +7,7 @@ setup() {
   . "$ROOT/bin/denylist.sh"
 }
 
-py_list() { PYTHONPATH="$ROOT" "$PY" -m relay.denylist "$@"; }
+py_list() { PYTHONPATH="$ROOT" "$PY" -m relay.policy.denylist "$@"; }
 
 @test "secret paths are identical for every backend, HOME and uid" {
   for backend in claude codex gemini opencode shell; do

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.config import load_shipped
-from relay.install import cli_path, ensure_cli
+from relay.config.load import load_shipped
+from relay.modes.install import cli_path, ensure_cli
 
 from ..conftest import REPO, Sandbox, require_box
 from ..fake_api import ANSWER, start

@@ -9,8 +9,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay.config import apply_repo, load_shipped
-from relay.errors import ConfigError
+from relay.config.load import apply_repo, load_shipped
+from relay.model.errors import ConfigError
 
 BASE = load_shipped()
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay.config import (
+from relay.config.load import (
     BACKEND_KEYS,
     MAX_CONFIG_BYTES,
     NARROWABLE,
@@ -29,10 +29,10 @@ from relay.config import (
     load_matrix,
     load_shipped,
 )
-from relay.digest import sha256
-from relay.errors import ConfigError
-from relay.paths import cache_dir
-from relay.profiles import LOCALE_ENV
+from relay.config.profiles import LOCALE_ENV
+from relay.host.paths import cache_dir
+from relay.model.errors import ConfigError
+from relay.model.hashing import sha256
 
 from ..conftest import Sandbox
 from .conftest import Report

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.egress import key_forms
-from relay.proxy import Redactor
+from relay.egress.proxy import Redactor
+from relay.policy.egress import key_forms
 
 from ..conftest import Sandbox
 from .conftest import Report

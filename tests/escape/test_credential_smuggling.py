@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.config import CredentialRoute
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy
+from relay.config.load import CredentialRoute
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.model.allow_rules import parse_rule
 
 from ..servers import make_ca
 from .conftest import Report

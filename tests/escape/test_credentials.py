@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.config import load_shipped
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy
+from relay.config.load import load_shipped
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.model.allow_rules import parse_rule
 
 from .. import fake_api
 from ..conftest import Sandbox

@@ -147,7 +147,7 @@ def test_agent_home_settings_cannot_plant_host_hooks(box: Sandbox, backend: str,
     path.write_text(original)
     proc = box.box(f"cat > \"$HOME/{rel}\" <<'EOF'\n{planted}\nEOF\necho WROTE", backend)
     assert "WROTE" in proc.stdout, proc.stderr  # writable in the box, as the CLI needs
-    # The host's file gets only the data-key changes (relay/settingskeys.py); the box's whole version is
+    # The host's file gets only the data-key changes (relay/config/settings_keys.py); the box's whole version is
     # kept aside for review (`invoke accept-state RUN`).
     reverted = _parsed(rel, path.read_text()) == _parsed(rel, benign) and "accept-state" in proc.stderr
     run = re.findall(r" accept-state (\S+)`", proc.stderr)

@@ -405,7 +405,7 @@ def test_dotgit_as_a_link_is_put_back(box: Sandbox, report) -> None:
         echo more >> README.md && git {' '.join(ID)} commit -qam via-link && echo COMMIT-OK
         rm .git 2>/dev/null && git init -q && git config core.fsmonitor "touch {m}" && echo REPLACED || echo RM-REFUSED
     """)
-    # The link is pinned in the box (relay/linkpin.py: rm gets EBUSY); were it not, the exit puts it back.
+    # The link is pinned in the box (relay/box/linkpin.py: rm gets EBUSY); were it not, the exit puts it back.
     blocked = (("RM-REFUSED" in out or ("REPLACED" in out and "the link is back" in out))
                and (wd / ".git").is_symlink() and os.readlink(wd / ".git") == str(store) and host_git_runs_nothing(box))
     report.attack(blocked)

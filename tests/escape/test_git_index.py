@@ -1,4 +1,4 @@
-"""The git index the box hands back cannot hide an edit from the host (relay/gitindex.py).
+"""The git index the box hands back cannot hide an edit from the host (relay/trust/gitindex.py).
 
 Each attack edits a tracked `Makefile` (or `package.json`, or adds an untracked `conftest.py`) in the
 box and then makes the box's index lie about it: a skip-worktree or assume-unchanged bit, a forged

@@ -229,7 +229,7 @@ def test_hive_relays_own_state_cache_and_config_are_read_only_in_the_box(box_san
 
 
 def test_the_decision_log_is_never_written_through_a_planted_link(tmp_path: Path, report) -> None:
-    from relay.proxy import Decision, DecisionLog
+    from relay.egress.proxy import Decision, DecisionLog
 
     logs = tmp_path / "logs"
     logs.mkdir()

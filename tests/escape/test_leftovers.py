@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from relay import procs, sweep
+from relay.host import liveness, procs
 
 from ..conftest import Sandbox
 
@@ -140,7 +140,7 @@ def test_launcher_and_janitor_killed_leave_nothing_after_the_next_box(box_sandbo
     _wait_for(lambda: (s.workdir / "started-never").exists(), "the box running")
     run_dir = _run_dirs(s, launcher.pid)[0]
     run_id = run_dir.name.removeprefix("hive-relay-")
-    assert sweep.parse_run_id(run_id) == sweep.me(launcher.pid)
+    assert liveness.parse_run_id(run_id) == liveness.me(launcher.pid)
     placeholders = _owned_by(s, launcher.pid)
     cgroups = _cgroups(run_id)
     janitors = [p for p in _janitors(launcher.pid) if _cmdline(p) == _cmdline(launcher.pid)]
@@ -164,9 +164,9 @@ def test_reused_pid_is_not_an_owner_while_a_live_launcher_is(box_sandbox: Sandbo
     # An unrelated live process holds the pid a dead launcher's records name, with another start time.
     squatter = subprocess.Popen(["sleep", "600"])
     try:
-        real = sweep.me(squatter.pid)
+        real = liveness.me(squatter.pid)
         assert real.start is not None
-        fake = sweep.Owner(squatter.pid, real.start - 7, real.boot)
+        fake = liveness.Owner(squatter.pid, real.start - 7, real.boot)
         stale_dir = s.root / "run" / f"hive-relay-{fake.token()}-deadbeef"
         (stale_dir / "home").mkdir(parents=True)
         stale_file = s.workdir / ".stale-placeholder"

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from relay import logins
-from relay.config import load_shipped
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy
+from relay.config.load import load_shipped
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.model.allow_rules import parse_rule
+from relay.trust import logins
 
 from .. import fake_api
 from ..conftest import Sandbox
@@ -224,7 +224,7 @@ def test_a_login_file_behind_a_link_is_not_read(api, login_proxy, tmp_path: Path
 
 
 def test_a_margin_refreshes_early_and_the_host_file_gets_the_real_expiry(api, ca, tmp_path: Path) -> None:
-    """kube mode needs a token good for the whole run (relay/kube_secrets.py): a store with a margin
+    """kube mode needs a token good for the whole run (relay/modes/kube_secrets.py): a store with a margin
     refreshes a token that would expire inside it, and the host file gets the expiry the token
     endpoint gave (now + expires_in), not one shifted by the margin; the twin: a token good past the
     margin is used as it is, with no refresh."""

@@ -119,7 +119,7 @@ def test_host_secrets_never_reach_environment_or_argv(box: Sandbox, backend: str
     assert not leaked, leaked
     # A backend's own key reaches its own box only (opencode uses Anthropic's, passed by name), and
     # never where a credential route keeps it on the host (claude: the box holds a placeholder).
-    from relay.config import load_shipped
+    from relay.config.load import load_shipped
 
     shipped = load_shipped()[backend]
     routed = any("ANTHROPIC_API_KEY" in route.secret_env for route in shipped.credentials)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.hosts import is_internal_address, parse_rule
-from relay.proxy import MAX_CONNECTIONS, MAX_HEAD, DecisionLog, EgressProxy, decide
+from relay.egress.proxy import MAX_CONNECTIONS, MAX_HEAD, DecisionLog, EgressProxy, decide
+from relay.model.allow_rules import is_internal_address, parse_rule
 
 from ..servers import start_tcp
 

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from relay.seccomp_policy import (
+from relay.render.seccomp_bpf import (
     AF_INET,
     AF_INET6,
     AF_PACKET,

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.seccomp_oci import render
-from relay.seccomp_policy import AF_UNIX, AF_VSOCK, policy_for
+from relay.render.seccomp_bpf import AF_UNIX, AF_VSOCK, policy_for
+from relay.render.seccomp_oci import render
 
 from ..conftest import REPO, Sandbox, require_tool
 from .conftest import Report
@@ -363,7 +363,7 @@ def test_commits_are_signed_with_the_agents_key(box: Sandbox, agent: Agent, repo
 def test_the_repo_checkout_is_not_needed_for_the_proxy_command() -> None:
     """The ProxyCommand lives in the box's environment (bash /dev/tcp), not in a file of the checkout,
     so it works where only the image or the host's /bin/bash exists."""
-    from relay.sockets import connect_script, ssh_command
+    from relay.policy.sockets import connect_script, ssh_command
 
     assert "%" not in connect_script("127.0.0.1:3128")
     assert str(REPO) not in ssh_command() and "$HIVE_RELAY_SSH_CONNECT" in ssh_command()

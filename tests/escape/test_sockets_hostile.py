@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from relay.bwrap_runner import open_sockets
-from relay.errors import RefusedError
-from relay.fsplan import FsView
-from relay.sockets import resolve_sockets
+from relay.model.errors import RefusedError
+from relay.modes.bwrap_runner import open_sockets
+from relay.policy.fsplan import FsView
+from relay.policy.sockets import resolve_sockets
 
 from ..conftest import Sandbox, require_tool
 from .conftest import Report

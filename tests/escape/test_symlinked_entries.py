@@ -3,7 +3,7 @@
 A dotfiles manager makes `~/.aws`, a workdir's `.claude` or `.envrc` a link. The box must start,
 hide (secrets) or write-protect (protected paths) what the link points to, and never let the box
 unlink the link and put its own directory (with hooks) in its place: the link is pinned like a
-directory (relay/linkpin.py). Each attack beside its legitimate twin; the persistence proof runs
+directory (relay/box/linkpin.py). Each attack beside its legitimate twin; the persistence proof runs
 the real claude on the host afterwards against the fake API.
 
 Link targets "outside every grant" live in a scratch dir under the checkout (visible in the box
@@ -100,7 +100,7 @@ def test_the_plan_never_mounts_at_a_link(sandbox: Sandbox, outside: Path, report
     assert str(outside / "token") in plan["denied"] and str(outside / "aws") in plan["denied"]
     assert f"{home}/dots/real-key" in plan["denied"] and f"{wd}/wkey.pem" in plan["denied"]
     pre = plan["command"][:plan["command"].index("--")]
-    assert pre[-1].endswith("relay/linkpin.py") or "relay/linkpin.py" in " ".join(pre)
+    assert pre[-1].endswith("relay/box/linkpin.py") or "relay/box/linkpin.py" in " ".join(pre)
     for name in ("token", "chain", "rel", "wkey", "gone"):
         assert f"{home}/dots/{name}" in pre
     for name in (".claude", ".vscode", ".envrc", ".codex", "cfg/codex-link", ".gemini"):
@@ -222,8 +222,8 @@ def test_a_symlinked_protected_dir_is_pinned_like_a_dir(box: Sandbox, outside: P
 @pytest.fixture
 def claude_tools() -> str:
     """The pinned claude, installed as tests/escape/test_agent_state.py does."""
-    from relay.config import load_shipped
-    from relay.install import cli_path, ensure_cli
+    from relay.config.load import load_shipped
+    from relay.modes.install import cli_path, ensure_cli
 
     from .test_agent_state import TOOLS
 
@@ -306,7 +306,7 @@ GIT_OPS = ("set -e; echo a >> README.md; git add README.md; git commit -qm edit;
 
 
 def test_a_rename_into_dotgit_fails_with_exdev_and_git_never_renames_across(box: Sandbox, report) -> None:
-    """.git in the box is a private copy (relay/gitdir.py), a mount of its own: rename(2) from the
+    """.git in the box is a private copy (relay/trust/gitdir.py), a mount of its own: rename(2) from the
     workdir into it is a cross-device rename. `mv` (and shutil.move) fall back to copying; git only
     renames within .git (lock files, objects), which strace from the host shows."""
     from ..conftest import require_tool
@@ -373,9 +373,9 @@ def test_container_mode_a_secret_link_into_the_workdir_and_git_in_the_box(csandb
 
 
 def test_the_pin_stage_refuses_a_link_that_changed_since_planning(tmp_path: Path, report) -> None:
-    """relay/linkpin.py pins only what the plan saw: a link swapped for a dir, or pointing elsewhere,
+    """relay/box/linkpin.py pins only what the plan saw: a link swapped for a dir, or pointing elsewhere,
     is one line and exit 3, not a box planned for another filesystem; an unchanged one execs the box."""
-    from relay import linkpin
+    from relay.box import linkpin
 
     (tmp_path / "t").mkdir()
     (tmp_path / "link").symlink_to("t")

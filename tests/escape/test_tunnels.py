@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.hosts import parse_rule
-from relay.proxy import DecisionLog, EgressProxy
-from relay.tlspeek import parse_client_hello, sni_problem
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.tlspeek import parse_client_hello, sni_problem
+from relay.model.allow_rules import parse_rule
 
 from ..conftest import Sandbox
 from ..servers import start_echo, start_http

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.workdir import refusal
+from relay.policy.workdir import refusal
 
 from ..conftest import Sandbox
 

@@ -1,0 +1,145 @@
+"""The staged workdir's copy-on-write mount: the checkout as the lower layer, a private upper layer in
+hive relay's state dir, mounted over the workdir's own path in a mount namespace of the box's own.
+
+bubblewrap 0.8.0 (Debian 12) has no `--overlay`, so the launcher mounts it itself, in the forked
+child that then execs bwrap: for root, a private mount namespace; for everyone else, a user
+namespace of its own first (this kernel allows overlayfs there; a nested `bwrap --unshare-user`
+on top works). The host's mount table never sees it, and it dies with the box. Every bind the
+plan makes inside the workdir (protected paths, the .git allowlist, placeholders) is resolved by
+bwrap in that namespace, so it stacks on the overlay as it stacked on the checkout.
+
+The options are pinned: `metacopy=off` (an upper file always holds its whole content, so the
+review reads the upper layer alone), `redirect_dir=off` (`nofollow` in a user namespace: a
+renamed lower directory is copied, never pointed at), `index=off`, `xino=off`; `userxattr` in a user namespace, where `trusted.` xattrs
+are not ours.
+
+Exec happens with nothing else changed: the caller's file actions and process group are applied
+here exactly as posix_spawn would, then `execve` replaces the child with bwrap (same pid).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+# Overlay option syntax: ',' separates options, ':' lower layers, '\\' escapes; '=' would split the key.
+UNSAFE_CHARS = ",:\\="
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One staged run's mount: `lower` (the checkout, real path), `upper` and `work` (owner-only,
+    hive relay's state dir), mounted at `lower` itself."""
+
+    lower: str
+    upper: str
+    work: str
+
+    def options(self, userns: bool) -> str:
+        opts = [f"lowerdir={self.lower}", f"upperdir={self.upper}", f"workdir={self.work}",
+                "metacopy=off", "index=off", "xino=off"]
+        # In a user namespace the kernel takes only `nofollow` (redirects neither made nor followed).
+        opts += ["redirect_dir=nofollow", "userxattr"] if userns else ["redirect_dir=off"]
+        return ",".join(opts)
+
+
+PARAMS = "/sys/module/overlay/parameters"
+
+
+def kernel_defaults_on(params: str = PARAMS) -> list[str]:
+    """The overlay features the kernel turns on by default that the review cannot read from the
+    upper layer alone (a metacopy file's data and a redirected directory's content are in the
+    lower layer). An engine's mount (podman's `:O`) passes no option for them, so these hold."""
+    on = []
+    for name in ("metacopy", "redirect_dir"):
+        try:
+            with open(os.path.join(params, name)) as fh:
+                if fh.read().strip() in ("Y", "y", "1", "on"):
+                    on.append(name)
+        except OSError:
+            continue  # no such parameter (the module is built without the feature, or not loaded yet)
+    return on
+
+
+def unsafe_path(path: str) -> str | None:
+    """The character of `path` that the overlay option string cannot carry; None when it can."""
+    return next((c for c in path if c in UNSAFE_CHARS), None)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _write(path: str, data: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+
+
+def enter(layer: Layer) -> None:
+    """In the calling (forked, single-threaded) process: a mount namespace of its own (and, unless
+    root, a user namespace mapping our uid and gid to themselves), then the overlay over the
+    workdir. Raises OSError with what failed."""
+    uid, gid = os.geteuid(), os.getegid()
+    userns = uid != 0
+    _check(_libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if userns else 0)), "unshare")
+    if userns:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
+    _check(_libc.mount(b"overlay", layer.lower.encode(), b"overlay", MS_NOSUID | MS_NODEV,
+                       layer.options(userns).encode()), f"mounting the staged layer on {layer.lower}")
+
+
+def spawn(path: str, argv: Sequence[str], env: Mapping[str, str], file_actions: Sequence[tuple],
+          setpgroup: int | None, layer: Layer) -> int:
+    """posix_spawn's contract (the same file actions and process group), with the overlay entered
+    between fork and exec. A failure there is one line on stderr and exit 3 (refused): the box
+    never starts on the live checkout instead."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # pragma: no cover - the forked child
+        if setpgroup is not None:
+            os.setpgid(0, setpgroup)
+        enter(layer)
+        for action in file_actions:
+            if action[0] == os.POSIX_SPAWN_DUP2:
+                os.dup2(action[1], action[2], inheritable=True)
+            elif action[0] == os.POSIX_SPAWN_CLOSE:
+                try:
+                    os.close(action[1])
+                except OSError:
+                    pass
+        os.execve(path, list(argv), dict(env))
+    except OSError as err:
+        try:
+            os.write(2, (f"hive-relay: cannot start the staged workdir ({err.strerror or err}); the box did not "
+                         "start; fix: run without --staged, or check `invoke doctor`\n").encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(3)
+    return -1  # unreachable
+
+
+if __name__ == "__main__":  # a manual probe: python -m relay.box.overlay LOWER UPPER WORK -- CMD...
+    sep = sys.argv.index("--")
+    lo, up, wk = sys.argv[1:sep]
+    enter(Layer(lo, up, wk))
+    os.execvp(sys.argv[sep + 1], sys.argv[sep + 1:])

@@ -1,0 +1,78 @@
+"""Where hive relay keeps things on the host, derived from the caller's environment (XDG first).
+
+One place for these, so the launcher, the config cache, the probe, the bench and the tests all
+agree on the same directories.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # relay/, above this layer's folder
+
+
+def _package_root() -> tuple[Path, bool]:
+    """Where config/backends.yaml, Dockerfile.contributor and bin/ live, and whether that is a checkout.
+    A checkout (or an editable install) has them beside relay/; `pip install .`/`pipx install .` puts
+    them in <prefix>/share/hive-relay (pyproject.toml, data-files)."""
+    checkout = PACKAGE_DIR.parent
+    if (checkout / "config" / "backends.yaml").is_file():
+        return checkout, True
+    import site
+
+    for prefix in (sys.prefix, site.getuserbase()):
+        data = Path(prefix) / "share" / "hive-relay"
+        if (data / "config" / "backends.yaml").is_file():
+            return data, False
+    return checkout, True
+
+
+PACKAGE_ROOT, IN_CHECKOUT = _package_root()
+
+
+def config_home(env: Mapping[str, str]) -> str:
+    return env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", "/"), ".config")
+
+
+def cache_dir(env: Mapping[str, str]) -> Path:
+    """Memoized probes and verified plans, peer installs for the bench (never an enforcement artefact
+    that is loaded as is: see safefs and the probe's memo rules)."""
+    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".cache")
+    return Path(base) / "hive-relay"
+
+
+def state_dir(env: Mapping[str, str]) -> str:
+    """Egress logs and the placeholder registry: kept across runs."""
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state")
+    return os.path.join(base, "hive-relay")
+
+
+def tool_dir(env: Mapping[str, str], realpath: Callable[[str], str] = os.path.realpath) -> str:
+    """Project-local npm installs of the agent CLIs (never `npm -g`), bound read-only into boxes.
+    $HIVE_RELAY_TOOLS overrides it, e.g. to share one install between checkouts. `realpath` is the
+    planner's FsView's, so that planning touches the host only through its view."""
+    default = os.path.join(PACKAGE_ROOT, ".cache", "npm") if IN_CHECKOUT else os.path.join(cache_dir(env), "npm")
+    return realpath(env.get("HIVE_RELAY_TOOLS") or default)
+
+
+# The parts of hive relay's checkout that the host executes or reads as policy at the next launch.
+CHECKOUT_PARTS = (".venv", "relay", "bin", "config", "tasks.py", ".ci", ".cache", "node_modules", "pyproject.toml",
+                  "requirements.txt", "requirements-dev.txt", "Dockerfile.contributor")
+
+
+def own_paths(env: Mapping[str, str], realpath: Callable[[str], str] = os.path.realpath) -> list[str]:
+    """hive relay's own files, read-only in every box even where a writable grant or the workdir covers
+    them: what the host runs or trusts at the next launch (its checkout's code and venv, the agent
+    CLIs, the user config that may widen a box, the state and cache it reads back)."""
+    paths = [os.path.join(str(PACKAGE_ROOT), part) for part in CHECKOUT_PARTS]
+    if not IN_CHECKOUT:  # installed: the code itself, and the venv (pipx) it runs from
+        paths.append(str(PACKAGE_DIR))
+        if sys.prefix != sys.base_prefix:
+            paths.append(sys.prefix)
+    paths += [tool_dir(env, realpath), os.path.join(config_home(env), "hive-relay"), state_dir(env), str(cache_dir(env))]
+    if env.get("HIVE_RELAY_CONFIG"):
+        paths.append(env["HIVE_RELAY_CONFIG"])
+    return list(dict.fromkeys(os.path.normpath(p) for p in paths))

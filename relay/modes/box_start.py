@@ -1,0 +1,159 @@
+"""The box-start handshake shared by every runner: the handle on a box process, bwrap's child pid
+from --info-fd, the release of a blocked box, the box's environment and the host-side proxy on a
+listener that lives in the box's network namespace. The bwrap, process-tier and container runners
+use these; none of them imports another runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+
+from relay.box import jobctl
+from relay.config.presets import origins
+from relay.egress import secret_source
+from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.host.paths import state_dir
+from relay.model.errors import RelayError
+from relay.model.refusal import ENTRY
+from relay.plan.resolve import Plan
+
+HANDSHAKE_TIMEOUT = 30.0
+# The 403 body's one sentence for the agent: a policy, not an outage, and what the user can do about it.
+HINT = ("This is the sandbox's egress policy, not an outage: the user can allow it while this box runs with "
+        "`" + ENTRY.replace("{", "{{").replace("}", "}}") + " allow {target} --run {run}`, or for later runs with --allow-host {target}.")
+
+
+def box_env(plan: Plan, caller_env: Mapping[str, str]) -> dict[str, str]:
+    """The box's whole environment: fixed values plus allowlisted names copied from the caller."""
+    env = dict(plan.env_set)
+    for name in plan.env_pass:
+        if name in caller_env:
+            env[name] = caller_env[name]
+    return env
+
+
+class BoxProcess:
+    """A Popen-like handle on the bwrap process started with posix_spawn (fixed fds, no fork of us)."""
+
+    def __init__(self, pid: int, job: jobctl.Job | None = None, popen: subprocess.Popen | None = None) -> None:
+        self.pid = pid
+        self.job = job
+        self.popen = popen  # the process tier's Popen, told the status we reaped
+        self.returncode: int | None = None
+        self.pidns: str | None = None  # the box's pid namespace ("pid:[INODE]"), once bwrap reported its init
+        # An fd on that namespace, held until teardown: a namespace's inode number is freed with it and
+        # handed to the next one made (lowest free first), so without this hold a box that ended could
+        # name another box's fresh namespace, and its teardown would SIGKILL that box (exit 137).
+        self.pidns_fd: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
+            if pid and os.WIFSTOPPED(status):
+                if self.job is not None:
+                    self.job.suspend()  # Ctrl-Z in the box: the caller's shell sees the job stop
+                return None
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                if self.popen is not None:
+                    self.popen.returncode = self.returncode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired("bwrap", timeout or 0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def read_child_pid(info: int, proc: BoxProcess) -> int | None:
+    """bwrap writes {"child-pid": N} on --info-fd once the namespaces exist."""
+    data = b""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([info], [], [], 0.05)
+        if ready:
+            chunk = os.read(info, 4096)
+            data += chunk
+            try:
+                return int(json.loads(data)["child-pid"])
+            except (ValueError, KeyError):
+                if not chunk:
+                    return None
+                continue
+        if proc.poll() is not None:
+            return None
+    raise RelayError("the box did not start within 30 s")
+
+
+def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, str]) -> EgressProxy:
+    """The host-side proxy on a listener that lives in the box's network namespace. The plan's
+    credential routes get their keys from the caller's environment here, and only here: a key is
+    held by the proxy, never in the plan, the box's environment, an argv or a log."""
+    keys = secret_source.read_keys(plan.credentials, caller_env)  # read (and checked) once, before the box: runner.run
+    tls = None
+    if plan.credentials:
+        import ssl  # here, not at the top: only a run with a credential route pays for it
+
+        # The system store, or the launcher's SSL_CERT_FILE (a corporate CA, a test CA): never unverified.
+        tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
+    proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
+                        routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets),
+                        run_id=run_id(plan), control=_control(plan), ask=plan.ask)
+    for route in plan.credentials:
+        if route.login is not None:  # the file's token, read (and refreshed) on the host per request
+            from relay.trust.logins import LoginStore
+
+            proxy.keys[route.name] = LoginStore(route.login.file, route.login, caller_env.get("HOME", "/"),
+                                                proxy.open_tls, lock_dir=state_dir(dict(caller_env)))
+    proxy.start()
+    return proxy
+
+
+def _control(plan: Plan) -> socket.socket | None:
+    """The run's `invoke allow|deny` socket (relay/egress/control.py); a run without it still runs, unapprovable."""
+    from relay.egress import control
+    from relay.host.liveness import RUN_ID_RE
+
+    # The verification run (`RUN-verify`, relay/modes/trial_run.py) is over in a moment: nothing to approve there.
+    if not plan.run_dir or not re.fullmatch(RUN_ID_RE, run_id(plan)) or not os.path.isdir(plan.run_dir):
+        return None
+
+    try:
+        return control.listen(plan.run_dir)
+    except (OSError, RelayError) as err:
+        from relay.ui.banner import emit
+
+        emit([f"hive-relay: note: `allow` cannot reach this run: {getattr(err, 'message', None) or err}"])
+        return None
+
+
+def run_id(plan: Plan) -> str:
+    """The run's id, from its run dir's name (`hive-relay-RUNID`)."""
+    return os.path.basename(plan.run_dir or "").removeprefix("hive-relay-")
+
+
+def release(fd: int, word: bytes) -> None:
+    """Let the waiting box go (bwrap's --block-fd, the container entrypoint's FIFO); a box that
+    already died has closed its end, which is not our error."""
+    try:
+        os.write(fd, word)
+    except OSError:
+        pass

@@ -1,0 +1,185 @@
+"""Start a container-mode plan: the engine runs the image attached to the caller's terminal; the
+launcher opens the egress listener inside the container's network namespace, then says go.
+
+The container's entrypoint checks the deny list and then blocks on a FIFO in a read-only control
+dir; the launcher writes to it only once the proxy serves. No AF_UNIX socket crosses into the
+container and no code of ours runs in it besides the POSIX entrypoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import time
+from collections.abc import Mapping
+
+from relay.box import overlay
+from relay.host import safefs
+from relay.host.phase_marks import mark
+from relay.model.errors import RefusedError, RelayError
+from relay.plan.resolve import Plan
+from relay.render import container_argv
+from relay.render.container_argv import ContainerRun
+from relay.trust import janitor, staged
+from relay.ui.banner import emit
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from relay.egress.proxy import EgressProxy
+
+START_TIMEOUT = 120.0  # a rootless engine's first run of an image re-maps its layers (seconds)
+
+
+class ContainerProcess:
+    """The engine client (`podman run`), Popen-like; kill() removes the container, not just the client."""
+
+    def __init__(self, proc: subprocess.Popen, run: ContainerRun) -> None:
+        self.proc = proc
+        self.run = run
+        self.pid = proc.pid
+        try:
+            self.pidfd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        # Popen.wait(timeout) polls with sleeps of up to 50 ms; the pidfd wakes us when the client exits.
+        if timeout is not None and self.pidfd is not None and self.proc.returncode is None:
+            ready, _, _ = select.select([self.pidfd], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(self.proc.args, timeout)
+        rc = self.proc.wait(timeout=timeout)
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        remove(self.run)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def remove(run: ContainerRun) -> None:
+    subprocess.run(run.rm_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def prepare(plan: Plan) -> int:
+    """Write the seccomp profile and create the go FIFO; returns the FIFO's fd (held open by us,
+    read-write so that neither side's open blocks)."""
+    run = plan.container
+    assert run is not None and run.ctl_dir and plan.seccomp_policy is not None
+    os.makedirs(run.ctl_dir, mode=0o755)
+    if run.seccomp_profile:
+        from relay.render.seccomp_oci import default_profile, render
+
+        with open(run.seccomp_profile, "w") as fh:
+            json.dump(render(plan.seccomp_policy, default_profile()), fh)
+    fifo = os.path.join(run.ctl_dir, "go")
+    os.mkfifo(fifo, 0o644)
+    return os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+
+
+def _container_pid(plan: Plan, proc: subprocess.Popen) -> int | None:
+    """Wait until the container's first process exists; None if the engine exited first."""
+    run = plan.container
+    assert run is not None
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return None
+        if run.pidfile:
+            try:
+                with open(run.pidfile) as fh:
+                    text = fh.read().strip()
+                if text.isdigit() and int(text) > 0:
+                    return int(text)
+            except OSError:
+                pass
+        else:
+            out = subprocess.run([run.engine, "inspect", "-f", "{{.State.Pid}}", run.name], capture_output=True,
+                                 text=True, stdin=subprocess.DEVNULL).stdout.strip()
+            if out.isdigit() and int(out) > 0:
+                return int(out)
+        time.sleep(0.002 if run.pidfile else 0.01)  # a pidfile read is cheap; an `inspect` is not
+    raise RelayError(f"the container did not start within {START_TIMEOUT:.0f} s; see `{run.engine} logs {run.name}`")
+
+
+def create_layer(plan: Plan) -> None:
+    """--staged: the run's layer, made as local mode makes it (relay/trust/staged.py), before the engine
+    mounts it. A rootful engine's overlay takes the kernel's defaults: refused when they would put
+    what the box wrote outside the upper layer (rootless mounts in a user namespace never do)."""
+    run = plan.container
+    assert run is not None and plan.staged is not None
+    on = [] if run.rootless else overlay.kernel_defaults_on()
+    if on:
+        raise RefusedError(f"--staged: this kernel's overlayfs turns on {' and '.join(on)} by default, which "
+                           f"{run.engine}'s overlay volume cannot turn off, and the review reads the upper layer "
+                           "alone; fix: boot with overlay.metacopy=N overlay.redirect_dir=N, use --mode local, or "
+                           "drop --staged")
+    staged.create(plan.staged, plan.workdir, staged.launch_meta(plan))
+    for i, m in enumerate(container_argv.staged_binds(plan.mounts, plan.workdir)):
+        # Each writable bind's upper dir at its place in the upper layer (a dir there is a merged
+        # dir, as a copy-up makes), and its own scratch dir beside the workdir's.
+        rel = os.path.relpath(m.dst, plan.workdir)
+        with safefs.base_dir(plan.staged.upper) as ufd, safefs.parent_of(ufd, rel, create=True) as (pfd, name):
+            try:
+                os.mkdir(name, 0o755, dir_fd=pfd)
+            except FileExistsError:
+                pass
+        os.mkdir(container_argv.staged_work(plan.staged.work, i), 0o700)
+
+
+def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) -> tuple[ContainerProcess, EgressProxy | None]:
+    run = plan.container
+    assert run is not None
+    if plan.staged is not None:
+        create_layer(plan)
+    try:
+        # The engine client gets the caller's environment: `--env NAME` copies values by name from it.
+        popen = subprocess.Popen(list(plan.command), env=dict(caller_env), cwd=plan.workdir, close_fds=True)
+    except OSError as err:
+        raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
+    janitor.tell(lifeline, "client", popen.pid)
+    mark("spawned")
+    proc = ContainerProcess(popen, run)
+    try:
+        # Loaded while the engine creates the container (~250 ms), off the launch's critical path.
+        from relay.host.netns import listen_in
+        from relay.modes.box_start import release, start_proxy
+
+        pid = _container_pid(plan, popen)
+        mark("box_ready")
+        if pid is None:
+            from relay.modes.image import forget_if_gone
+
+            gone = forget_if_gone(run, caller_env)
+            if gone:
+                emit([f"hive-relay: {gone}"])
+            return proc, None  # the engine failed (and said why on stderr); its exit code is passed on
+        proxy = None
+        if plan.proxy_listen:
+            try:
+                listener = listen_in(pid, plan.proxy_listen, join_userns=run.rootless)
+            except OSError as err:
+                if run.kind == "docker" and os.getuid() != 0:
+                    raise RefusedError(f"{err}: a docker container's network namespace belongs to the daemon's "
+                                       "root; fix: use podman (rootless works), or run as root") from None
+                raise RelayError(str(err)) from None
+            proxy = start_proxy(plan, listener, caller_env)
+    except BaseException:
+        # The caller never gets `proc`, so it cannot remove the container: do it here.
+        proc.kill()
+        raise
+    mark("proxy_started")
+    release(go_fd, b"go\n")
+    return proc, proxy

@@ -1,0 +1,335 @@
+"""Execute a Plan: the only module that starts a box (a container through container_runner).
+Everything it does was decided by resolve()."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+
+from relay.box import jobctl
+from relay.box import resource_limits as limits
+from relay.host import phase_marks, procs, safefs
+from relay.host.paths import config_home, state_dir
+from relay.host.phase_marks import mark
+from relay.model.errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
+from relay.model.vocab import LoginHold, MountKind, Tier, WorkdirMode
+from relay.plan.resolve import Plan
+from relay.trust import agentstate, exit_report, guard, janitor, livelock
+from relay.trust.placeholders import Registry
+from relay.ui.banner import banner_lines, emit, note_lines
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the proxy's modules load only once a box needs them (a container: after its engine starts)
+    from relay.egress.proxy import EgressProxy
+    from relay.modes.box_start import BoxProcess
+    from relay.modes.container_runner import ContainerProcess
+
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Signals:
+    """Interactive: Ctrl-C and Ctrl-\\ belong to the agent (same tty), the launcher only waits.
+    Always: SIGTERM/SIGHUP end the box and are reported as 128+N."""
+
+    def __init__(self, interactive: bool) -> None:
+        self.interactive = interactive
+        self.received: int | None = None
+        self.saved: dict[int, object] = {}
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        if signum in (signal.SIGTERM, signal.SIGHUP) or (signum == signal.SIGINT and not self.interactive):
+            self.received = self.received or signum
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+            self.saved[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _wait(proc: subprocess.Popen | BoxProcess | ContainerProcess, timeout: int | None, sigs: _Signals,
+          give_up: Callable[[], str | None] | None = None) -> tuple[int, str | None]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    forwarded = False
+    while True:
+        try:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            rc = proc.wait(timeout=0.2 if remaining is None else min(0.2, remaining))
+            return rc, None
+        except subprocess.TimeoutExpired:
+            pass
+        if sigs.received in (signal.SIGTERM, signal.SIGHUP) and not forwarded:
+            proc.kill()
+            forwarded = True
+        if deadline is not None and time.monotonic() >= deadline:
+            proc.kill()
+            proc.wait()
+            return -1, "timeout"
+        why = give_up() if give_up is not None else None
+        if why:
+            proc.kill()
+            proc.wait()
+            return -1, f"upstream {why}"
+
+
+def _finish(outcome: str | None, rc: int, plan: Plan) -> int:
+    if outcome == "timeout":
+        emit([f"hive-relay: timed out after {plan.timeout} s; the box was killed"])
+        return EXIT_TIMEOUT
+    if outcome and outcome.startswith("upstream "):
+        emit([f"hive-relay: ended the --prompt run early (exit {EXIT_UPSTREAM}): {outcome.removeprefix('upstream ')}"])
+        return EXIT_UPSTREAM
+    if outcome and outcome.startswith("signal"):
+        signum = int(outcome.split()[1])
+        if signum != signal.SIGINT:
+            emit([f"hive-relay: stopped by {signal.Signals(signum).name}; the box was killed"])
+            return 128 + signum
+    code = _exit_code(rc)
+    if 128 < code < 128 + 65 and not plan.interactive:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            name = None
+        if name and name not in ("SIGINT", "SIGPIPE"):
+            emit([f"hive-relay: the agent exited with {code}: it was killed by {name}"])
+    return code
+
+
+def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
+    """The opt-in path: the CLI alone under its own native sandbox, with a loud banner."""
+    from relay.modes import process_runner
+
+    emit(banner_lines(plan, caller_env.get("HOME", "")) + note_lines(plan.notes))
+    with _Signals(plan.interactive) as sigs:
+        proc = process_runner.spawn(plan, dict(caller_env), lambda: None)
+        try:
+            rc, outcome = _wait(proc, plan.timeout, sigs)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return _finish(outcome or (f"signal {sigs.received}" if sigs.received else None), rc, plan)
+
+
+def _run_id(plan: Plan) -> str:
+    """The run's id, from its run dir's name (`hive-relay-RUNID`); our pid for a plan without one."""
+    return os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+
+
+def hold_live(plan: Plan, caller_env: Mapping[str, str]) -> int | None:
+    """A live plan's checkout lock (relay/trust/livelock.py), or None for a staged one; close it at the end."""
+    if plan.unsandboxed or plan.workdir_mode != WorkdirMode.LIVE:
+        return None
+    run_id = _run_id(plan)
+    return livelock.hold(state_dir(dict(caller_env)), plan.workdir, run_id, plan.shared_live)
+
+
+def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False, live_lock: int | None = None) -> int:
+    """Launch the box, serve its proxy, wait, tear down. Returns the exit code to use. A caller
+    that holds the checkout's live lock already (the launcher, across its verify probe) passes it."""
+    if plan.unsandboxed:
+        return run_unsandboxed(plan, caller_env)
+    mark("run")
+    if not quiet:
+        emit(banner_lines(plan, caller_env.get("HOME", "")))
+    emit(note_lines(plan.notes))
+    if plan.credentials:  # a grant's secret that cannot be read ends the run here, before anything exists
+        from relay.egress import secret_source
+
+        secret_source.read_keys(plan.credentials, caller_env)
+    run_id = _run_id(plan)
+    own_lock = hold_live(plan, caller_env) if live_lock is None else None  # one live box per checkout
+    try:
+        return _run(plan, caller_env, run_id)
+    finally:
+        if own_lock is not None:
+            os.close(own_lock)
+
+
+def _run(plan: Plan, caller_env: Mapping[str, str], run_id: str) -> int:
+    state = _prepare(plan, caller_env)
+    own_cgroup = plan.container is None and plan.limits.method.startswith("cgroup")
+    state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
+    box = _Box(plan, caller_env, state)
+    try:
+        box.launch_and_wait()
+    finally:
+        messages = box.tear_down()
+    summary = box.proxy.log.summary_lines() if box.proxy is not None else []
+    if box.proxy is not None and box.proxy.log.write_errors:
+        summary.append(f"the egress log could not be fully written ({box.proxy.log.write_errors} errors): {plan.log_path}")
+    if plan.staged is not None and plan.container is not None and plan.container.rootless:
+        from relay.trust.staged import (
+            drop_engine_work,  # the rootless engine's scratch dir (subuid-owned), ours to drop
+        )
+
+        drop_engine_work(plan.staged.root, plan.container.engine, caller_env)
+    emit([f"hive-relay: {line}" for line in summary + messages])
+    if plan.staged is not None:  # the box is gone and the terminal back: the layer's lines, or its prompt
+        from relay.ui.staged_exit import finish
+
+        emit([f"hive-relay: {line}" for line in finish(plan.staged, plan.interactive and box.outcome is None, caller_env)])
+    return _finish(box.outcome, box.rc, plan)
+
+
+def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
+    """Everything on the host before the box exists: placeholders claimed, guarded files snapshot,
+    the run dir with its private copies. Returns the run's state. (The container's control dir comes
+    once the janitor exists: see _Box.)"""
+    from relay.policy import passwd
+
+    process_tier = plan.tier == Tier.PROCESS
+    container = plan.container
+    own_passwd = plan.box_uid is not None and passwd.needed(plan.mounts)
+    needs_run_dir = (bool(plan.sync_files) or bool(plan.state_dirs) or process_tier or bool(plan.git_excludes)
+                     or plan.proxy_listen is not None  # the `invoke allow` socket (relay/egress/control.py)
+                     or container is not None or plan.git is not None or own_passwd)
+    state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
+                             placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir,
+                             staged_root=plan.staged.root if plan.staged else None)
+    if plan.placeholders or plan.protected or plan.denied:
+        state.registry = Registry(state_dir(dict(caller_env)))
+        try:
+            kinds = {m.dst: m.kind for m in plan.mounts}
+            missing = [(p, kinds.get(p) == MountKind.MASK_DIR) for p in plan.placeholders]
+            # A staged run's mask targets in the workdir are made in its layer (by bwrap), never here.
+            in_layer = frozenset(plan.staged.placeholders) if plan.staged else frozenset()
+            state.registry.claim(os.getpid(), missing, [p for p in plan.protected + plan.denied if p not in in_layer],
+                                 bases=(plan.workdir, state.home),
+                                 dirs=frozenset(p for p, kind in kinds.items() if kind == MountKind.MASK_DIR),
+                                 mounted=frozenset(kinds))
+        except OSError as err:
+            raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
+    state.guarded = {path: guard.snapshot(path, state.home) for path in plan.guarded_files}
+    state.lock_dir = state_dir(dict(caller_env))
+    if state.run_dir and (plan.state_dirs or plan.sync_files):
+        state.agent = agentstate.new(state.home, plan.state_dirs, plan.home_keep, plan.guarded_files, state.lock_dir,
+                                     os.path.basename(state.run_dir).removeprefix("hive-relay-"), plan.state_exclude)
+        state.agent.logins = tuple((os.path.relpath(r.login.file, state.home), r.login)
+                                   for r in plan.credentials if r.login is not None)
+        state.agent.secret_files = tuple((os.path.relpath(u.file, state.home), u.paths) for u in plan.login_files
+                                         if u.held == LoginHold.MASKED)
+    try:
+        janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
+                        git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)
+        if own_passwd and plan.run_dir and plan.box_uid is not None:
+            passwd.write(plan.run_dir, plan.box_uid, plan.box_uid, dict(plan.env_set).get("HOME", "/"), caller_env)
+    except OSError as err:
+        raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
+    if state.agent is not None:
+        mark("state_copied")
+        emit(note_lines(tuple(state.agent.notes)))
+    if container is not None:
+        state.container_rm = container.rm_argv()
+    return state
+
+
+class _Box:
+    """One box's life from the janitor's fork to its report: launch by tier, wait, and tear down in
+    the order that makes the host's judgement safe (every box process reaped, then the terminal
+    back, the proxy stopped, and only then the janitor's revert, sync-back and removal)."""
+
+    def __init__(self, plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+        self.plan, self.caller_env, self.state, self.go_fd = plan, caller_env, state, None
+        self.use_rlimits = state.cgroup is None
+        self.nofile = limits.raise_nofile()
+        # Staged: the host checkout does not change, so there is nothing to watch (the review lists it all).
+        self.watch = None if plan.staged else exit_report.begin(plan, caller_env)
+        if self.watch is not None:  # judged by the janitor, after everything else it does (relay/trust/janitor.py)
+            run_id = _run_id(plan)
+            state.exit_report = functools.partial(exit_report.end, self.watch, plan, dict(caller_env), run_id)
+        self.jpid, self.lifeline = janitor.spawn(state)
+        if plan.container is not None:
+            # The container's control dir (its seccomp profile, the go fifo) only once the janitor
+            # exists: a launcher killed from here on leaves nothing the janitor does not remove.
+            from relay.modes import container_runner
+
+            try:
+                self.go_fd = container_runner.prepare(plan)
+            except OSError as err:
+                janitor.finish(self.jpid, self.lifeline)
+                raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
+        # Local boxes: everything they fork is ours to reap before the janitor judges what they left.
+        # (Not for containers: the engine's conmon daemonizes on purpose and cleans up after the client.)
+        self.reaping = plan.container is None and procs.become_subreaper()
+        self.keep = procs.children(os.getpid()) if self.reaping else set()
+        # The caller's terminal as it is now: the box gets it as a job, and its modes come back at the end.
+        self.job = jobctl.Job()
+        self.proc: BoxProcess | ContainerProcess | subprocess.Popen | None = None
+        self.proxy: EgressProxy | None = None
+        self.outcome: str | None = None
+        self.rc = 0
+
+    def launch_and_wait(self) -> None:
+        plan = self.plan
+        with _Signals(plan.interactive) as sigs:
+            if plan.tier == Tier.PROCESS:
+                from relay.modes import process_runner  # each tier imports only its own runner (launch time)
+
+                self.proc = process_runner.start(plan, self.caller_env, self.state, self.use_rlimits, self.nofile,
+                                                 self.job)
+            elif plan.container is not None and self.go_fd is not None:
+                from relay.modes import container_runner
+
+                self.proc, self.proxy = container_runner.start(plan, self.caller_env, self.go_fd, self.lifeline)
+            else:
+                from relay.modes import bwrap_runner
+
+                self.proc, self.proxy = bwrap_runner.start(plan, self.caller_env, self.state, self.use_rlimits,
+                                                           self.nofile, self.lifeline, self.job)
+            give_up = None if plan.interactive or self.proxy is None else self.proxy.gave_up
+            self.rc, self.outcome = _wait(self.proc, plan.timeout, sigs, give_up)
+            mark("agent_exited")
+            if self.outcome is None and sigs.received:
+                self.outcome = f"signal {sigs.received}"
+
+    def tear_down(self) -> list[str]:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.reaping:
+            # A process-tier daemon (no pid namespace) or bwrap's init must be gone before the guard
+            # and the sync-back look at what the box left, or it could write after them.
+            procs.reap_descendants(self.keep)
+        from relay.modes.box_start import BoxProcess
+
+        # The namespace's fd is held since spawn, so its name is still this box's alone.
+        if isinstance(self.proc, BoxProcess) and self.proc.pidns and self.proc.pidns_fd is not None:
+            procs.kill_pidns(self.proc.pidns)  # and nothing else of the box's namespace, whoever reaps it
+            os.close(self.proc.pidns_fd)
+            self.proc.pidns_fd = None
+        self.job.end()
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.go_fd is not None:
+            os.close(self.go_fd)
+        messages = janitor.finish(self.jpid, self.lifeline)
+        mark("torn_down")
+        from relay.egress.decision_log import prune_after_run
+
+        prune_after_run(self.plan.log_path)
+        phase_marks.dump(self.caller_env)
+        return messages
+
+
+def _git_excludes(plan: Plan, caller_env: Mapping[str, str]) -> str:
+    """The user's own global git excludes (XDG default location) plus the box's placeholders."""
+    try:
+        data = safefs.read_file(os.path.join(config_home(caller_env), "git", "ignore"), 1 << 20)
+        own = data.decode("utf-8", errors="replace") if data else ""
+    except OSError:
+        own = ""  # a link, special or huge file there is not the user's excludes file
+    ours = "# hive relay: placeholders that keep protected paths from being created\n" + "\n".join(plan.git_excludes)
+    return (own.rstrip("\n") + "\n" if own else "") + ours + "\n"
+
+

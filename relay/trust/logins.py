@@ -1,0 +1,235 @@
+"""OAuth login files kept on the host: the box's copy holds placeholders, the proxy holds the token.
+
+A CLI logged in on the host (claude's `~/.claude/.credentials.json`) has an access token, a
+refresh token and an expiry in one JSON file. The box gets a private copy of the CLI's state dir
+(relay/trust/agentstate.py); `mask` turns that copy's login into placeholders with an expiry far in the
+future, so the CLI believes it is logged in and never refreshes. The proxy's credential route asks
+a `LoginStore` for the real access token on every request: it reads the host's file (safefs: no
+link followed, bounded) and, when the token is near its expiry, refreshes it at the CLI's OAuth
+token endpoint with the real refresh token, on the host, and writes the new tokens back atomically
+(a temporary under an unguessable name, then rename; same mode). The host's file stays the truth:
+nothing the box writes at that path ever comes back over it (agentstate keeps it aside).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import ssl
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from relay.config.load import LoginFile
+from relay.host import safefs
+
+# The box's copy expires in the year 2100: the CLI never refreshes it (it could not: it holds no
+# refresh token), and the proxy refreshes the real one on the host.
+FAR_FUTURE_MS = 4_102_444_800_000
+MAX_LOGIN_BYTES = 1 << 20
+MAX_TOKEN_RESPONSE = 1 << 20
+REFRESH_MARGIN_S = 300  # refresh this long before the token expires
+REFRESH_TIMEOUT = 30.0
+
+
+class LoginError(ValueError):
+    """The login file or its refresh cannot give a token; the message never holds a token."""
+
+
+def _get(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _set(data: dict, path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        data = data.setdefault(part, {})
+        if not isinstance(data, dict):
+            raise LoginError(f"the login file's {path} is not inside a JSON object")
+    data[leaf] = value
+
+
+def parse(raw: bytes | None, login: LoginFile) -> dict:
+    """The login file as a JSON object holding a string access token (LoginError otherwise)."""
+    if raw is None:
+        raise LoginError(f"no login file {login.file} on the host")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise LoginError(f"the login file {login.file} is not JSON") from None
+    if not isinstance(_get(data, login.token), str) or not _get(data, login.token):
+        raise LoginError(f"the login file {login.file} has no {login.token}")
+    return data
+
+
+def mask(raw: bytes, login: LoginFile, placeholder: str) -> bytes:
+    """The box's copy: the same file with the access and refresh tokens replaced by `placeholder`
+    and the expiry far in the future (so the CLI never tries to refresh). LoginError when the file
+    is not a login this spec understands; the caller then gives the box no copy at all."""
+    data = parse(raw, login)
+    _set(data, login.token, placeholder)
+    if _get(data, login.refresh_token) is not None:
+        _set(data, login.refresh_token, placeholder)
+    if _get(data, login.expires) is not None:
+        _set(data, login.expires, FAR_FUTURE_MS)
+    return json.dumps(data).encode()
+
+
+Opener = Callable[[str, int], ssl.SSLSocket]
+
+
+class LoginStore:
+    """The real token of one login file, for the proxy's route (`__call__` returns it, refreshed on
+    the host first when near its expiry). `opener(host, port)` gives a verified TLS socket to the
+    token endpoint (the proxy's, so the egress rules and their pins apply)."""
+
+    def __init__(self, path: str, login: LoginFile, home: str, opener: Opener,
+                 clock: Callable[[], float] = time.time, lock_dir: str | None = None,
+                 margin: float = REFRESH_MARGIN_S) -> None:
+        self.path, self.login, self.home, self.opener, self.clock = path, login, home, opener, clock
+        self.margin = margin  # the token must still be good this long, or it is refreshed first
+        self.lock_dir = lock_dir  # our state dir: one refresh at a time across every launcher on the host
+        self._lock = threading.Lock()
+        self.refreshed = 0
+
+    def _read(self) -> tuple[dict, int]:
+        try:
+            base, rel = self.home, os.path.relpath(self.path, self.home)
+            with safefs.base_dir(base) as dfd:
+                st = safefs.lstat_beneath(dfd, rel)
+                raw = safefs.read_beneath(dfd, rel, MAX_LOGIN_BYTES)
+        except OSError as err:
+            raise LoginError(f"cannot read the login file {self.login.file}: {err.strerror or err}") from None
+        return parse(raw, self.login), (st.st_mode & 0o777 if st is not None else 0o600)
+
+    def _fresh(self, data: dict) -> bool:
+        expires = _get(data, self.login.expires)
+        return not isinstance(expires, (int, float)) or expires / 1000 > self.clock() + self.margin
+
+    def expires_at(self) -> float | None:
+        """When the host file's token expires (seconds since the epoch), or None if it names no expiry."""
+        expires = _get(self._read()[0], self.login.expires)
+        return expires / 1000 if isinstance(expires, (int, float)) else None
+
+    def __call__(self) -> str:
+        data, _ = self._read()
+        if self._fresh(data):
+            return _get(data, self.login.token)
+        # One refresh at a time (threads here, other boxes' launchers): a refresh token is often good
+        # for one use, so whoever comes second reads the file the first one wrote.
+        with self._lock, self._host_lock():
+            data, mode = self._read()
+            if not self._fresh(data):
+                try:
+                    data = self._refresh(data, mode)
+                except LoginError:
+                    data, _ = self._read()  # the CLI on the host may have refreshed it meanwhile
+                    if not self._fresh(data):
+                        raise
+            return _get(data, self.login.token)
+
+    @contextlib.contextmanager
+    def _host_lock(self) -> Iterator[None]:
+        if self.lock_dir is None:
+            yield
+            return
+        try:
+            os.makedirs(self.lock_dir, mode=0o700, exist_ok=True)
+            with safefs.base_dir(self.lock_dir) as dfd:
+                fd = safefs.open_beneath(dfd, "login.lock", os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
+        except OSError as err:
+            raise LoginError(f"cannot lock the login refresh: {err.strerror or err}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise LoginError("cannot lock the login refresh: login.lock is not a regular file")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _refresh(self, data: dict, mode: int) -> dict:
+        refresh = _get(data, self.login.refresh_token)
+        if not isinstance(refresh, str) or not refresh:
+            raise LoginError(f"the login in {self.login.file} expired and holds no refresh token; log in again on the host")
+        answer = self._post({"grant_type": "refresh_token", "refresh_token": refresh, "client_id": self.login.client_id})
+        token = answer.get("access_token")
+        if not isinstance(token, str) or not token:
+            raise LoginError(f"the refresh at {self.login.refresh_url} gave no access token; log in again on the host")
+        _set(data, self.login.token, token)
+        if isinstance(answer.get("refresh_token"), str) and answer["refresh_token"]:
+            _set(data, self.login.refresh_token, answer["refresh_token"])
+        lifetime = answer.get("expires_in")
+        lifetime = lifetime if isinstance(lifetime, (int, float)) and lifetime > 0 else 3600
+        _set(data, self.login.expires, int((self.clock() + lifetime) * 1000))
+        try:
+            safefs.write_file(self.path, json.dumps(data).encode(), mode or 0o600, base=self.home)
+        except OSError as err:
+            raise LoginError(f"cannot update the login file {self.login.file}: {err.strerror or err}") from None
+        self.refreshed += 1
+        return data
+
+    def _post(self, form: dict[str, str]) -> dict:
+        """One JSON POST to the token endpoint over the opener's TLS; the answer as a JSON object."""
+        rest = self.login.refresh_url.removeprefix("https://")
+        authority, _, path = rest.partition("/")
+        host, _, port = authority.partition(":")
+        body = json.dumps(form).encode()
+        head = (f"POST /{path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n"
+                f"Accept: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        try:
+            sock = self.opener(host, int(port or 443))
+        except (OSError, ValueError) as err:
+            raise LoginError(f"cannot reach {authority} to refresh the login: {err}") from None
+        raw = b""
+        try:
+            sock.settimeout(REFRESH_TIMEOUT)
+            sock.sendall(head + body)
+            deadline = time.monotonic() + REFRESH_TIMEOUT  # the whole answer, not each read
+            while len(raw) <= MAX_TOKEN_RESPONSE:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no complete answer in time")
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+        except (TimeoutError, OSError) as err:
+            raise LoginError(f"the refresh at {authority} failed: {err}") from None
+        finally:
+            sock.close()
+        head_part, _, payload = raw.partition(b"\r\n\r\n")
+        status = head_part.split(b" ", 2)[1:2]
+        if status != [b"200"]:
+            raise LoginError(f"the refresh at {authority} answered {status[0].decode('latin-1') if status else 'nothing'}; "
+                             "log in again on the host")
+        if b"transfer-encoding: chunked" in head_part.lower():
+            payload = _unchunk(payload)
+        try:
+            answer = json.loads(payload)
+        except ValueError:
+            raise LoginError(f"the refresh at {authority} answered no JSON") from None
+        if not isinstance(answer, dict):
+            raise LoginError(f"the refresh at {authority} answered no JSON object")
+        return answer
+
+
+def _unchunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size, _, data = data.partition(b"\r\n")
+        try:
+            n = int(size.split(b";")[0] or b"0", 16)
+        except ValueError:
+            raise LoginError("the token endpoint's chunked answer is malformed") from None
+        if n == 0:
+            break
+        out, data = out + data[:n], data[n + 2:]
+    return out
