@@ -30,7 +30,7 @@ def _resolver(host: str, port: int) -> list[str]:
 def test_allow_of_a_name_with_an_internal_address_names_the_pinned_form(sandbox: Sandbox, tmp_path: Path) -> None:
     base = tmp_path / "ctl"
     base.mkdir(mode=0o700)
-    run_id = f"{control.sweep.me().token()}-1a2b3c4d"
+    run_id = f"{control.liveness.me().token()}-1a2b3c4d"
     run_dir = base / f"hive-relay-{run_id}"
     run_dir.mkdir(mode=0o700)
     listener = socket.socket()

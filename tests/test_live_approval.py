@@ -121,7 +121,7 @@ def test_the_403_body_says_policy_not_outage_with_the_command(box_sandbox: Sandb
     assert lines[0].endswith("`, or for later runs with --allow-host nowhere.test:80.")
     assert "IP literals are refused" in lines[1] and f"{ENTRY} allow 203.0.113.9:80 --run" in lines[1]
     run = lines[0].split("--run ")[1].split("`")[0]
-    assert control.sweep.parse_run_id(run) is not None  # the real run id, not a placeholder
+    assert control.liveness.parse_run_id(run) is not None  # the real run id, not a placeholder
 
 
 def test_no_such_run_is_one_line_and_exit_4(sandbox: Sandbox) -> None:
@@ -152,7 +152,7 @@ def test_another_users_run_is_refused_and_its_twin_is_found(tmp_path: Path) -> N
     root's allow never widens a user's box); an unprivileged caller cannot even see into one (0700)."""
     base = tmp_path / "run"
     base.mkdir(mode=0o700)
-    me = control.sweep.me()
+    me = control.liveness.me()
     mine = _fake_run(base, f"{me.token()}-0a0b0c0d")
     sock = control.listen(str(mine))
     served: list[tuple[str, str]] = []
@@ -349,7 +349,7 @@ def test_ask_answered_with_an_allow_the_proxy_refuses_releases_the_request_at_on
 
     base = tmp_path / "run"
     base.mkdir(mode=0o700)
-    run_dir = _fake_run(base, f"{control.sweep.me().token()}-0a0b0c0d")
+    run_dir = _fake_run(base, f"{control.liveness.me().token()}-0a0b0c0d")
     server, port, _ = start_http()
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
