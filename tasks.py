@@ -195,8 +195,8 @@ def _patch_completion() -> None:
         if "contribute-hive" in tokens and "--" not in tokens:
             import os
 
-            from relay.commands.cli import MODES
             from relay.commands.completion import names as config_names
+            from relay.model.vocab import MODES
             from relay.plan.resolve import ISOLATIONS
 
             found = config_names(dict(os.environ))

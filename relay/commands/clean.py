@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from relay.egress import decision_log as logs_mod
 from relay.host import liveness, safefs
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, cache_dir, tool_dir
+from relay.trust import rundirs
 
 STRAY_SYNC_LOCK = ".hive-relay-sync.lock"
 
@@ -102,19 +103,11 @@ def live_boxes(home: str) -> list[int]:
     return found
 
 
-def _run_dir_bases(env: Mapping[str, str]) -> list[str]:
-    return list(dict.fromkeys(p for p in (env.get("XDG_RUNTIME_DIR"), "/tmp") if p))
-
-
 def stale_run_dirs(env: Mapping[str, str]) -> list[str]:
     out = []
-    for base in _run_dir_bases(env):
-        try:
-            names = os.listdir(base)
-        except OSError:
-            continue
-        for name in sorted(names):
-            if not liveness.gone(name, "hive-relay-"):
+    for base in rundirs.bases(env):
+        for name in rundirs.names(base):
+            if not liveness.gone(name, rundirs.PREFIX):
                 continue  # not one of ours, or its launcher (pid and start time) still runs
             path = os.path.join(base, name)
             st = _ours(path)

@@ -76,7 +76,8 @@ def names(env: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
 
 
 def script(shell: str, env: Mapping[str, str]) -> str:
-    from relay.commands.options import MODES, OPTIONS, flag_name
+    from relay.commands.options import OPTIONS, flag_name
+    from relay.model.vocab import MODES
     from relay.plan.resolve import ISOLATIONS
 
     found = names(env)

@@ -78,7 +78,6 @@ OPTIONS = (
 SHORT_FLAGS = {dest: short for dest, short, _ in OPTIONS}  # invoke's task takes them from here too (tasks.py)
 REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")
 METAVARS = {dest: meta for dest, _, meta in OPTIONS if meta}
-MODES = ("local", "container", "kube")
 DESCRIPTION = "Run a coding agent inside the hive relay box: BACKEND [local|container] [options] [-- CMD ARGS...]"
 COMMAND_HELP = ("-- CMD ARGS...: shell backend only: run CMD with ARGS in the box, each argument passed as is "
                 "(no shell string to quote); its exit code passes through")

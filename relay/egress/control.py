@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from relay.host import liveness, safefs
 from relay.model.allow_rules import HostRule, parse_rule
 from relay.model.errors import EXIT_NO_RUN, RefusedError, RelayError, UsageError
+from relay.trust import rundirs
 
 SOCKET_NAME = "control"
 MAX_MESSAGE = 4096
@@ -44,8 +45,8 @@ class NoRunError(RelayError):
 
 
 def runtime_base(env: Mapping[str, str]) -> str:
-    """Where run dirs live (plan._refuse_workdir names them the same way)."""
-    return env.get("XDG_RUNTIME_DIR") or "/tmp"
+    """Where run dirs live (relay/trust/rundirs.py)."""
+    return rundirs.base(env)
 
 
 # --- the proxy's end ---------------------------------------------------------------------------------
@@ -164,13 +165,9 @@ def _private_dir(path: str) -> os.stat_result | None:
 
 def live_runs(base: str) -> list[Run]:
     """The caller's runs whose launcher is alive and whose proxy listens (oldest first)."""
-    try:
-        names = sorted(e.name for e in os.scandir(base) if e.name.startswith("hive-relay-"))
-    except OSError:
-        return []
     runs = []
-    for name in names:
-        run_id = name.removeprefix("hive-relay-")
+    for name in rundirs.names(base):
+        run_id = rundirs.run_id_of(name)
         owner = liveness.parse_run_id(run_id) if re.fullmatch(liveness.RUN_ID_RE, run_id) else None
         path = os.path.join(base, name)
         if owner is None or not liveness.alive(owner) or _private_dir(path) is None:

@@ -25,6 +25,17 @@ class Tier(_Word):
     UNSANDBOXED = "unsandboxed"  # the CLI's own sandbox only, behind an explicit opt-in
 
 
+class Mode(_Word):
+    """Where the box runs: on this host (bwrap), in a container engine here, or on a cluster."""
+
+    LOCAL = "local"
+    CONTAINER = "container"
+    KUBE = "kube"
+
+
+MODES = tuple(m.value for m in Mode)  # the `--mode` words, in the order --help and completion show them
+
+
 class MountKind(_Word):
     """One filesystem operation in the box (relay/policy/fsplan.py's Mount)."""
 

@@ -146,8 +146,8 @@ def _control(plan: Plan) -> socket.socket | None:
 
 
 def run_id(plan: Plan) -> str:
-    """The run's id, from its run dir's name (`hive-relay-RUNID`)."""
-    return os.path.basename(plan.run_dir or "").removeprefix("hive-relay-")
+    """The run's id (the plan's, which names its run dir `hive-relay-RUNID`)."""
+    return plan.run_id
 
 
 def release(fd: int, word: bytes) -> None:

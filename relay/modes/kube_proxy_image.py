@@ -24,6 +24,7 @@ PROXY_POD_FILES = (
     "model/refusal.py",
     "modes/__init__.py", "modes/kube_bundle.py",
     "policy/__init__.py", "policy/egress.py",
+    "trust/__init__.py", "trust/rundirs.py",
 )
 
 

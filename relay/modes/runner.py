@@ -18,7 +18,7 @@ from relay.host.phase_marks import mark
 from relay.model.errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
 from relay.model.vocab import LoginHold, MountKind, Tier, WorkdirMode
 from relay.plan.resolve import Plan
-from relay.trust import agentstate, exit_report, guard, janitor, livelock
+from relay.trust import agentstate, exit_report, guard, janitor, livelock, rundirs
 from relay.trust.placeholders import Registry
 from relay.ui.banner import banner_lines, emit, note_lines
 
@@ -122,8 +122,8 @@ def run_unsandboxed(plan: Plan, caller_env: Mapping[str, str]) -> int:
 
 
 def _run_id(plan: Plan) -> str:
-    """The run's id, from its run dir's name (`hive-relay-RUNID`); our pid for a plan without one."""
-    return os.path.basename(plan.run_dir or "").removeprefix("hive-relay-") or str(os.getpid())
+    """The run's id (the plan's); our pid for a plan without one."""
+    return plan.run_id or str(os.getpid())
 
 
 def hold_live(plan: Plan, caller_env: Mapping[str, str]) -> int | None:
@@ -214,7 +214,7 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
     state.lock_dir = state_dir(dict(caller_env))
     if state.run_dir and (plan.state_dirs or plan.sync_files):
         state.agent = agentstate.new(state.home, plan.state_dirs, plan.home_keep, plan.guarded_files, state.lock_dir,
-                                     os.path.basename(state.run_dir).removeprefix("hive-relay-"), plan.state_exclude)
+                                     rundirs.run_id_of(state.run_dir), plan.state_exclude)
         state.agent.logins = tuple((os.path.relpath(r.login.file, state.home), r.login)
                                    for r in plan.credentials if r.login is not None)
         state.agent.secret_files = tuple((os.path.relpath(u.file, state.home), u.paths) for u in plan.login_files

@@ -80,6 +80,7 @@ def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
         log_path=None,
         notes=(),
         run_dir=run_dir,
+        run_id=(plan.run_id + "-verify") if plan.run_id else "",  # its own cgroup, logs and layer name
         credentials=(),  # `true` sends nothing: a grant's host command runs for the real run only
         shared_live=True,  # `true` writes nothing; the launcher holds the live lock across this probe
         # --staged: the probe mounts a layer of its own (the overlay is part of what must start), dropped after

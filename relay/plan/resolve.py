@@ -25,7 +25,7 @@ from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts
 from relay.model.limits import Limits, limit_method
 from relay.model.refusal import ENTRY
-from relay.model.vocab import LoginHold, MountKind, Tier, WorkdirMode
+from relay.model.vocab import MODES, LoginHold, MountKind, Tier, WorkdirMode
 from relay.policy.denylist import expand, nested_git_paths, protected_paths, secret_paths
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER, allowed_rules, as_entries, parse_entries
 from relay.policy.fsplan import FsPlan, FsView, Grant, Mount, plan_filesystem
@@ -45,6 +45,7 @@ from relay.render import bwrap_argv, container_argv
 from relay.render.container_argv import ContainerRun
 from relay.render.native_permissions import render as render_native
 from relay.render.seccomp_bpf import SeccompPolicy, policy_for
+from relay.trust import rundirs
 from relay.trust.gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from relay.trust.staged import StagedLayer
 from relay.trust.staged import for_run as staged_for_run
@@ -58,7 +59,6 @@ BLOCK_FD = 5
 # (`--ro-bind-fd`), opened and checked by the runner, so nothing can swap the path between check and bind.
 SOCKET_FD = 6
 DEFAULT_TIMEOUT = 1800
-MODES = ("local", "container", "kube")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 BOX_GIT_EXCLUDES = "/run/hive-relay/git-excludes"
 
@@ -158,6 +158,9 @@ class Plan:
     shared_live: bool = False  # --shared-live: this live box may join another on the same checkout
     # Credential files of the agent's state the host has (config `secret_files:`): how each is held.
     login_files: tuple[LoginFileUse, ...] = ()
+    # The launch's id (`PID-START-BOOT-RANDOM`, relay/host/liveness.py): names its run dir, cgroup,
+    # staged layer and logs; "" for a plan made without one (a dry run of the pure planner).
+    run_id: str = ""
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -402,7 +405,7 @@ def _refuse_workdir(d: _Draft) -> None:
     if reason:
         raise RefusedError(reason)
     request = d.request
-    d.run_dir = os.path.join(env.get("XDG_RUNTIME_DIR") or "/tmp", f"hive-relay-{request.run_id}") if request.run_id else None
+    d.run_dir = rundirs.path_for(env, request.run_id) if request.run_id else None
 
 
 def _workdir_mode(d: _Draft) -> None:
@@ -1025,7 +1028,7 @@ def _plan(d: _Draft) -> Plan:
         ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
         auth_grants=d.auth_grants, workdir_mode=d.workdir_mode, staged=d.staged,
-        shared_live=d.request.shared_live, login_files=tuple(d.login_files),
+        shared_live=d.request.shared_live, login_files=tuple(d.login_files), run_id=d.request.run_id,
     )
 
 
@@ -1055,7 +1058,7 @@ def _unsandboxed_plan(
         argv=tuple(argv), command=tuple(argv), env_set=(), env_pass=tuple(sorted(caller_env)), mounts=(),
         denied=(), protected=(), placeholders=(), egress=(), proxy_listen=None,
         limits=Limits(0, 0, "none"), seccomp=(), box_uid=None, sync_files=(), log_path=None, run_dir=None,
-        unsandboxed=True, notes=tuple(notes),
+        unsandboxed=True, notes=tuple(notes), run_id=request.run_id,
     )
 
 

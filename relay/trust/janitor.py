@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from relay.box import resource_limits
 from relay.host import procs, safefs
 from relay.model.hashing import sha256
-from relay.trust import agentstate, gitdir, guard
+from relay.trust import agentstate, gitdir, guard, rundirs
 from relay.trust.placeholders import Registry
 
 
@@ -145,7 +145,7 @@ def _sync_git(state: RunState, messages: list[str]) -> None:
     """The allowlisted git state files back to the host; the rest kept aside for review."""
     assert state.run_dir is not None and state.git is not None
     aside_root = os.path.join(state.lock_dir or os.path.join(state.home, ".local", "state", "hive-relay"), "git-aside")
-    tag = os.path.basename(state.run_dir).removeprefix("hive-relay-")
+    tag = rundirs.run_id_of(state.run_dir)
     try:
         with _sync_lock(state):
             result = gitdir.sync_back(state.git, state.run_dir, state.git_before, aside_root, tag, state.workdir)

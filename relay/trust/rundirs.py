@@ -19,6 +19,31 @@ def base(env: Mapping[str, str]) -> str:
     return env.get("XDG_RUNTIME_DIR") or "/tmp"
 
 
+def bases(env: Mapping[str, str]) -> list[str]:
+    """Every place a run dir of this caller may be (one made before XDG_RUNTIME_DIR was set is in /tmp)."""
+    return list(dict.fromkeys(p for p in (env.get("XDG_RUNTIME_DIR"), "/tmp") if p))
+
+
+def path_for(env: Mapping[str, str], run_id: str) -> str:
+    """The run dir of one run."""
+    return os.path.join(base(env), PREFIX + run_id)
+
+
+def run_id_of(path: str) -> str:
+    """The run id in a run dir's name (`hive-relay-RUNID`); "" for a path that is not one."""
+    name = os.path.basename(path.rstrip("/"))
+    return name[len(PREFIX):] if name.startswith(PREFIX) else ""
+
+
+def names(where: str) -> list[str]:
+    """The entries of `where` named like run dirs, sorted (oldest run ids first); none when unreadable.
+    Whose each is and whether it is a dir are the caller's checks (lstat, no link followed)."""
+    try:
+        return sorted(e.name for e in os.scandir(where) if e.name.startswith(PREFIX))
+    except OSError:
+        return []
+
+
 def run_dirs(base: str) -> int:
     """Remove this user's run dirs (`hive-relay-RUNID` under `base`) whose launcher is gone."""
     removed = 0
