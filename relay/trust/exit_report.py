@@ -219,42 +219,14 @@ def _read_index(root_fd: int) -> bytes | None:
 
 
 def tracked_paths(index: bytes) -> set[str] | None:
-    """The paths in a git index (versions 2-4); None when it is not one we can read."""
-    if len(index) < 12 or index[:4] != b"DIRC":
-        return None
-    version = int.from_bytes(index[4:8], "big")
-    count = int.from_bytes(index[8:12], "big")
-    if version not in (2, 3, 4):
-        return None
-    paths: set[str] = set()
-    pos, prev = 12, b""
+    """The paths in a git index; None when it is not one we can read (everything then counts as
+    untracked: more is reported, never less). The one index parser is relay/trust/gitindex.py's."""
+    from relay.trust.gitindex import BadIndex, parse
+
     try:
-        for _ in range(count):
-            start = pos
-            flags = int.from_bytes(index[pos + 60:pos + 62], "big")
-            pos += 62
-            if version >= 3 and flags & 0x4000:
-                pos += 2
-            if version == 4:
-                byte = index[pos]
-                strip = byte & 0x7F
-                pos += 1
-                while byte & 0x80:
-                    byte = index[pos]
-                    pos += 1
-                    strip = ((strip + 1) << 7) | (byte & 0x7F)
-                end = index.index(b"\0", pos)
-                path = prev[:len(prev) - strip] + index[pos:end]
-                pos = end + 1
-            else:
-                end = index.index(b"\0", pos)
-                path = index[pos:end]
-                pos = start + ((end - start) // 8 + 1) * 8
-            paths.add(path.decode("utf-8", "surrogateescape"))
-            prev = path
-    except (IndexError, ValueError):
+        return {e.path for e in parse(index).entries}
+    except BadIndex:
         return None
-    return paths
 
 
 def start(workdir: str, ignore: set[str] | None = None) -> Watch | None:
