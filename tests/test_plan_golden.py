@@ -440,7 +440,8 @@ def test_plan_matches_its_golden(case: str, fake_checkout: None) -> None:
         plans = got["plans"]
         if plans[case] != plans[SAME[case]]:
             a, b = (render(plans[k]).splitlines() for k in (SAME[case], case))
-            pytest.fail(f"{case} no longer resolves as {SAME[case]} (SAME in this file):\n" +
+            pytest.fail(f"{case} no longer resolves as {SAME[case]}: if that is meant, take it out of SAME in "
+                        "this file and regenerate with HIVE_RELAY_GOLDEN=1\n" +
                         "\n".join(difflib.unified_diff(a, b, SAME[case], case, lineterm="")), pytrace=False)
         assert not (GOLDEN / f"{case}.json").exists(), f"{case} is in SAME: its golden file is stale"
         return
@@ -471,6 +472,7 @@ def test_golden_files_are_the_cases(fake_checkout: None) -> None:
 
 
 def test_no_golden_line_is_long() -> None:
+    """A reviewer reads a golden's diff: no line of the plan or argv goldens is MAX_LINE long."""
     long = [f"{p.relative_to(GOLDEN.parent)}:{n}: {len(line)} characters"
             for d in ("plans", "argv") for p in sorted((GOLDEN.parent / d).rglob("*.json"))
             for n, line in enumerate(p.read_text().splitlines(), 1) if len(line) >= MAX_LINE]
