@@ -63,7 +63,7 @@ SUPERVISED = HostFacts(uid=1000, gid=1000, home=HOME, user="u", shell="/bin/bash
 PROCESS = replace(SUPERVISED, bwrap=None, bwrap_version=None, bwrap_error="bubblewrap is not installed", cgroup=None)
 
 MAX_LINE = 200  # no golden line is this long
-INLINE = 100  # a list or object whose JSON is no longer than this stays on one line
+INLINE = 120  # a list or object whose JSON is no longer than this stays on one line
 CUT = 120  # a string longer than this is stored in pieces (or parsed, decoded, by line)
 SHARE_MIN = 400  # a value this long (compact JSON) met in two places is stored once, in shared/ ...
 SHARE_KEEP = 200  # ... unless, its own shared parts taken out, less than this is left of it
