@@ -285,10 +285,10 @@ def share(files: dict[str, object]) -> tuple[dict[str, object], dict[str, object
                 counts[c] += 1
                 first.setdefault(c, (path, name))
     candidates = {c for c, n in counts.items() if n >= 2}
-    # Larger first: a value's holders are decided before it. `within` is the nearest shared holder of
-    # each of its occurrences (None: in a case file itself).
+    # `within`: the candidates each occurrence of a candidate lies in. Larger first, so that a value's
+    # holders are decided before it: it is shared unless all of it lies in one shared value.
     chosen: set[str] = set()
-    within: dict[str, set[str | None]] = {c: set() for c in candidates}
+    within: dict[str, set[tuple[str, ...]]] = {c: set() for c in candidates}
     for name in sorted(files):
         stack: list[str] = []
         for node, _, entering in _walk(files[name], ()):
@@ -296,12 +296,12 @@ def share(files: dict[str, object]) -> tuple[dict[str, object], dict[str, object
             if c not in candidates:
                 continue
             if entering:
-                within[c].add(tuple(stack))  # type: ignore[arg-type]
+                within[c].add(tuple(stack))
                 stack.append(c)
             else:
                 stack.pop()
     for c in sorted(candidates, key=len, reverse=True):
-        holders = {next((h for h in reversed(chain) if h in chosen), None) for chain in within[c]}  # type: ignore[arg-type]
+        holders = {next((h for h in reversed(chain) if h in chosen), None) for chain in within[c]}
         if len(holders) > 1 or None in holders:
             chosen.add(c)
     for c in sorted(chosen, key=len):  # small first: what is left of a value once its parts are out
@@ -336,7 +336,7 @@ def _name(chosen: set[str], first: dict[str, tuple[tuple[str, ...], str]]) -> di
     """Each shared value's name: the keys to where it was first met; with the case it was met in
     where values met at that place differ."""
     by_path: dict[str, list[str]] = {}
-    for c in sorted(chosen, key=lambda c: first[c]):
+    for c in sorted(chosen, key=lambda c: (first[c], c)):
         path = ".".join(first[c][0]) or "value"
         by_path.setdefault(ALIASES.get(path, path), []).append(c)
     names = {}
