@@ -12,7 +12,7 @@ The goldens are laid out for review, each form lossless (the test proves it when
   (bwrap's mount args or the engine's volumes, for the plan's `mounts`), `{"$rendered": "env"}` (the
   engine's --env for `env_set`, `env_pass`) and `{"$rendered": "argv"}` (the agent's `argv`). The
   marker stands only where the command holds exactly that rendering; the renderers themselves are
-  tests/test_argv_golden.py's;
+  tests/test_argv_golden.py's, and every flag and volume form a marker hides has a vector there;
 - a big value used by two cases or more lies once in tests/golden/plans/shared/NAME.json (NAME from where
   it was first met; `used_by` lists the files that hold `{"$shared": "NAME"}` in its place);
 - no line reaches 200 characters: a string holding JSON is stored parsed (`{"$json": ...}`, compact
@@ -134,38 +134,52 @@ def fake_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
 # The plans, and their golden form
 
 
-def _splice(tokens: list, segment: list[str], marker: str, *, tail: bool = False) -> list:
-    """tokens with the first run equal to segment (at the end only, for `tail`) as {"$rendered": marker}."""
+def _splice(tokens: list, segment: list[str], marker: str, seen: list[str], *, tail: bool = False) -> list:
+    """tokens with the first run equal to segment (at the end only, for `tail`) as {"$rendered": marker};
+    what it took out goes to seen."""
     n = len(segment)
     starts = [len(tokens) - n] if tail else range(len(tokens) - n + 1)
     for i in starts:
         if n and i >= 0 and tokens[i:i + n] == segment:
+            seen += segment
             return [*tokens[:i], {"$rendered": marker}, *tokens[i + n:]]
     return tokens
 
 
-def compact_command(plan: planner.Plan) -> list:
-    """The plan's command with what its renderers made of its own fields as markers (module docstring)."""
-    tokens: list = _splice(list(plan.command), list(plan.argv), "argv", tail=True)
+def compact_command(plan: planner.Plan, rendered: list[str]) -> list:
+    """The plan's command with what its renderers made of its own fields as markers (module docstring);
+    the renderers' part goes to rendered."""
+    tokens: list = _splice(list(plan.command), list(plan.argv), "argv", [], tail=True)
     fd_binds = {(s.box, s.host): planner.SOCKET_FD + i for i, s in enumerate(plan.sockets)}
-    tokens = _splice(tokens, planner.bwrap_argv.mount_args(plan.mounts, fd_binds), "mounts")
+    tokens = _splice(tokens, planner.bwrap_argv.mount_args(plan.mounts, fd_binds), "mounts", rendered)
     if plan.container is not None:
         staged = (plan.workdir, plan.staged.upper, plan.staged.work) if plan.staged else None
         volumes = planner.container_argv.volume_args(plan.mounts, HOME, plan.container.kind, staged)
-        tokens = _splice(tokens, volumes, "mounts")
+        tokens = _splice(tokens, volumes, "mounts", rendered)
         env = [x for k, v in sorted(plan.env_set) for x in ("--env", f"{k}={v}")]
-        tokens = _splice(tokens, env + [x for n in plan.env_pass for x in ("--env", n)], "env")
+        tokens = _splice(tokens, env + [x for n in plan.env_pass for x in ("--env", n)], "env", rendered)
     return tokens
 
 
-def resolve_all(backend: str) -> tuple[dict[str, object], dict[str, object], list[str]]:
-    """Every case's plan (its --dry-run --json) or refusal, its golden form, and the host calls
-    attempted meanwhile."""
+def shapes(argv: list[str]) -> set[str]:
+    """The forms of an argv, paths and sizes aside: its flags, and each volume's or tmpfs's options."""
+    out = {a for a in argv if a.startswith("--")}
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag in ("--volume", "--tmpfs") and ":" in value:
+            opts = re.sub(r"size=\d+", "size=N", re.sub(r"=/[^,]*", "=PATH", value.rsplit(":", 1)[-1]))
+            out.add(f"{flag} ...:{opts}")
+    return out
+
+
+def resolve_all(backend: str) -> tuple[dict[str, object], dict[str, object], list[str], set[str]]:
+    """Every case's plan (its --dry-run --json) or refusal, its golden form, the host calls
+    attempted meanwhile, and the shapes of the argv the markers stand for."""
     backends = load_shipped()
     matrix = Matrix(backends=backends, profiles={}, allow_unsandboxed=frozenset(), sources=())
     fs = fake_host()
     plans: dict[str, object] = {}
     forms: dict[str, object] = {}
+    rendered: list[str] = []
     with no_host_io() as attempted:
         for name, facts, request, env in cases():
             request = replace(request, backend=backend, workdir=WORKDIR, run_id="1-golden")
@@ -180,9 +194,9 @@ def resolve_all(backend: str) -> tuple[dict[str, object], dict[str, object], lis
             form = dict(plans[key])
             if form.pop("command_line") != shlex.join(plan.command):
                 form["command_line"] = "not shlex.join(command)"  # shows in the diff
-            form["command"] = compact_command(plan)
+            form["command"] = compact_command(plan, rendered)
             forms[key] = form
-    return plans, forms, attempted
+    return plans, forms, attempted, shapes(rendered)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -373,10 +387,12 @@ def expected() -> dict[str, object]:
         plans: dict[str, object] = {}
         forms: dict[str, object] = {}
         tried = {}
+        rendered: set[str] = set()
         for backend in BACKENDS:
-            p, f, tried[backend] = resolve_all(backend)
+            p, f, tried[backend], r = resolve_all(backend)
             plans |= p
             forms |= f
+            rendered |= r
         stored = {k: encode(v) for k, v in forms.items() if k not in SAME}
         files, blobs = share(stored)
         for k in files:  # lossless: the stored form is the plan's
@@ -389,7 +405,7 @@ def expected() -> dict[str, object]:
                     users[node["$shared"]].add(holder)
         texts |= {f"{SHARED}/{k}.json": render({"used_by": sorted(users[k]), "value": v}) + "\n"
                   for k, v in blobs.items()}
-        _EXPECTED.update(plans=plans, texts=texts, attempted=tried)
+        _EXPECTED.update(plans=plans, texts=texts, attempted=tried, rendered=rendered)
         if os.environ.get("HIVE_RELAY_GOLDEN") == "1":
             for path in on_disk():
                 if path not in texts:
@@ -469,6 +485,14 @@ def test_golden_files_are_the_cases(fake_checkout: None) -> None:
             seen.setdefault(key, case)
     assert alike == [], "these cases resolve alike: add them to SAME"
     assert set(SAME) <= set(CASES) and not set(SAME.values()) & set(SAME)
+
+
+def test_the_markers_renderings_have_argv_goldens(fake_checkout: None) -> None:
+    """What a `$rendered` marker stands for is the renderers' output, which the plan goldens no longer
+    show: every flag and volume form in it has a whole vector in tests/golden/argv/ (test_argv_golden)."""
+    vectors = [json.loads(p.read_text()) for p in sorted((GOLDEN.parent / "argv").glob("*_argv.*.json"))]
+    covered = set().union(*(shapes(v) for v in vectors if isinstance(v, list)))
+    assert sorted(expected()["rendered"] - covered) == []
 
 
 def test_no_golden_line_is_long() -> None:
