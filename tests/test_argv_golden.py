@@ -3,10 +3,13 @@ is somewhere in the list". A change shows as a diff of tests/golden/argv/ to rev
 regenerate with `HIVE_RELAY_GOLDEN=1 pytest tests/test_argv_golden.py`.
 
 The inputs are a fake host's (tests/fakefs.py), so the vectors are the same on every machine.
+These vectors are also what stands behind the plan goldens' `{"$rendered": ...}` markers
+(tests/test_plan_golden.py): each renderer branch a plan's command uses has a whole vector here.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Callable
@@ -24,6 +27,8 @@ from .fakefs import HOME, TOOLS, WORKDIR, fake_host
 
 GOLDEN = Path(__file__).parent / "golden" / "argv"
 RUN_DIR = "/run/user/1000/hive-relay-1-golden"
+STAGED = f"{HOME}/.staged/1-golden"  # short: a volume names it three times
+SOCKET, SOCKET_HOST = "/run/hive-relay/sockets/ssh-agent", "/run/user/1000/ssh-agent.sock"
 
 
 def _fsplan(home_source: str | None = f"{RUN_DIR}/home") -> FsPlan:
@@ -63,6 +68,8 @@ VECTORS: dict[str, Callable[[], object]] = {
                                 **{k: list(getattr(_fsplan(), k)) for k in ("placeholders", "denied", "protected", "notes")}},
     "plan_filesystem-tmpfs-home": lambda: [vars(m) for m in _fsplan(home_source=None).mounts[:8]],
     "bwrap_argv.mount_args": lambda: bwrap_argv.mount_args(_fsplan().mounts),
+    "bwrap_argv.mount_args-fd_binds": lambda: bwrap_argv.mount_args(
+        [*_fsplan().mounts[:3], Mount("ro-bind", SOCKET, "/run/user/1000/ssh-agent.sock")], {(SOCKET, SOCKET_HOST): 6}),
     "bwrap_argv.build": lambda: bwrap_argv.build(bwrap="/usr/bin/bwrap", mounts=_fsplan().mounts, workdir=WORKDIR,
                                                  box_uid=None, seccomp_fd=3, info_fd=4, block_fd=5),
     "bwrap_argv.build-root": lambda: bwrap_argv.build(bwrap="/usr/bin/bwrap", mounts=_fsplan().mounts[:7],
@@ -70,6 +77,12 @@ VECTORS: dict[str, Callable[[], object]] = {
                                                       block_fd=5),
     "container_argv.volume_args-podman": lambda: container_argv.volume_args(_fsplan().mounts, HOME, "podman"),
     "container_argv.volume_args-docker": lambda: container_argv.volume_args(_fsplan().mounts, HOME, "docker"),
+    "container_argv.volume_args-podman-staged": lambda: container_argv.volume_args(
+        _fsplan().mounts, HOME, "podman", (WORKDIR, f"{STAGED}/upper", f"{STAGED}/work")),
+    "container_argv.volume_args-podman-tmpfs-home": lambda: container_argv.volume_args(
+        _fsplan(home_source=None).mounts, HOME, "podman"),
+    "container_argv.volume_args-docker-tmpfs-home": lambda: container_argv.volume_args(
+        _fsplan(home_source=None).mounts, HOME, "docker"),
     "container_argv.build-podman-rootless": lambda: _container("podman", True, True),
     "container_argv.build-docker-rootful-prompt": lambda: _container("docker", False, False),
 }
@@ -81,4 +94,18 @@ def test_whole_vector_matches_the_golden(name: str) -> None:
     path = GOLDEN / f"{name}.json"
     if os.environ.get("HIVE_RELAY_GOLDEN") == "1":
         path.write_text(text)
-    assert text == path.read_text(), f"{path} differs: review, then regenerate with HIVE_RELAY_GOLDEN=1"
+    have = path.read_text() if path.is_file() else ""
+    if text != have:
+        diff = difflib.unified_diff(have.splitlines(), text.splitlines(), f"golden/argv/{name}.json", "built",
+                                    lineterm="")
+        pytest.fail("\n".join(diff) + "\n\nreview, then regenerate with HIVE_RELAY_GOLDEN=1", pytrace=False)
+
+
+def test_no_stale_golden() -> None:
+    """A vector that is gone leaves no golden behind (HIVE_RELAY_GOLDEN=1 deletes it)."""
+    stale = sorted(p for p in GOLDEN.glob("*.json") if p.stem not in VECTORS)
+    if os.environ.get("HIVE_RELAY_GOLDEN") == "1":
+        for p in stale:
+            p.unlink()
+        stale = []
+    assert stale == []
