@@ -173,9 +173,11 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pyte
             item.add_marker(pytest.mark.box)
 
 
-# Fixtures that give a test a real box or engine, and files whose tests start them without one.
+# Fixtures that give a test a real box or engine, and files whose tests need more than Python without
+# one: the installed agent CLIs (settings inventories), real git (index, kube staging), real pytest or
+# bin/ runs (surface).
 BOX_FIXTURES = {"sandbox", "box", "box_sandbox", "csandbox", "image"}
-BOX_MODULES: set[str] = set()
+BOX_MODULES = {"test_settings_inventory", "test_gitindex", "test_kube_stage", "test_kube_redteam", "test_surface"}
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001, ARG001 - pytest's hook

@@ -31,6 +31,7 @@ from relay.plan.resolve import Request, resolve
 from relay.policy.egress import IP_NOT_LISTED, NOT_LISTED, Decision, allowed_rules, as_entries, decide, parse_entries
 
 from .conftest import Sandbox
+from .props import examples
 
 PUBLIC = "93.184.216.34"
 RULES = parse_entries((
@@ -160,7 +161,7 @@ def _rule(draw: st.DrawFn, names: st.SearchStrategy[str] = _names, pins: bool = 
                     pin_port=9000 if pinned else None)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(ip=_ips, cut=st.integers(1, 3), port=_ports)
 def test_an_ip_literal_never_matches_a_wildcard(ip: str, cut: int, port: int) -> None:
     # The wildcard is cut from the address's own text (`*.3.4` for 1.2.3.4), the worst case.
@@ -171,7 +172,7 @@ def test_an_ip_literal_never_matches_a_wildcard(ip: str, cut: int, port: int) ->
     assert decide(rules, ip, port, (PUBLIC,)) == Decision(False, ip, port, IP_NOT_LISTED)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rules=st.lists(_rule(pins=False), max_size=6), host=_names, port=_ports,
        addrs=st.lists(st.one_of(_v4, _v6), max_size=3), bad=_internal, at=st.integers(0, 3))
 def test_an_internal_address_without_a_pin_is_always_denied(
@@ -184,7 +185,7 @@ def test_an_internal_address_without_a_pin_is_always_denied(
     assert d.reason.startswith("resolves to internal address ")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rules=st.lists(_rule(pins=False), max_size=4), ip=st.one_of(_v4, _v6).filter(is_internal_address),
        port=_ports)
 def test_an_internal_ip_literal_is_reached_only_when_listed_as_itself(rules: list[HostRule], ip: str, port: int) -> None:
@@ -196,7 +197,7 @@ def test_an_internal_ip_literal_is_reached_only_when_listed_as_itself(rules: lis
     assert decide(listed, ip, port).allowed == (not is_unspecified_target(ip))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.data(), host=st.lists(_label, min_size=2, max_size=4).map(".".join).filter(lambda n: not _is_ip(n)),
        port=_ports)
 def test_the_most_specific_rule_decides(data: st.DataObject, host: str, port: int) -> None:

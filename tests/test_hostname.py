@@ -15,6 +15,8 @@ from relay.model.errors import UsageError
 from relay.model.hostname import HostError, canonical_host, ipv4_spelling
 from relay.policy.egress import IP_NOT_LISTED, decide, parse_entries
 
+from .props import examples
+
 RULES = parse_entries(("api.example.com", "*.svc.example.org", "pinned.example.net=10.0.0.7:9000",
                        "xn--bcher-kva.example", "93.184.216.34"))
 ALLOWED = ("api.example.com", "a.svc.example.org", "pinned.example.net", "xn--bcher-kva.example")
@@ -106,7 +108,7 @@ def _spelling(draw: st.DrawFn) -> tuple[str, str]:
     return name, text
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(_spelling())
 def test_a_spelling_of_an_allowed_name_is_refused_or_decided_like_the_name(pair: tuple[str, str]) -> None:
     name, spelling = pair
@@ -128,7 +130,7 @@ def test_a_spelling_of_an_allowed_name_is_refused_or_decided_like_the_name(pair:
     assert _decide(host) == want or _decide(host)[0] == "deny"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(value=st.integers(0, 2**32 - 1), parts=st.integers(1, 4), bases=st.lists(st.sampled_from("dox"), min_size=4,
                                                                                 max_size=4))
 def test_every_ipv4_spelling_is_recognised_as_that_address(value: int, parts: int, bases: list[str]) -> None:

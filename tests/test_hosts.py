@@ -10,6 +10,8 @@ from relay.egress.proxy import Body, RequestError, decide, parse_head
 from relay.model.allow_rules import find_rule, is_internal_address, is_unspecified_target, parse_rule
 from relay.model.errors import UsageError
 
+from .props import examples
+
 
 def rules(*entries: str):
     return tuple(parse_rule(e) for e in entries)
@@ -73,7 +75,7 @@ def test_public_addresses_are_not_internal(addr: str) -> None:
     assert not is_internal_address(addr)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.ip_addresses())
 def test_internal_agrees_with_the_stdlib_where_it_is_sure(ip) -> None:  # noqa: ANN001 - IPv4Address | IPv6Address
     """Everything the stdlib calls loopback/private/link-local/multicast/unspecified is internal; IPv6 outside
@@ -206,7 +208,7 @@ def test_content_length_body_stops_at_its_end() -> None:
     assert body.feed(b"loGET /2 HTTP/1.1") == b"lo" and body.done and body.extra == b"GET /2 HTTP/1.1"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.text(max_size=300))
 def test_allow_host_parser_never_crashes(entry: str) -> None:
     try:
@@ -218,7 +220,7 @@ def test_allow_host_parser_never_crashes(entry: str) -> None:
     assert find_rule((rule,), "unrelated-host-name.invalid", 443) is None or rule.wildcard
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.binary(max_size=2000))
 def test_request_parser_never_crashes(head: bytes) -> None:
     try:

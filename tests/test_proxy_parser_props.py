@@ -20,6 +20,8 @@ from relay.config.load import CredentialRoute
 from relay.egress.proxy import Body, Request, RequestError, parse_head, route_head
 from relay.policy.egress import CREDENTIAL_HEADERS, apply_credential, match_route
 
+from .props import examples
+
 KEY = "sk-REAL-KEY-7c1f"
 ROUTES = (CredentialRoute("anthropic", ("K",), "api.anthropic.com", 443, "x-api-key"),
           CredentialRoute("maps", ("M",), "maps.example", 443, "query:key"),
@@ -136,7 +138,7 @@ def read_as_upstream(data: bytes) -> tuple[Request, bytes, bool, bytes]:
     return req, got, framing.done, framing.extra
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(head=heads(), body=bodies(), cuts=st.lists(st.integers(0, 400), max_size=4))
 @example(head=b"POST /anthropic/v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked", body=b"0\r\n\r\n",
          cuts=[])
@@ -171,7 +173,7 @@ def test_one_request_to_the_pinned_route_with_the_credential_once(head: bytes, b
         assert forwarded.count(b"/anthropic/steal") == body[: len(body) - len(held)].count(b"/anthropic/steal")
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(head=heads(), body=bodies(), cuts=st.lists(st.integers(0, 400), max_size=6))
 def test_reads_split_anywhere_give_the_same_result(head: bytes, body: bytes, cuts: list[int]) -> None:
     """The framing cannot be steered by how the client times its writes."""
@@ -181,7 +183,7 @@ def test_reads_split_anywhere_give_the_same_result(head: bytes, body: bytes, cut
         assert whole[0] == split[0] and whole[2:] == split[2:]
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(data=st.binary(max_size=400))
 def test_any_bytes_as_a_head_parse_to_a_canonical_request_or_a_refusal(data: bytes) -> None:
     try:
@@ -195,7 +197,7 @@ def test_any_bytes_as_a_head_parse_to_a_canonical_request_or_a_refusal(data: byt
         assert parse_head(req.head[:-4]).head == req.head  # canonical: reading it again changes nothing
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(head=st.binary(min_size=1, max_size=64).map(lambda b: b"GET /anthropic/v1 HTTP/1.1\r\nX: " + b))
 def test_bytes_in_a_header_value_never_become_a_second_header_or_request(head: bytes) -> None:
     result = upstream(head, b"", [])

@@ -65,7 +65,7 @@ def one_core_busy(limit_s: float = 900.0) -> Iterator[None]:
         proc.wait()
 
 
-def _container_image(env: dict[str, str]) -> tuple[str, str] | str:
+def container_image(env: dict[str, str]) -> tuple[str, str] | str:
     """(engine, image tag) for this user's container runs, or why container mode is not measured."""
     from relay.config.load import load_matrix
     from relay.host.container_engine import info
