@@ -10,9 +10,9 @@ import ssl
 import sys
 import time
 
-from relay.config.load import CredentialRoute
 from relay.egress.proxy import DecisionLog, EgressProxy
 from relay.model.allow_rules import parse_rule
+from relay.model.backend import CredentialRoute
 
 
 def main() -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.config.load import ProfileSpec, apply_repo, load_matrix, load_shipped
+from relay.config.load import apply_repo, load_matrix, load_shipped
 from relay.config.profiles import resolve_profile
+from relay.model.backend import ProfileSpec
 from relay.model.errors import ConfigError, UsageError
 
 from .conftest import REPO

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from relay.commands.cli import build_parser
-from relay.config.load import CredentialRoute, Matrix, load_matrix, load_shipped
+from relay.config.load import load_matrix, load_shipped
 from relay.egress import secret_source
+from relay.model.backend import CredentialRoute, Matrix
 from relay.model.errors import ConfigError, RefusedError
 from relay.plan.resolve import Request, resolve
 

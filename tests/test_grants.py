@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from relay.config.load import CredentialRoute, load_matrix
+from relay.config.load import load_matrix
 from relay.egress import secret_source as hostsecrets
 from relay.model.allow_rules import parse_rule
+from relay.model.backend import CredentialRoute
 from relay.model.errors import ConfigError, RefusedError
 from relay.policy.egress import apply_credential, route_rules
 

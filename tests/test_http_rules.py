@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from relay.config.load import CredentialRoute
 from relay.egress.proxy import DecisionLog, EgressProxy
 from relay.model import http_rules
 from relay.model.allow_rules import parse_rule
+from relay.model.backend import CredentialRoute
 from relay.model.errors import UsageError
 from relay.model.http_rules import HttpRules, normalise_path, path_matches, refusal
 from relay.model.refusal import ENTRY

@@ -19,7 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from relay.config.load import Matrix, load_shipped
+from relay.config.load import load_shipped
+from relay.model.backend import Matrix
 from relay.modes import kube_objects as kube_render
 from relay.modes.kube_objects import KubeRun, render_objects, to_yaml
 from relay.modes.kube_run import BoxResult, extract_result, progress_line, write_patches

@@ -208,7 +208,7 @@ def test_deny_cuts_a_streaming_credential_route_request(tmp_path: Path) -> None:
     request streaming through the route (a model's answer), and the route's TLS reader ends cleanly."""
     import ssl
 
-    from relay.config.load import CredentialRoute
+    from relay.model.backend import CredentialRoute
 
     from .servers import make_ca
 

@@ -41,8 +41,9 @@ import relay.box.landlock  # noqa: F401
 import relay.host.container_engine  # noqa: F401 - imported ahead: loading code is not reading the host
 import relay.plan.resolve as planner
 import relay.trust.gitdir  # noqa: F401
-from relay.config.load import Matrix, load_shipped
+from relay.config.load import load_shipped
 from relay.host import paths
+from relay.model.backend import Matrix
 from relay.model.errors import RelayError
 from relay.model.host_facts import HostFacts
 from relay.plan.resolve import Request, resolve

@@ -16,8 +16,8 @@ import re
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from relay.config.load import CredentialRoute
 from relay.egress.proxy import Body, Request, RequestError, parse_head, route_head
+from relay.model.backend import CredentialRoute
 from relay.policy.egress import CREDENTIAL_HEADERS, apply_credential, match_route
 
 from .props import examples

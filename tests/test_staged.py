@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.config.load import Matrix, load_matrix, load_shipped
+from relay.config.load import load_matrix, load_shipped
+from relay.model.backend import Matrix
 from relay.model.errors import ConfigError, RefusedError, UsageError
 from relay.plan.resolve import Request, resolve
 from relay.trust import changes, staged

@@ -34,7 +34,7 @@ class Req:
 
 def choose(isolation: str | None, facts: HostFacts = READY, mode: str = "local"):
     backends = load_shipped()
-    from relay.config.load import Matrix
+    from relay.model.backend import Matrix
 
     return choose_tier(Req(isolation, mode), facts, backends["shell"],
                        Matrix(backends=backends, profiles={}, allow_unsandboxed=frozenset(), sources=()), {})

@@ -20,7 +20,8 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-from relay.config.load import Backend, backend_names, load_matrix
+from relay.config.load import backend_names, load_matrix
+from relay.model.backend import Backend
 from relay.model.errors import UsageError
 from relay.modes.install import cli_path, ensure_cli
 

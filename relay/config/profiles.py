@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from relay.config.load import ProfileSpec
+from relay.model.backend import ProfileSpec
 from relay.model.errors import UsageError
 
 GIB = 1 << 30

@@ -40,7 +40,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ssl  # at run time only when a credential route is used (importing it costs ~5 ms per launch)
 
-    from relay.config.load import CredentialRoute
+    from relay.model.backend import CredentialRoute
 
 MAX_HEAD = 32 * 1024
 HEAD_TIMEOUT = 30.0  # a whole request head must arrive within this, however it trickles in

@@ -15,8 +15,8 @@ import socket
 import sys
 import threading
 
-from relay.config.load import CredentialRoute
 from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.model.backend import CredentialRoute
 from relay.policy.egress import parse_entries, route_key
 
 WORKER_STACK = 512 << 10

@@ -18,8 +18,8 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping
 
-from relay.config.load import CredentialRoute
 from relay.host import safefs
+from relay.model.backend import CredentialRoute
 from relay.model.errors import RefusedError
 from relay.policy import egress
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TextIO
 
-from relay.config.load import Backend, Matrix
 from relay.host.container_engine import engine_kind, info
 from relay.host.paths import PACKAGE_ROOT
+from relay.model.backend import Backend, Matrix
 from relay.model.errors import RefusedError
 from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts

@@ -16,8 +16,8 @@ import sys
 import time
 from collections.abc import Mapping
 
-from relay.config.load import Backend
 from relay.host.paths import tool_dir
+from relay.model.backend import Backend
 from relay.model.errors import EXIT_MISSING, RelayError
 
 TYPE_CHECKING = False

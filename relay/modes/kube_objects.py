@@ -27,7 +27,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from relay.config.load import CredentialRoute
+from relay.model.backend import CredentialRoute
 from relay.model.hashing import sha256
 from relay.plan.resolve import Plan
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER

@@ -17,11 +17,11 @@ from relay.modes.kube_objects import PROXY_PYTHONPATH
 # (tests/test_house.py checks that it is closed under imports). The image holds these and no more.
 PROXY_POD_FILES = (
     "__init__.py",
-    "config/__init__.py", "config/load.py", "config/presets.py", "config/profiles.py",
+    "config/__init__.py", "config/profiles.py",
     "egress/__init__.py", "egress/control.py", "egress/proxy.py", "egress/proxy_main.py", "egress/tlspeek.py",
-    "host/__init__.py", "host/liveness.py", "host/paths.py", "host/procs.py", "host/safefs.py",
-    "model/__init__.py", "model/allow_rules.py", "model/errors.py", "model/hostname.py", "model/http_rules.py",
-    "model/refusal.py",
+    "host/__init__.py", "host/liveness.py", "host/procs.py", "host/safefs.py",
+    "model/__init__.py", "model/allow_rules.py", "model/backend.py", "model/errors.py", "model/hostname.py",
+    "model/http_rules.py", "model/refusal.py",
     "modes/__init__.py", "modes/kube_bundle.py",
     "policy/__init__.py", "policy/egress.py",
     "trust/__init__.py", "trust/rundirs.py",

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from relay.config.load import CredentialRoute
+from relay.model.backend import CredentialRoute
 from relay.model.errors import RefusedError
 
 KEY_PREFIX = "HIVE_RELAY_KEY_"

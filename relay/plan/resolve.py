@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 from relay.box.nodeproxy import node_options
 from relay.box.overlay import unsafe_path
-from relay.config.load import Backend, CredentialRoute, Matrix
 from relay.config.presets import expand as expand_presets
 from relay.config.profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, own_paths, state_dir, tool_dir
 from relay.model import credential_files
 from relay.model.allow_rules import HostRule, explain
+from relay.model.backend import Backend, CredentialRoute, Matrix
 from relay.model.errors import RefusedError, UsageError
 from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts

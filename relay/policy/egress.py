@@ -22,8 +22,8 @@ from relay.model.allow_rules import HostRule, _is_ip, find_rule, is_internal_add
 from relay.model.errors import RefusedError
 
 if TYPE_CHECKING:
-    from relay.config.load import Backend, CredentialRoute
     from relay.config.profiles import Profile
+    from relay.model.backend import Backend, CredentialRoute
 
 NOT_LISTED = "not in the egress allowlist"
 IP_NOT_LISTED = "IP literals are refused unless listed explicitly"

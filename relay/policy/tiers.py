@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from relay.config.load import Backend, Matrix
 from relay.config.profiles import resolve_profile
+from relay.model.backend import Backend, Matrix
 from relay.model.errors import RefusedError, UsageError
 from relay.model.host_facts import HostFacts
 from relay.model.vocab import Tier

@@ -35,10 +35,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from relay.config import settings_keys
-from relay.config.load import LoginFile
 from relay.host import safefs
 from relay.host.liveness import RUN_ID_RE
 from relay.model import credential_files
+from relay.model.backend import LoginFile
 from relay.model.hashing import sha256
 from relay.model.refusal import ENTRY
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from relay.config.load import LoginFile
 from relay.host import safefs
+from relay.model.backend import LoginFile
 
 # The box's copy expires in the year 2100: the CLI never refreshes it (it could not: it holds no
 # refresh token), and the proxy refreshes the real one on the host.

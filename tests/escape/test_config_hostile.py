@@ -24,13 +24,13 @@ from relay.config.load import (
     MAX_CONFIG_BYTES,
     NARROWABLE,
     REPO_CONFIG_NAME,
-    Backend,
     apply_repo,
     load_matrix,
     load_shipped,
 )
 from relay.config.profiles import LOCALE_ENV
 from relay.host.paths import cache_dir
+from relay.model.backend import Backend
 from relay.model.errors import ConfigError
 from relay.model.hashing import sha256
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.config.load import CredentialRoute
 from relay.egress.proxy import DecisionLog, EgressProxy
 from relay.model.allow_rules import parse_rule
+from relay.model.backend import CredentialRoute
 
 from ..servers import make_ca
 from .conftest import Report
