@@ -93,26 +93,3 @@ def nested_git_paths(workdir: str, fs: FsView | None = None) -> list[str]:
                 return found
             stack += reversed([p for p in (os.path.join(root, d) for d in dirs) if fs.lkind(p) != "link"])
     return found
-
-
-def main(argv: list[str]) -> int:
-    """`python -m relay.policy.denylist secrets HOME UID BACKEND [SOCK]` / `protected WORKDIR`: one path per
-    line, for the bats parity test against bin/denylist.sh."""
-    if argv[:1] == ["secrets"] and len(argv) in (4, 5):
-        from relay.config.load import load_shipped
-
-        home, uid, backend = argv[1], int(argv[2]), argv[3]
-        extra = load_shipped()[backend].deny
-        print("\n".join(secret_paths(home.rstrip("/") or "/", uid, extra, argv[4] if len(argv) == 5 else None)))
-        return 0
-    if argv[:1] == ["protected"] and len(argv) == 2:
-        print("\n".join(protected_paths(argv[1].rstrip("/"))))
-        return 0
-    print("usage: python -m relay.policy.denylist secrets HOME UID BACKEND [SSH_AUTH_SOCK] | protected WORKDIR")
-    return 2
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

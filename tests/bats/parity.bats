@@ -7,7 +7,7 @@ setup() {
   . "$ROOT/bin/denylist.sh"
 }
 
-py_list() { PYTHONPATH="$ROOT" "$PY" -m relay.policy.denylist "$@"; }
+py_list() { PYTHONPATH="$ROOT" "$PY" -m relay.commands.denylist_cli "$@"; }
 
 @test "secret paths are identical for every backend, HOME and uid" {
   for backend in claude codex gemini opencode shell; do
