@@ -399,21 +399,21 @@ discard = task(positional=["run"], iterable=["path"], help=_staged_help("discard
 
 @task(positional=["host"], help=CHANGE_HELP, name="allow")
 def allow(c: Context, host: str, run: str | None = None) -> None:
-    from relay.egress.control import change
+    from relay.commands.live_rules import change
 
     _exit(guarded(change, "allow", host, run or None))
 
 
 @task(positional=["host"], help=CHANGE_HELP, name="deny")
 def deny(c: Context, host: str, run: str | None = None) -> None:
-    from relay.egress.control import change
+    from relay.commands.live_rules import change
 
     _exit(guarded(change, "deny", host, run or None))
 
 
 @task(help={"run": CHANGE_HELP["run"]}, name="ask")
 def ask(c: Context, run: str | None = None) -> None:
-    from relay.egress.control import ask as run_ask
+    from relay.commands.live_rules import ask as run_ask
 
     _exit(guarded(run_ask, run or None))
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.commands import live_rules
 from relay.egress import control
 from relay.model.errors import EXIT_NO_RUN, EXIT_REFUSED, RefusedError
 from relay.model.refusal import ENTRY
@@ -364,7 +365,7 @@ def test_ask_answered_with_an_allow_the_proxy_refuses_releases_the_request_at_on
                         notify=None, control=control.listen(str(run_dir)), ask=True)
     proxy.start()
     answers = io.StringIO(f"y\ninternal.test:{port}=127.0.0.1:{port}\n")
-    asker = threading.Thread(target=control.ask, kwargs={"env": {"XDG_RUNTIME_DIR": str(base)}, "answers": answers},
+    asker = threading.Thread(target=live_rules.ask, kwargs={"env": {"XDG_RUNTIME_DIR": str(base)}, "answers": answers},
                              daemon=True)
 
     def get() -> tuple[bytes, float]:

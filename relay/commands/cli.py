@@ -503,7 +503,7 @@ DENY_DOC = ("Remove a host from a running box's egress rules (its connections al
 
 
 def _change_main(op: str, argv: Sequence[str]) -> int:
-    from relay.egress.control import change
+    from relay.commands.live_rules import change
 
     parser = _argument_parser(prog=f"hive-relay {op}", description=ALLOW_DOC if op == "allow" else DENY_DOC)
     parser.add_argument("host", metavar="HOST[:PORT]", help=CHANGE_HELP["host"])
@@ -517,7 +517,7 @@ ASK_DOC = ("Answer, from a second terminal, the egress questions of a box starte
 
 
 def _ask_main(argv: Sequence[str]) -> int:
-    from relay.egress.control import ask
+    from relay.commands.live_rules import ask
 
     parser = _argument_parser(prog="hive-relay ask", description=ASK_DOC)
     parser.add_argument("-r", "--run", metavar="RUN", help=CHANGE_HELP["run"])

@@ -213,7 +213,7 @@ def pick(base: str, which: str | None) -> Run:
     raise UsageError(f"{len(runs)} live runs: {', '.join(r.run_id for r in runs)}; fix: pick one with --run RUN")
 
 
-def _open_control(run: Run) -> socket.socket:
+def open_control(run: Run) -> socket.socket:
     """A connected socket to the run's proxy (for `request` and `ask`): the run dir is checked again
     (ours, 0700, no link) and the socket reached through its fd, so a dir swapped in between is never
     talked to; the proxy at the other end must run as us (SO_PEERCRED)."""
@@ -244,7 +244,7 @@ def request(run: Run, op: str, entry: str, question: str = "") -> dict:
     """Send one request to the run's proxy; the reply as a dict. The run dir is checked again and the
     socket reached through its fd, so a dir swapped in between is never talked to. `question`: the
     held request (`invoke ask`) this answers, so that an allow the proxy refuses releases it at once."""
-    with _open_control(run) as sock:
+    with open_control(run) as sock:
         try:
             sock.sendall((json.dumps({"op": op, "entry": entry, **({"question": question} if question else {})})
                           + "\n").encode())
@@ -259,52 +259,3 @@ def request(run: Run, op: str, entry: str, question: str = "") -> dict:
     return reply if isinstance(reply, dict) else {"ok": False, "error": "invalid answer"}
 
 
-def ask(run: str | None = None, env: Mapping[str, str] | None = None, answers=None) -> int:  # noqa: ANN001
-    """`invoke ask [--run RUN]`: in a second terminal, answer the questions of a box started with --ask.
-    Each denied host is asked once: `y` allows it as asked, an entry (`NAME:PORT=ADDR:PORT`) allows
-    that instead, anything else refuses it; the box's request waits meanwhile (up to ASK_TIMEOUT)."""
-    import sys
-
-    answers = answers or sys.stdin
-    target = pick(runtime_base(env if env is not None else os.environ), run)
-    sock = _open_control(target)
-    with sock:
-        sock.sendall(b'{"op": "watch"}\n')
-        lines = sock.makefile("r", encoding="utf-8", errors="replace")
-        sock.settimeout(None)
-        if not json.loads(lines.readline() or "{}").get("ok"):
-            raise RefusedError(f"run {target.run_id} does not take questions (was it started with --ask?)")
-        print(f"hive-relay: answering run {target.run_id}'s egress questions (Ctrl-C to stop)", flush=True)
-        for line in lines:
-            try:
-                host = str(json.loads(line)["ask"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            shown = "".join(c if c.isprintable() else "?" for c in host)[:300]
-            print(f"hive-relay: run {target.run_id} asks for {shown} (not in the egress allowlist). Allow it? "
-                  "[y/N, or an entry such as NAME:PORT=ADDR:PORT]", flush=True)
-            answer = (answers.readline() or "").strip()
-            entry = shown if answer.lower() in ("y", "yes") else answer if answer and answer.lower() not in ("n", "no") \
-                else ""
-            try:
-                reply = request(target, "allow" if entry else "refuse", entry or shown, question=host)
-            except RelayError as err:
-                print(f"hive-relay: {err.message}", flush=True)
-                continue
-            print(f"hive-relay: {reply.get('message') or reply.get('error')}", flush=True)
-    print(f"hive-relay: run {target.run_id} ended", flush=True)
-    return 0
-
-
-def change(op: str, entry: str, run: str | None = None, env: Mapping[str, str] | None = None) -> int:
-    """`invoke allow|deny HOST[:PORT] [--run RUN]`: one line saying what changed, or one error line."""
-    try:
-        parse_rule(entry)  # a bad entry is the caller's error, reported before any run is looked for
-    except UsageError as err:
-        raise UsageError(f"{op} {err.message.removeprefix('--allow-host ')}") from None
-    target = pick(runtime_base(env if env is not None else os.environ), run)
-    reply = request(target, op, entry)
-    if not reply.get("ok"):
-        raise UsageError(f"run {target.run_id}: {reply.get('error', 'refused')}")
-    print(f"hive-relay: run {target.run_id}: {reply.get('message', 'done')}")
-    return 0
