@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from . import fake_api
 from .conftest import Sandbox
 from .escape.test_credentials import PLACEHOLDER, REAL
 from .escape.test_grants import TOKEN, head_of, run_box, with_grant
 from .git_server import GitServer, bare_repo
-from .servers import make_ca
 
 pytestmark = pytest.mark.container
 
@@ -26,18 +24,6 @@ node -e 'fetch(process.env.ANTHROPIC_BASE_URL + "/v1/messages", {method: "POST",
   process.env.ANTHROPIC_API_KEY, "content-type": "application/json"}, body: JSON.stringify({model: "m",
   max_tokens: 1, messages: []})}).then(r => r.text()).then(t => console.log(t), e => console.log("error", e))'
 """
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory):
-    return make_ca(tmp_path_factory.mktemp("ca"), ("api.anthropic.com", "github.com"))
-
-
-@pytest.fixture
-def tls_api(ca) -> Iterator[fake_api.Server]:
-    server, _ = fake_api.start(tls=ca[1])
-    yield server
-    server.shutdown()
 
 
 def test_a_container_box_reaches_its_route_and_holds_only_the_placeholder(csandbox: Sandbox, ca, tls_api) -> None:

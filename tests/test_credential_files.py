@@ -24,7 +24,6 @@ from relay.model import credential_files
 
 from . import fake_api
 from .conftest import Sandbox, require_box
-from .servers import make_ca
 from .test_credential_turns import files_holding, setup_home
 
 MARK = "REALSECRET"  # in every real value below; the probe spells it in two pieces
@@ -243,18 +242,6 @@ CASES = {
                          "true", "", "clientSecret"),
 }
 MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("container", marks=pytest.mark.container)]
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory):
-    return make_ca(tmp_path_factory.mktemp("ca"), NAMES)
-
-
-@pytest.fixture
-def tls_api(ca):
-    server, _ = fake_api.start(tls=ca[1])
-    yield server
-    server.shutdown()
 
 
 def twin(file: str, key: str) -> str:

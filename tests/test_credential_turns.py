@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from . import fake_api
 from .conftest import Sandbox, require_box
-from .servers import make_ca
 
 REAL = "sk-REAL-TURN-KEY-ON-THE-HOST-ONLY"
 PLACEHOLDER = "hive-relay-placeholder"
@@ -43,18 +41,6 @@ echo "probe-seen=$(for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < "$f"; done
 echo "probe-home=$(grep -rl 'TURN-KEY''-ON-THE-HOST' "$HOME" /tmp 2>/dev/null | wc -l)"
 """
 MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("container", marks=pytest.mark.container)]
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory):
-    return make_ca(tmp_path_factory.mktemp("ca"), tuple(name for _, name, _ in BACKENDS.values()))
-
-
-@pytest.fixture
-def tls_api(ca) -> Iterator[fake_api.Server]:
-    server, _ = fake_api.start(tls=ca[1])
-    yield server
-    server.shutdown()
 
 
 @pytest.fixture

@@ -33,11 +33,6 @@ PLACEHOLDER = "hive-relay-placeholder"
 ROUTES = {r.name: r for b in load_shipped().values() for r in b.credentials}
 
 
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ssl.SSLContext]:
-    return make_ca(tmp_path_factory.mktemp("ca"), NAMES)
-
-
 class TLSUpstream:
     """A TLS server on 127.0.0.1 that records the plaintext each connection sends, answers with
     `answer(head)` (bytes, or a list of byte chunks sent 0.3 s apart) and then records until EOF."""
@@ -254,13 +249,6 @@ curl -s -H "x-api-key: $ANTHROPIC_API_KEY" -H 'content-type: application/json' \
      -d '{"model": "m", "max_tokens": 1, "messages": []}' "$ANTHROPIC_BASE_URL/v1/messages"; echo
 curl -s -o /dev/null -w 'direct=%{http_code}\n' https://api.anthropic.com/v1/messages || true
 """
-
-
-@pytest.fixture
-def tls_api(ca) -> Iterator[fake_api.Server]:
-    server, _ = fake_api.start(tls=ca[1])
-    yield server
-    server.shutdown()
 
 
 def box_with_key(box: Sandbox, ca, api: fake_api.Server, script: str, backend: str = "claude"):

@@ -18,7 +18,6 @@ import pytest
 
 from ..conftest import Sandbox
 from ..git_server import GitServer, bare_repo
-from ..servers import make_ca
 from .conftest import Report
 
 TOKEN = "ghp_GRANT-TOKEN-ON-THE-HOST-ONLY"
@@ -42,11 +41,6 @@ grep -rl GRANT-TOKEN "$HOME" /tmp 2>/dev/null | wc -l
 git config --get-regexp '^url\.' || echo "no rewrite"
 git ls-remote http://127.0.0.1:3128/github/o/r.git >/dev/null 2>&1; echo "route=$?"
 """
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory):
-    return make_ca(tmp_path_factory.mktemp("ca"), ("github.com",))
 
 
 @pytest.fixture

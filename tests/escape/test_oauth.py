@@ -29,7 +29,6 @@ from relay.trust import logins
 
 from .. import fake_api
 from ..conftest import Sandbox
-from ..servers import make_ca
 from .conftest import Report
 from .test_credentials import entries
 
@@ -42,11 +41,6 @@ NEW_REFRESH = "sk-ant-ort01-ONHOST-refresh-new"
 MARK = "ONHOST"  # in every real token: found anywhere the box can see, it is a leak
 ROUTE = next(r for r in load_shipped()["claude"].credentials if r.name == "anthropic-login")
 CLIENT_ID = ROUTE.login.client_id if ROUTE.login else ""
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ssl.SSLContext]:
-    return make_ca(tmp_path_factory.mktemp("ca"), NAMES)
 
 
 @pytest.fixture

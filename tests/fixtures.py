@@ -1,0 +1,33 @@
+"""The fixtures every file shares, defined once (tests/conftest.py hands them to pytest): one test CA
+for the session, with a server certificate for every API name the tests serve, and the TLS fake API
+behind it. A file that needs a CA of its own (another name set, a CA the proxy must not trust) makes
+one with servers.make_ca."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from . import fake_api
+from .servers import make_ca
+
+# Every name a shared-CA test serves under: the agents' APIs and logins, and github.com for grants.
+API_NAMES = ("api.anthropic.com", "platform.claude.com", "api.openai.com", "chatgpt.com",
+             "generativelanguage.googleapis.com", "github.com")
+
+
+@pytest.fixture(scope="session")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ssl.SSLContext]:
+    """(the CA file clients trust, a server context with the certificate for API_NAMES)."""
+    return make_ca(tmp_path_factory.mktemp("ca"), API_NAMES)
+
+
+@pytest.fixture
+def tls_api(ca: tuple[Path, ssl.SSLContext]) -> Iterator[fake_api.Server]:
+    """The fake API over TLS under the real API names, for one test."""
+    server, _ = fake_api.start(tls=ca[1])
+    yield server
+    server.shutdown()
