@@ -164,6 +164,17 @@ def test_every_layer_is_in_the_architecture() -> None:
     assert not missing, f"docs/architecture.md's house lacks these layer folders: {missing}"
 
 
+def test_the_proxy_pods_file_set_is_the_image_s() -> None:
+    from relay.modes.kube_proxy_image import PROXY_POD_FILES
+
+    para = re.search(r"(?ms)^\*\*The proxy pod's file set\.\*\*(.*?)(?=^$)", _text(DOCS / "architecture.md"))
+    assert para, "docs/architecture.md has no **The proxy pod's file set.** paragraph"
+    listed = set(re.findall(r"`(relay/(?:[a-z_]+/)?[a-z_0-9]+\.py)`", para.group(1)))  # the list is in backticks
+    shipped = {f"relay/{f}" for f in PROXY_POD_FILES if not f.endswith("/__init__.py")}
+    assert listed == shipped, (f"docs/architecture.md's proxy pod file set differs from relay/modes/kube_proxy_image.py "
+                               f"PROXY_POD_FILES: missing {sorted(shipped - listed)}, extra {sorted(listed - shipped)}")
+
+
 def test_no_doc_names_a_module_that_is_gone() -> None:
     stale = []
     for source in [README, *_docs()]:
