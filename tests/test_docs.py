@@ -9,6 +9,7 @@ code, plan key or module fails here, by name, until its doc says it.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -151,10 +152,17 @@ def test_every_module_is_in_the_architecture() -> None:
                      if p.name not in ("__init__.py", "__main__.py"))
     listed = set(re.findall(r"(?m)^  - `(relay/[^`]+\.py)` — \S", arch))  # the house: one line per module
     missing = [m for m in modules if m not in listed]
-    assert not missing, ("docs/architecture.md's house lacks these modules (add a line `  - `relay/LAYER/NAME.py` — "
-                         f"...` under its layer, from the module docstring's first sentence): {missing}")
+    assert not missing, ("docs/architecture.md's house lacks these modules; add each line under its layer's "
+                         "`relay/LAYER/` line (in file order):\n" + "\n".join(_house_line(m) for m in missing))
     gone = sorted(listed - set(modules))
     assert not gone, f"docs/architecture.md's house lists modules that do not exist (moved or renamed?): {gone}"
+
+
+def _house_line(module: str) -> str:
+    """The house's line for a module: its path and its docstring's first sentence."""
+    doc = " ".join((ast.get_docstring(ast.parse((REPO / module).read_text(encoding="utf-8"))) or "").split())
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.(\s|$)", doc)
+    return f"  - `{module}` — {doc[:end.start()] if end else doc or 'NO DOCSTRING: write one first'}"
 
 
 def test_every_layer_is_in_the_architecture() -> None:
