@@ -446,7 +446,7 @@ LOGS_DOC = "Read the egress logs: list the runs, or show one run's proxy decisio
 CLEAN_HELP = {
     "dry_run": "print what would be removed, remove nothing",
     "all": "also every egress log of finished runs, the current container image and its base (what "
-           "the Uninstall section of the README uses)",
+           "the Uninstall section of docs/usage.md uses)",
     "staged_older_than": "also remove the staged runs (unapplied box changes) that ended more than DAYS days "
                          "ago, each listed; without it, staged runs are only listed (never by --all, never a "
                          "running one)",

@@ -134,7 +134,7 @@ def enforceable(facts: HostFacts, survey: EngineSurvey) -> dict[str, str]:
         "process/default": process,
         "process/agent": "never: the process tier cannot enforce egress",
         "container": _container_state(facts, survey),
-        "vm": "NOT enforceable: " + (facts.vm_error or "the VM launcher is not built yet (README: The VM tier)"),
+        "vm": "NOT enforceable: " + (facts.vm_error or "the VM launcher is not built yet (docs/isolation.md: The VM tier)"),
         "auto pick": auto_pick(facts),
     }
 

@@ -1,6 +1,6 @@
 """Errors that end a run, each carrying the exit code that the public interface promises.
 
-Exit codes are part of the command surface (README, "Exit codes"): scripts branch on
+Exit codes are part of the command surface (docs/usage.md, "Exit codes"): scripts branch on
 them, so every failure path must raise one of these rather than a bare exception.
 """
 

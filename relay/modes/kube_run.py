@@ -455,8 +455,7 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
         raise RefusedError("kube mode needs kubectl; fix: install kubectl and select a context")
     context = current_context(path, env)
     if context is None:
-        raise RefusedError(NO_CLUSTER.replace("print the objects with --dry-run", "see README, Running many boxes on "
-                                              "a cluster"))
+        raise RefusedError(NO_CLUSTER.replace("print the objects with --dry-run", "see docs/kube.md"))
     matrix = load_matrix(dict(env), workdir=None)
     backend = get_backend(matrix, backend_name)
     here = tempfile.mkdtemp(prefix="hive-relay-canary-")  # an empty checkout: the canary needs no workspace

@@ -3,7 +3,7 @@ tag), the initramfs, the qemu argv (pure), and a run that returns the guest comm
 
 This is the VM tier's guest half, tested for real (tests/test_vm.py). What it does not do yet is
 the launcher's half: a Plan does not run here (no `--isolation vm` launch, no proxy, no janitor;
-see README "The VM tier").
+see docs/isolation.md, "The VM tier").
 
 Why these choices (each checked on this machine type):
 - ext4 root, not 9p: node loads thousands of small files; a block device with the guest's page

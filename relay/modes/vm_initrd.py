@@ -6,7 +6,7 @@ Why an initramfs at all: Debian's kernels build every virtio driver, 9p and ext4
 loads them. Why this module writes the cpio itself: Debian 12 has no `cpio` by default, and the
 newc format is a 110-byte header per file; no tool and no shell string needed.
 
-The init (GUEST_INIT) is the guest half of the design in README "The VM tier": root is container
+The init (GUEST_INIT) is the guest half of the design in docs/isolation.md, "The VM tier": root is container
 mode's image as a read-only ext4 disk under a tmpfs overlay, the workdir and the home grants come
 in as 9p shares (a denied path is simply not shared), the only NIC is qemu's user network with
 `restrict=on` and one guestfwd to the host-side proxy, and the exit code leaves through qemu's

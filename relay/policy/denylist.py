@@ -66,7 +66,7 @@ def nested_git_paths(workdir: str, fs: FsView | None = None) -> list[str]:
     """Hooks and config of existing submodules and linked worktrees under .git: they run on the host
     too. Superseded in bwrap and container boxes by the private git dir (relay/trust/gitdir.py): where
     that exists, every protected path under `.git` is dropped from the plan.
-    (A repo the agent creates from scratch is not protected; see the README threat model.)
+    (A repo the agent creates from scratch is not protected; see docs/threat-model.md.)
     The walk is os.walk's (top-down, links listed but not entered), through the planner's FsView."""
     if fs is None:
         from relay.policy.fsplan import FsView

@@ -117,7 +117,7 @@ def _vm(request: Request, facts: HostFacts) -> TierChoice:
     if facts.vm_error is not None:
         raise RefusedError(f"--isolation vm cannot be enforced: {facts.vm_error}")
     # The host can boot a guest, but the launcher that runs a plan in it is not built yet (issue 20:
-    # see README "The VM tier"): refusing beats pretending, and it never falls back to a weaker tier.
+    # see docs/isolation.md, "The VM tier"): refusing beats pretending, and it never falls back to a weaker tier.
     raise RefusedError("--isolation vm cannot be enforced: this version cannot launch a box in the VM yet "
                        "(the host side is ready: KVM, qemu and the guest kernel); fix: use --isolation supervised "
                        "or --mode container")
