@@ -28,7 +28,6 @@ from relay.commands.options import (
 from relay.config.load import get_backend, load_matrix
 from relay.host.probe import probe
 from relay.model.errors import RefusedError, UsageError
-from relay.modes.image import with_image
 from relay.plan.resolve import Request, resolve
 from relay.policy.tiers import profile_fallback
 from relay.ui.banner import note_lines
@@ -73,7 +72,10 @@ def contribute(
         # Before planning: the plan looks at the workdir, where a dead launcher's placeholders may
         # still stand; swept after planning, they would vanish under the plan's mounts.
         _sweep_stale_state(env)
-    facts = with_image(facts, matrix, request, env)
+    if request.mode in ("container", "kube"):  # only they need the image's tag (it hashes files)
+        from relay.modes.image import with_image
+
+        facts = with_image(facts, matrix, request, env)
     if request.isolation == "vm":  # only then: opening /dev/kvm and creating a VM costs ~3 ms
         from relay.host import vm_host
 

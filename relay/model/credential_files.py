@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import secrets
 import string
 from collections.abc import Iterator
 from typing import Any
@@ -72,6 +71,8 @@ def secret_paths(raw: bytes | None, paths: tuple[str, ...]) -> list[str]:
 
 
 def _same_class(ch: str) -> str:
+    import secrets  # only when a placeholder is made (secrets pulls random, hmac and base64 in)
+
     if ch in string.ascii_lowercase:
         return secrets.choice(string.ascii_lowercase)
     if ch in string.ascii_uppercase:
@@ -110,6 +111,8 @@ def shaped_jwt(value: str) -> str | None:
         return None
     if "exp" in claims:
         claims["exp"] = FAR_FUTURE_S
+    import secrets
+
     fake_sig = secrets.token_bytes(max(len(raw_sig), 32))
     return f"{head}.{_b64(json.dumps(claims, separators=(',', ':')).encode())}.{_b64(fake_sig)}"
 

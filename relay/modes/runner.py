@@ -18,7 +18,7 @@ from relay.host.phase_marks import mark
 from relay.model.errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
 from relay.model.vocab import LoginHold, MountKind, Tier, WorkdirMode
 from relay.plan.resolve import Plan
-from relay.trust import agentstate, exit_report, guard, janitor, livelock, rundirs
+from relay.trust import agentstate, guard, janitor, livelock, rundirs
 from relay.trust.placeholders import Registry
 from relay.ui.banner import banner_lines, emit, note_lines
 
@@ -244,6 +244,8 @@ class _Box:
         self.use_rlimits = state.cgroup is None
         self.nofile = limits.raise_nofile()
         # Staged: the host checkout does not change, so there is nothing to watch (the review lists it all).
+        if plan.staged is None:  # a live run's exit report (imported only then: staged is the default)
+            from relay.trust import exit_report
         self.watch = None if plan.staged else exit_report.begin(plan, caller_env)
         if self.watch is not None:  # judged by the janitor, after everything else it does (relay/trust/janitor.py)
             run_id = _run_id(plan)

@@ -17,12 +17,14 @@ import contextlib
 import fcntl
 import json
 import os
-import ssl
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ssl
 
 from relay.host import safefs
 from relay.model.backend import LoginFile
@@ -83,7 +85,7 @@ def mask(raw: bytes, login: LoginFile, placeholder: str) -> bytes:
     return json.dumps(data).encode()
 
 
-Opener = Callable[[str, int], ssl.SSLSocket]
+Opener = Callable[[str, int], "ssl.SSLSocket"]  # ssl is imported by whoever opens one
 
 
 class LoginStore:

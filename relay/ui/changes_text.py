@@ -6,7 +6,6 @@ relay/trust/changes.py; this module only renders and dispatches.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shutil
@@ -141,6 +140,8 @@ def _binary(data: bytes) -> bool:
 
 
 def diff_text(run: staged.Run, paths: Sequence[str] = ()) -> list[str]:
+    import difflib  # only for a diff, never at launch
+
     rv = review(run)
     out: list[str] = []
     ufd = os.open(run.layer.upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
