@@ -21,7 +21,7 @@ from relay.config.presets import BUILTIN as BUILTIN_PRESETS
 from relay.config.presets import NAME_RE as PRESET_NAME
 from relay.host import safefs
 from relay.host.paths import PACKAGE_ROOT, config_home
-from relay.model.allow_rules import parse_rule
+from relay.model.allow_rules import HostRule, parse_rule
 from relay.model.backend import Backend, CredentialRoute, LoginFile, Matrix, ProfileSpec
 from relay.model.errors import ConfigError, UsageError
 from relay.model.http_rules import check_method, check_path_rule
@@ -248,17 +248,38 @@ def _route_template(value: str, where: _Where, key: str) -> str:
     return value
 
 
+def _entry_name(name: str, where: _Where, key: str, noun: str) -> None:
+    """A route's or grant's name: it becomes the proxy path `/NAME`, so plain letters only."""
+    if not _ROUTE_NAME.fullmatch(name):
+        raise where.fail(key, f"{name!r} is not a {noun} name", "use lowercase letters, digits, '-'")
+
+
+def _require(data: dict[str, Any], where: _Where, key: str, names: tuple[str, ...]) -> None:
+    for required in names:
+        if required not in data:
+            raise where.fail(f"{key}.{required}", "missing", f"add {required}")
+
+
+def _one_host(text: str, where: _Where, key: str, parse_fix: str, what: str, example: str) -> HostRule:
+    """A route's or grant's upstream: one host name with a port, never a wildcard, an IP or a pin
+    (a pin is the user's `--allow-host` decision, not a config file's)."""
+    try:
+        rule = parse_rule(text)
+    except UsageError as err:
+        raise where.fail(key, str(err).removeprefix("--allow-host "), parse_fix) from None
+    if rule.port is None or rule.pin_addr is not None or rule.wildcard or rule.is_ip:
+        raise where.fail(key, what, f"write e.g. {example} (pin it with --allow-host, never here)")
+    return rule
+
+
 def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[CredentialRoute, ...]:
     """`credentials: {ROUTE: {secret_env, upstream, send, box_env, box_args}}`, strictly."""
     routes = []
     for name, raw in _mapping(value, where, "credentials").items():
         key = f"credentials.{name}"
-        if not _ROUTE_NAME.fullmatch(name):
-            raise where.fail(key, f"{name!r} is not a route name", "use lowercase letters, digits, '-'")
+        _entry_name(name, where, key, "route")
         data = _section(raw, where, key, ROUTE_KEYS)
-        for required in ("upstream", "send") if "login" in data else ("secret_env", "upstream", "send"):
-            if required not in data:
-                raise where.fail(f"{key}.{required}", "missing", f"add {required}")
+        _require(data, where, key, ("upstream", "send") if "login" in data else ("secret_env", "upstream", "send"))
         login = _login(data["login"], where, f"{key}.login") if "login" in data else None
         secret_env = _env_names(data.get("secret_env", []), where, f"{key}.secret_env")
         if login is not None and secret_env:
@@ -271,13 +292,8 @@ def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[
             raise where.fail(f"{key}.secret_env", f"{', '.join(missing)} not in env.pass",
                              "list each secret variable in env.pass too (a repo that drops it there drops the route's use of it)")
         upstream = _str(data["upstream"], where, f"{key}.upstream")
-        try:
-            rule = parse_rule(upstream)
-        except UsageError as err:
-            raise where.fail(f"{key}.upstream", str(err).removeprefix("--allow-host "), "write NAME:PORT") from None
-        if rule.port is None or rule.pin_addr is not None or rule.wildcard or rule.is_ip:
-            raise where.fail(f"{key}.upstream", f"{upstream!r} is not one host name with a port",
-                             "write e.g. api.anthropic.com:443 (pin it with --allow-host, never here)")
+        rule = _one_host(upstream, where, f"{key}.upstream", "write NAME:PORT",
+                         f"{upstream!r} is not one host name with a port", "api.anthropic.com:443")
         send = _send(data["send"], where, f"{key}.send")
         box_env = _env_map(data.get("box_env", {}), where, f"{key}.box_env")
         box_env = tuple((n, _route_template(v, where, f"{key}.box_env.{n}")) for n, v in box_env)
@@ -319,20 +335,12 @@ def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
     grants = []
     for name, raw in _mapping(value, where, "auth").items():
         key = f"auth.{name}"
-        if not _ROUTE_NAME.fullmatch(name):
-            raise where.fail(key, f"{name!r} is not a grant name", "use lowercase letters, digits, '-'")
+        _entry_name(name, where, key, "grant")
         data = _section(raw, where, key, GRANT_KEYS)
-        for required in ("host", "secret", "send"):
-            if required not in data:
-                raise where.fail(f"{key}.{required}", "missing", f"add {required}")
+        _require(data, where, key, ("host", "secret", "send"))
         host = _str(data["host"], where, f"{key}.host")
-        try:
-            rule = parse_rule(host if ":" in host else f"{host}:443")
-        except UsageError as err:
-            raise where.fail(f"{key}.host", str(err).removeprefix("--allow-host "), "write NAME or NAME:PORT") from None
-        if rule.port is None or rule.pin_addr is not None or rule.wildcard or rule.is_ip:
-            raise where.fail(f"{key}.host", f"{host!r} is not one host name",
-                             "write e.g. github.com (pin it with --allow-host, never here)")
+        rule = _one_host(host if ":" in host else f"{host}:443", where, f"{key}.host", "write NAME or NAME:PORT",
+                         f"{host!r} is not one host name", "github.com")
         secret = _section(data["secret"], where, f"{key}.secret", SECRET_KEYS)
         sources = [s for s in ("env", "command", "file") if s in secret]
         if len(sources) != 1 or ("json" in secret and sources != ["file"]):
