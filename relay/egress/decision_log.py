@@ -52,8 +52,7 @@ def logs_dir(env: Mapping[str, str]) -> str:
 
 def run_alive(run: str) -> bool:
     """Whether the run that writes this log still runs (its launcher's pid and start time)."""
-    owner = liveness.parse_run_id(run)
-    return owner is not None and liveness.alive(owner)
+    return liveness.run_alive(run)
 
 
 def scan(directory: str) -> list[LogFile]:

@@ -132,6 +132,18 @@ def alive(owner: Owner, made: float | None = None) -> bool:
         return True
 
 
+def run_alive(run_id: str) -> bool:
+    """Whether the launcher named by a run id still runs (pid, start time, boot)."""
+    owner = parse_run_id(run_id)
+    return owner is not None and alive(owner)
+
+
+def running(pid: int) -> bool:
+    """A process that exists and is not a zombie (whoever it is: for a pid we were told, not an owner)."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != b"Z"
+
+
 def gone(name: str, prefix: str, made: float | None = None) -> bool:
     """True when `name` is PREFIX + a run id whose owner is no longer alive."""
     if not name.startswith(prefix):

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from relay.box import resource_limits
-from relay.host import procs, safefs
+from relay.host import liveness, procs, safefs
 from relay.model.hashing import sha256
 from relay.trust import agentstate, gitdir, guard, rundirs
 from relay.trust.placeholders import Registry
@@ -304,7 +304,7 @@ def _remove_container(rm_argv: list[str], clients: list[tuple[int, bytes | None]
                            timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             pass
-        if not any(_running(pid) and _same(pid, start) for pid, start in clients) or time.monotonic() > deadline:
+        if not any(liveness.running(pid) and _same(pid, start) for pid, start in clients) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     for pid, start in clients:
@@ -336,12 +336,6 @@ def _engine_clients(rm_argv: list[str]) -> list[tuple[int, bytes | None]]:
             fields = procs.stat_fields(int(entry))
             found.append((int(entry), fields[19] if fields is not None else None))
     return found
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphaned client may wait a while for its reaper)."""
-    fields = procs.stat_fields(pid)
-    return fields is not None and fields[0] != b"Z"
 
 
 def tell(lifeline: int, *words: object) -> None:

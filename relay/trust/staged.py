@@ -133,10 +133,9 @@ class Run:
 
     def running(self) -> bool:
         """True while the launcher that owns the run is alive (its box may still be writing)."""
-        from relay.host.liveness import alive, parse_run_id
+        from relay.host.liveness import run_alive
 
-        owner = parse_run_id(self.layer.run)
-        return owner is not None and alive(owner)
+        return run_alive(self.layer.run)
 
     def to_json(self) -> dict:
         return {"run": self.layer.run, **asdict(self.layer), "meta": self.meta}
