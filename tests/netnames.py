@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from relay.model.allow_rules import _is_ip, is_internal_address, parse_rule
+from relay.model.allow_rules import is_internal_address, is_ip_literal, parse_rule
 from relay.model.errors import UsageError
 
 
@@ -35,7 +35,7 @@ def internal_name() -> str:
             host = parse_rule(name).name  # localhost and loopback literals are refused entries
         except UsageError:
             continue
-        if _is_ip(host):
+        if is_ip_literal(host):
             continue
         try:
             addrs = {info[4][0] for info in socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)}

@@ -19,9 +19,9 @@ from relay.config.profiles import resolve_profile
 from relay.egress.proxy import decide as proxy_decide
 from relay.model.allow_rules import (
     HostRule,
-    _is_ip,
     find_rule,
     is_internal_address,
+    is_ip_literal,
     is_unspecified_target,
     normalize_host,
 )
@@ -198,7 +198,7 @@ def test_an_internal_ip_literal_is_reached_only_when_listed_as_itself(rules: lis
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(data=st.data(), host=st.lists(_label, min_size=2, max_size=4).map(".".join).filter(lambda n: not _is_ip(n)),
+@given(data=st.data(), host=st.lists(_label, min_size=2, max_size=4).map(".".join).filter(lambda n: not is_ip_literal(n)),
        port=_ports)
 def test_the_most_specific_rule_decides(data: st.DataObject, host: str, port: int) -> None:
     # Rules that all could cover `host`: itself, and wildcards over its parent domains.

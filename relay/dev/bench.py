@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from relay.dev.measure import _median_time, container_image, one_core_busy, paired, ratio
+from relay.dev.measure import container_image, median_time, one_core_busy, paired, ratio
 from relay.host.paths import PACKAGE_ROOT, cache_dir
 from relay.model.errors import RelayError
 
@@ -243,8 +243,8 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
             for a, b in zip(present, present[1:], strict=False):
                 phases.setdefault(f"{a} → {b}", []).append(marks[b] - marks[a])
             phases.setdefault("total (wall)", []).append(total)
-        py_start = _median_time([sys.executable, "-c", "pass"], runs, env, work)[0]
-        py_imports = _median_time([sys.executable, "-c", "import relay.commands.cli, relay.modes.runner, relay.plan.resolve"], runs, env, work)[0]
+        py_start = median_time([sys.executable, "-c", "pass"], runs, env, work)[0]
+        py_imports = median_time([sys.executable, "-c", "import relay.commands.cli, relay.modes.runner, relay.plan.resolve"], runs, env, work)[0]
         results["phases_s"] = {"python start": py_start, "python start + relay imports": py_imports,
                                **{k: statistics.median(v) for k, v in phases.items()}}
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-def _median_time(argv: list[str], runs: int, env: dict[str, str], cwd: str) -> tuple[float, int]:
+def median_time(argv: list[str], runs: int, env: dict[str, str], cwd: str) -> tuple[float, int]:
     times, failures = [], 0
     for _ in range(runs):
         start = time.perf_counter()

@@ -54,7 +54,7 @@ def _bwrap_smoke(bwrap: str, uid: int) -> str | None:
     return f"bubblewrap cannot create a sandbox: {detail}"
 
 
-def _landlock_abi() -> int:
+def probe_landlock_abi() -> int:
     import ctypes
 
     try:
@@ -139,7 +139,7 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
     # The memo may only save the smoke test that *succeeded*: a forged failure would steer auto
     # towards a weaker tier, so failures are always probed again, and Landlock's ABI (one cheap
     # syscall) is never taken from the file.
-    landlock_abi = _landlock_abi()
+    landlock_abi = probe_landlock_abi()
     if cached and cached.get("bwrap_error") is None and isinstance(cached.get("bwrap_version"), str):
         bwrap_error, version = None, cached["bwrap_version"]
     else:

@@ -37,14 +37,14 @@ class HostRule:
 
     @property
     def is_ip(self) -> bool:
-        return _is_ip(self.name)
+        return is_ip_literal(self.name)
 
     def matches(self, host: str, port: int) -> bool:
         want_port = self.port if self.port is not None else DEFAULT_PORT
         if port != want_port:
             return False
         if self.wildcard:  # subdomains are names: `1.2.3.4` or `::ffff:1.2.3.4` is never under `*.2.3.4`
-            return host.endswith("." + self.name) and not _is_ip(host)
+            return host.endswith("." + self.name) and not is_ip_literal(host)
         return host == self.name
 
     @property
@@ -102,7 +102,7 @@ def _canonical_ip(text: str) -> str | None:
     return None
 
 
-def _is_ip(text: str) -> bool:
+def is_ip_literal(text: str) -> bool:
     return _canonical_ip(text) is not None
 
 
@@ -136,7 +136,7 @@ def split_hostport(text: str, entry: str) -> tuple[str, int | None]:
     return text, None
 
 
-def _is_loopback(name: str) -> bool:
+def is_loopback(name: str) -> bool:
     """`localhost`, `*.localhost` (RFC 6761), 127.0.0.0/8 and ::1, in the forms NO_PROXY keeps inside the box."""
     if name == "localhost" or name.endswith(".localhost") or name == "::1":
         return True
@@ -212,9 +212,9 @@ def parse_rule(entry: str) -> HostRule:
         name = normalize_host(name)
     except HostError as err:
         raise UsageError(f"--allow-host {entry!r}: not a host name or IP address: {err}") from None
-    if wildcard and _is_ip(name):
+    if wildcard and is_ip_literal(name):
         raise UsageError(f"--allow-host {entry!r}: a wildcard needs a domain, not an IP address")
-    if _is_loopback(name):
+    if is_loopback(name):
         _refuse_loopback(entry, name, port)
     if wildcard and is_public_suffix(name):
         raise UsageError(
@@ -230,7 +230,7 @@ def parse_rule(entry: str) -> HostRule:
             pin_canon = canonical_host(pin_host)
         except HostError:
             pin_canon = ""
-        if not _is_ip(pin_canon):
+        if not is_ip_literal(pin_canon):
             raise UsageError(f"--allow-host {entry!r}: the pinned address {pin_host!r} must be an IP address")
         if wildcard:
             raise UsageError(f"--allow-host {entry!r}: a wildcard entry cannot be pinned")

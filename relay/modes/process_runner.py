@@ -40,9 +40,9 @@ def start(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState, us
 def _setup(plan: Plan, state: janitor.RunState, use_rlimits: bool, nofile: tuple[int, int]) -> Callable[[], None]:
     """The process tier's in-child setup: limits, then Landlock, then seccomp, then exec."""
     from relay.box import landlock
-    from relay.host.probe import _landlock_abi
+    from relay.host.probe import probe_landlock_abi
 
-    abi = _landlock_abi()
+    abi = probe_landlock_abi()
     read = [p for p, mode in plan.fs_rules if mode == "ro"]
     write = [p for p, mode in plan.fs_rules if mode == "rw"]
     assert plan.seccomp_policy is not None and plan.seccomp_policy.deny_network, "a process-tier plan without its filter"

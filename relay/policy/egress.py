@@ -18,7 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relay.model.allow_rules import HostRule, _is_ip, find_rule, is_internal_address, is_unspecified_target, parse_rule
+from relay.model.allow_rules import (
+    HostRule,
+    find_rule,
+    is_internal_address,
+    is_ip_literal,
+    is_unspecified_target,
+    parse_rule,
+)
 from relay.model.errors import RefusedError
 
 if TYPE_CHECKING:
@@ -93,7 +100,7 @@ def decide(rules: Sequence[HostRule], host: str, port: int, resolved: Sequence[s
     - 0.0.0.0/8 and `::` reach the host's own listeners: never a connect target, pinned or not.
 
     DNS failures and connect failures are I/O outcomes, decided by the proxy, not here."""
-    if _is_ip(host) and not any(rule.is_ip and rule.name == host for rule in rules):
+    if is_ip_literal(host) and not any(rule.is_ip and rule.name == host for rule in rules):
         return Decision(False, host, port, IP_NOT_LISTED)
     rule = find_rule(tuple(rules), host, port)
     if rule is None:

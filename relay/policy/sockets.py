@@ -22,7 +22,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from relay.model.allow_rules import HostRule, _is_loopback, normalize_host
+from relay.model.allow_rules import HostRule, is_loopback, normalize_host
 from relay.model.errors import RefusedError, UsageError
 
 TYPE_CHECKING = False
@@ -145,7 +145,7 @@ def parse_ssh_hosts(values: Sequence[str]) -> tuple[HostRule, ...]:
             raise UsageError(f"--allow-ssh {value!r}: not a host name; fix: e.g. --allow-ssh github.com") from None
         if port and not (port.isdigit() and 0 < int(port) < 65536):
             raise UsageError(f"--allow-ssh {value!r}: port {port!r} must be a number from 1 to 65535")
-        if _is_loopback(name):
+        if is_loopback(name):
             # As --allow-host: the host's own loopback only through a named pin, never by its bare address
             # (ssh goes through the proxy, so 127.0.0.1 here would reach any service listening on the host).
             shown = port or SSH_PORT

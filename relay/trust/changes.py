@@ -338,7 +338,7 @@ def _tree_conflict(run: staged.Run, wfd: int, rel: str, applied: Mapping[str, di
 
 # ---- apply and discard ------------------------------------------------------------------------
 
-def _select(entries: list[Entry], paths: Sequence[str]) -> list[Entry]:
+def select_entries(entries: list[Entry], paths: Sequence[str]) -> list[Entry]:
     if not paths:
         return entries
     want = [p.strip("/") for p in paths]
@@ -479,7 +479,7 @@ def apply(run: staged.Run, paths: Sequence[str] = (), skip_flagged: bool = False
     lock = _lock(run.layer.root)
     try:
         rv = review(run)
-        chosen = _select(rv.entries, paths)
+        chosen = select_entries(rv.entries, paths)
         receipt = _receipt(run)
         state = receipt.setdefault("applied_state", {})
         done: list[Entry] = []
@@ -548,7 +548,7 @@ def discard(run: staged.Run, paths: Sequence[str] = (), box_ended: bool = False)
     lock = _lock(run.layer.root)
     try:
         rv = review(run)
-        chosen = _select(rv.entries, paths)
+        chosen = select_entries(rv.entries, paths)
         ufd = os.open(run.layer.upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             for e in chosen:

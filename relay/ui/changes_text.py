@@ -18,7 +18,7 @@ from relay.host import safefs
 from relay.model.errors import RelayError
 from relay.model.refusal import ENTRY
 from relay.trust import staged
-from relay.trust.changes import DIFF_LIMIT, Entry, Review, _select, apply, discard, receipt, review
+from relay.trust.changes import DIFF_LIMIT, Entry, Review, apply, discard, receipt, review, select_entries
 
 LETTER = {"git": "G", "added": "A", "modified": "M", "deleted": "D", "mode": "X", "symlink": "L", "dir": "A", "special": "!"}
 
@@ -147,7 +147,7 @@ def diff_text(run: staged.Run, paths: Sequence[str] = ()) -> list[str]:
     ufd = os.open(run.layer.upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         with safefs.base_dir(run.workdir) as wfd:
-            for e in _select(rv.entries, paths):
+            for e in select_entries(rv.entries, paths):
                 a, b = f"a/{e.path}", f"b/{e.path}"
                 if e.kind in ("symlink", "special", "dir") or e.refused:
                     out.append(f"{entry_line(e).strip()}\n")
