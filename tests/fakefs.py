@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from relay.policy.fsplan import FsView
+from relay.model.fs_view import FsView
 
 
 class HostTouched(BaseException):

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from relay.model.limits import Limits
+from relay.model.mounts import Grant, Mount
 from relay.policy.denylist import protected_paths, secret_paths
-from relay.policy.fsplan import FsPlan, Grant, Mount, plan_filesystem
+from relay.policy.fsplan import FsPlan, plan_filesystem
 from relay.render import bwrap_argv, container_argv
 from relay.render.container_argv import ContainerRun
 

@@ -84,7 +84,7 @@ def test_gitlinks_in_every_index_version(tmp_path: Path) -> None:
 def test_an_empty_dot_git_is_no_repository(tmp_path) -> None:  # noqa: ANN001
     """Another box's placeholder: git needs HEAD to call it a git dir, and so does the planner, or a
     box planned while the placeholder stood would bind a private git dir that vanishes with it."""
-    from relay.policy.fsplan import FsView
+    from relay.host.fs_view import HostFs as FsView
     from relay.trust.gitdir import locate, plan_git
 
     (tmp_path / ".git").mkdir()

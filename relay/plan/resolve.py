@@ -16,19 +16,22 @@ from relay.box.nodeproxy import node_options
 from relay.box.overlay import unsafe_path
 from relay.config.presets import expand as expand_presets
 from relay.config.profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
+from relay.host.fs_view import HostFs
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, own_paths, state_dir, tool_dir
 from relay.model import credential_files
 from relay.model.allow_rules import HostRule, explain
 from relay.model.backend import Backend, CredentialRoute, Matrix
 from relay.model.errors import RefusedError, UsageError
+from relay.model.fs_view import FsView
 from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts
 from relay.model.limits import Limits, limit_method
+from relay.model.mounts import Grant, Mount
 from relay.model.refusal import ENTRY
 from relay.model.vocab import MODES, LoginHold, MountKind, Tier, WorkdirMode
 from relay.policy.denylist import expand, nested_git_paths, protected_paths, secret_paths
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER, allowed_rules, as_entries, parse_entries
-from relay.policy.fsplan import FsPlan, FsView, Grant, Mount, plan_filesystem
+from relay.policy.fsplan import FsPlan, plan_filesystem
 from relay.policy.sockets import (
     CONNECT_ENV,
     BoxSocket,
@@ -348,7 +351,7 @@ def resolve(
     Pure: the host is read only through `fs` and `facts` (gathered before; see relay/modes/image.py with_image), so
     tests/test_plan_golden.py resolves every case against an in-memory host. A shared core, then
     one small function per tier (_TIERS)."""
-    fs = fs or FsView()
+    fs = fs if fs is not None else HostFs()  # the real host, unless the caller hands in a view (tests)
     workdir = _checked_request(request, fs)
     extra_rules = parse_entries(request.allow_hosts) + parse_ssh_hosts(request.allow_ssh)
     presets = expand_presets(backend.presets + request.allow_presets, matrix.presets)

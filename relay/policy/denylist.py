@@ -10,7 +10,7 @@ import os
 
 TYPE_CHECKING = False  # avoids importing typing at launch
 if TYPE_CHECKING:
-    from relay.policy.fsplan import FsView
+    from relay.model.fs_view import FsView
 
 # Secrets under $HOME: hidden even when a grant covers them.
 SECRET_HOME = (
@@ -62,16 +62,12 @@ def protected_paths(workdir: str) -> list[str]:
     return [os.path.join(workdir, rel) for rel in PROTECT_WORKDIR]
 
 
-def nested_git_paths(workdir: str, fs: FsView | None = None) -> list[str]:
+def nested_git_paths(workdir: str, fs: FsView) -> list[str]:
     """Hooks and config of existing submodules and linked worktrees under .git: they run on the host
     too. Superseded in bwrap and container boxes by the private git dir (relay/trust/gitdir.py): where
     that exists, every protected path under `.git` is dropped from the plan.
     (A repo the agent creates from scratch is not protected; see docs/threat-model.md.)
     The walk is os.walk's (top-down, links listed but not entered), through the planner's FsView."""
-    if fs is None:
-        from relay.policy.fsplan import FsView
-
-        fs = FsView()
     found: list[str] = []
     git = os.path.join(workdir, ".git")
     for sub in ("modules", "worktrees"):

@@ -18,107 +18,12 @@ box starts, so unlink and rename get EBUSY, as for a pinned directory.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from relay.model.fs_view import FsView
+from relay.model.mounts import Grant, Mount
 from relay.model.vocab import MountKind
-
-
-@dataclass(frozen=True)
-class Mount:
-    """One filesystem operation in the box.
-
-    kinds: ro-bind, bind, tmpfs, mask-file, mask-dir, dev, proc, and private-bind (a writable
-    bind of a per-run directory that is deleted afterwards, so like tmpfs it holds no host state).
-    """
-
-    kind: MountKind
-    dst: str
-    src: str | None = None
-    size: int | None = None  # tmpfs (and dev: its /dev/shm) only: bytes, so a disk fill cannot eat the host's memory
-
-
-@dataclass(frozen=True)
-class Grant:
-    path: str
-    writable: bool
-
-
-@dataclass
-class FsView:
-    """Every question the planner asks of the host filesystem, and the only way it asks one.
-
-    resolve() and everything it calls read the host through this view alone, so a test can hand
-    it a fake (tests/fakefs.py) and prove the planner pure: no other file is touched. The real
-    one asks the host on demand."""
-
-    def kind(self, path: str) -> str:
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            return "missing"
-        if stat.S_ISDIR(mode):
-            return "dir"
-        return "file"
-
-    def realpath(self, path: str) -> str:
-        return os.path.realpath(path)
-
-    def is_symlink(self, path: str) -> bool:
-        return os.path.islink(path)
-
-    def lkind(self, path: str) -> str:
-        """Like kind, but a symbolic link is "link" (not followed)."""
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError:
-            return "missing"
-        if stat.S_ISLNK(mode):
-            return "link"
-        return "dir" if stat.S_ISDIR(mode) else "file"
-
-    def lstat(self, path: str) -> tuple[str, int] | None:
-        """(kind, owner uid) of `path` itself, a link not followed: kind is socket, link, dir, file
-        or other; None when it does not exist (relay/policy/sockets.py checks `--allow-socket` with it)."""
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return None
-        mode = st.st_mode
-        kind = ("socket" if stat.S_ISSOCK(mode) else "link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode)
-                else "file" if stat.S_ISREG(mode) else "other")
-        return kind, st.st_uid
-
-    def readlink(self, path: str) -> str | None:
-        try:
-            return os.readlink(path)
-        except OSError:
-            return None
-
-    def which(self, name: str, path: str) -> str | None:
-        """The executable `name` would run as on `path` (a PATH string), as shutil.which finds it."""
-        import shutil
-
-        return shutil.which(name, path=path)
-
-    def listdir(self, path: str) -> list[str]:
-        try:
-            return os.listdir(path)
-        except OSError:
-            return []
-
-    def read_small(self, path: str) -> bytes | None:
-        """A small regular file's bytes, read with no link followed (None: absent or not a file)."""
-        return self.read_bounded(path, 4096)
-
-    def read_bounded(self, path: str, limit: int) -> bytes | None:
-        from relay.host import safefs
-
-        try:
-            return safefs.read_file(path, limit)
-        except OSError:
-            return None
 
 
 @dataclass(frozen=True)
@@ -231,11 +136,10 @@ def plan_filesystem(
     protected: Iterable[str],
     extra_binds: Iterable[Mount] = (),
     git_mounts: Iterable[Mount] = (),
-    fs: FsView | None = None,
+    fs: FsView,
     tmpfs_size: int | None = None,
 ) -> FsPlan:
     """Turn grants and deny lists into ordered mounts; `home_source` replaces the $HOME tmpfs."""
-    fs = fs or FsView()
     notes: list[str] = []
     secrets = list(secrets)
     secret_reals = {os.path.normpath(s) for s in secrets} | {fs.realpath(s) for s in secrets}

@@ -15,8 +15,8 @@ import pwd
 from collections.abc import Mapping
 
 from relay.host import safefs
+from relay.model.mounts import Mount
 from relay.model.vocab import MountKind
-from relay.policy.fsplan import Mount
 
 FILES = ("passwd", "group")
 TARGETS = tuple(f"/etc/{name}" for name in FILES)

@@ -27,7 +27,7 @@ from relay.model.errors import RefusedError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from relay.policy.fsplan import FsView
+    from relay.model.fs_view import FsView
 
 BOX_SOCKET_DIR = "/run/hive-relay/sockets"
 SSH_AGENT_BOX = f"{BOX_SOCKET_DIR}/ssh-agent"

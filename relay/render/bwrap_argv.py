@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from relay.model.mounts import Mount
 from relay.model.vocab import MountKind
-from relay.policy.fsplan import Mount
 
 # A read-only mask holds nothing, but every tmpfs gets a size.
 MASK_SIZE = 4096

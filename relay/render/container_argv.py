@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from relay.model.limits import Limits
+from relay.model.mounts import Mount
 from relay.model.vocab import MountKind
-from relay.policy.fsplan import Mount
 
 CTL_DIR = "/run/hive-relay/ctl"  # in the container: the go FIFO the entrypoint waits on
 ENTRYPOINT = "/opt/hive-relay/bin/container-entrypoint"

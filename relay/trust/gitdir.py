@@ -53,8 +53,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from relay.host import safefs
+from relay.model.fs_view import FsView
+from relay.model.mounts import Mount
 from relay.model.vocab import MountKind
-from relay.policy.fsplan import FsView, Mount
 from relay.trust import gitindex
 
 # Written by git as data: object store, refs and their logs, rerere's cache, git-lfs's store.

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from relay.host.fs_view import HostFs
 from relay.model.errors import RefusedError
 from relay.modes.bwrap_runner import open_sockets
-from relay.policy.fsplan import FsView
 from relay.policy.sockets import resolve_sockets
 
 from ..conftest import Sandbox, require_tool
@@ -161,7 +161,7 @@ def test_a_socket_swapped_after_the_check_is_not_bound(tmp_path: Path, report: R
     elsewhere = _listening(tmp_path / "other" / "dev.sock")
     path = tmp_path / "proj" / "dev.sock"
     try:
-        socks = resolve_sockets([str(path)], {}, str(tmp_path), os.getuid(), FsView())  # the planner's check
+        socks = resolve_sockets([str(path)], {}, str(tmp_path), os.getuid(), HostFs())  # the planner's check
         plan = _Planned(socks)
         # Twin: unchanged, the fd is that very socket, at bwrap's fd number.
         fds = open_sockets(plan)  # type: ignore[arg-type]
