@@ -36,6 +36,17 @@ class Mode(_Word):
 MODES = tuple(m.value for m in Mode)  # the `--mode` words, in the order --help and completion show them
 
 
+class HostStep(_Word):
+    """One host-side step a launch makes before its box starts (relay/plan/host_steps.py), undone by
+    the janitor in reverse order."""
+
+    EXIT_WATCH = "exit-watch"  # a live run's snapshot of what in the workdir runs on the host later
+    RUN_DIR = "run-dir"  # the private run dir: synced copies, agent state, the private git dir, passwd
+    PLACEHOLDERS = "placeholders"  # placeholder files for missing protected paths (shared, counted)
+    GUARD = "guard"  # the guarded settings files, as they were
+    CGROUP = "cgroup"  # the run's cgroup
+
+
 class MountKind(_Word):
     """One filesystem operation in the box (relay/policy/fsplan.py's Mount)."""
 

@@ -16,7 +16,8 @@ from relay.host import phase_marks, procs, safefs
 from relay.host.paths import config_home, state_dir
 from relay.host.phase_marks import mark
 from relay.model.errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
-from relay.model.vocab import LoginHold, MountKind, Tier, WorkdirMode
+from relay.model.vocab import HostStep, LoginHold, MountKind, Tier, WorkdirMode
+from relay.plan.host_steps import host_steps, needs_run_dir, owns_passwd
 from relay.plan.resolve import Plan
 from relay.trust import agentstate, guard, janitor, livelock, rundirs
 from relay.trust.placeholders import Registry
@@ -158,8 +159,6 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False, live_loc
 
 def _run(plan: Plan, caller_env: Mapping[str, str], run_id: str) -> int:
     state = _prepare(plan, caller_env)
-    own_cgroup = plan.container is None and plan.limits.method.startswith("cgroup")
-    state.cgroup = limits.create(plan.limits.method, run_id, plan.limits.memory, plan.limits.pids) if own_cgroup else None
     box = _Box(plan, caller_env, state)
     try:
         box.launch_and_wait()
@@ -183,55 +182,92 @@ def _run(plan: Plan, caller_env: Mapping[str, str], run_id: str) -> int:
 
 
 def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
-    """Everything on the host before the box exists: placeholders claimed, guarded files snapshot,
-    the run dir with its private copies. Returns the run's state. (The container's control dir comes
-    once the janitor exists: see _Box.)"""
-    from relay.policy import passwd
-
-    process_tier = plan.tier == Tier.PROCESS
-    container = plan.container
-    own_passwd = plan.box_uid is not None and passwd.needed(plan.mounts)
-    needs_run_dir = (bool(plan.sync_files) or bool(plan.state_dirs) or process_tier or bool(plan.git_excludes)
-                     or plan.proxy_listen is not None  # the `invoke allow` socket (relay/egress/control.py)
-                     or container is not None or plan.git is not None or own_passwd)
-    state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir else None, home=caller_env.get("HOME", "/"),
+    """Everything on the host before the box exists, made step by step as the plan lists them
+    (relay/plan/host_steps.py); each step made is recorded in the state, so that the janitor undoes
+    exactly those, in reverse. A step that fails undoes the ones before it at once, then the run
+    stops with its one line. (The container's control dir comes once the janitor exists: see _Box.)"""
+    state = janitor.RunState(run_dir=plan.run_dir if needs_run_dir(plan) else None, home=caller_env.get("HOME", "/"),
                              placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir,
                              staged_root=plan.staged.root if plan.staged else None)
-    if plan.placeholders or plan.protected or plan.denied:
-        state.registry = Registry(state_dir(dict(caller_env)))
-        try:
-            kinds = {m.dst: m.kind for m in plan.mounts}
-            missing = [(p, kinds.get(p) == MountKind.MASK_DIR) for p in plan.placeholders]
-            # A staged run's mask targets in the workdir are made in its layer (by bwrap), never here.
-            in_layer = frozenset(plan.staged.placeholders) if plan.staged else frozenset()
-            state.registry.claim(os.getpid(), missing, [p for p in plan.protected + plan.denied if p not in in_layer],
-                                 bases=(plan.workdir, state.home),
-                                 dirs=frozenset(p for p, kind in kinds.items() if kind == MountKind.MASK_DIR),
-                                 mounted=frozenset(kinds))
-        except OSError as err:
-            raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
-    state.guarded = {path: guard.snapshot(path, state.home) for path in plan.guarded_files}
     state.lock_dir = state_dir(dict(caller_env))
-    if state.run_dir and (plan.state_dirs or plan.sync_files):
+    try:
+        for step in host_steps(plan):
+            _MAKE[step.step](plan, caller_env, state)
+            state.done.append(step.step)
+    except BaseException:
+        try:
+            janitor.teardown(state)  # what was made so far, undone in reverse
+        except Exception:  # noqa: BLE001 - the first error is the one to report; the sweep takes what is left
+            pass
+        raise
+    if state.agent is not None:
+        emit(note_lines(tuple(state.agent.notes)))
+    if plan.container is not None:
+        state.container_rm = plan.container.rm_argv()
+    return state
+
+
+def _make_exit_watch(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    """A live run's exit report: the workdir's watched places now, judged by the janitor at the end."""
+    from relay.trust import exit_report
+
+    watch = exit_report.begin(plan, caller_env)
+    if watch is not None:
+        state.exit_report = functools.partial(exit_report.end, watch, plan, dict(caller_env), _run_id(plan))
+
+
+def _make_run_dir(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    from relay.policy import passwd
+
+    if plan.state_dirs or plan.sync_files:
         state.agent = agentstate.new(state.home, plan.state_dirs, plan.home_keep, plan.guarded_files, state.lock_dir,
-                                     rundirs.run_id_of(state.run_dir), plan.state_exclude)
+                                     plan.run_id or rundirs.run_id_of(plan.run_dir or ""), plan.state_exclude)
         state.agent.logins = tuple((os.path.relpath(r.login.file, state.home), r.login)
                                    for r in plan.credentials if r.login is not None)
         state.agent.secret_files = tuple((os.path.relpath(u.file, state.home), u.paths) for u in plan.login_files
                                          if u.held == LoginHold.MASKED)
     try:
-        janitor.prepare(state, plan.sync_files, with_tmp=process_tier,
+        janitor.prepare(state, plan.sync_files, with_tmp=plan.tier == Tier.PROCESS,
                         git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)
-        if own_passwd and plan.run_dir and plan.box_uid is not None:
+        if owns_passwd(plan) and plan.run_dir and plan.box_uid is not None:
             passwd.write(plan.run_dir, plan.box_uid, plan.box_uid, dict(plan.env_set).get("HOME", "/"), caller_env)
     except OSError as err:
         raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
     if state.agent is not None:
         mark("state_copied")
-        emit(note_lines(tuple(state.agent.notes)))
-    if container is not None:
-        state.container_rm = container.rm_argv()
-    return state
+
+
+def _make_placeholders(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    state.registry = Registry(state_dir(dict(caller_env)))
+    try:
+        kinds = {m.dst: m.kind for m in plan.mounts}
+        missing = [(p, kinds.get(p) == MountKind.MASK_DIR) for p in plan.placeholders]
+        # A staged run's mask targets in the workdir are made in its layer (by bwrap), never here.
+        in_layer = frozenset(plan.staged.placeholders) if plan.staged else frozenset()
+        state.registry.claim(os.getpid(), missing, [p for p in plan.protected + plan.denied if p not in in_layer],
+                             bases=(plan.workdir, state.home),
+                             dirs=frozenset(p for p, kind in kinds.items() if kind == MountKind.MASK_DIR),
+                             mounted=frozenset(kinds))
+    except OSError as err:
+        raise RelayError(f"cannot prepare placeholder files: {err.strerror or err}") from None
+
+
+def _make_guard(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    state.guarded = {path: guard.snapshot(path, state.home) for path in plan.guarded_files}
+
+
+def _make_cgroup(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    """None when no cgroup can be made here: the box then runs under rlimits (the plan says which)."""
+    state.cgroup = limits.create(plan.limits.method, _run_id(plan), plan.limits.memory, plan.limits.pids)
+
+
+_MAKE: dict[HostStep, Callable[[Plan, Mapping[str, str], janitor.RunState], None]] = {
+    HostStep.EXIT_WATCH: _make_exit_watch,
+    HostStep.RUN_DIR: _make_run_dir,
+    HostStep.PLACEHOLDERS: _make_placeholders,
+    HostStep.GUARD: _make_guard,
+    HostStep.CGROUP: _make_cgroup,
+}
 
 
 class _Box:
@@ -243,13 +279,6 @@ class _Box:
         self.plan, self.caller_env, self.state, self.go_fd = plan, caller_env, state, None
         self.use_rlimits = state.cgroup is None
         self.nofile = limits.raise_nofile()
-        # Staged: the host checkout does not change, so there is nothing to watch (the review lists it all).
-        if plan.staged is None:  # a live run's exit report (imported only then: staged is the default)
-            from relay.trust import exit_report
-        self.watch = None if plan.staged else exit_report.begin(plan, caller_env)
-        if self.watch is not None:  # judged by the janitor, after everything else it does (relay/trust/janitor.py)
-            run_id = _run_id(plan)
-            state.exit_report = functools.partial(exit_report.end, self.watch, plan, dict(caller_env), run_id)
         self.jpid, self.lifeline = janitor.spawn(state)
         if plan.container is not None:
             # The container's control dir (its seccomp profile, the go fifo) only once the janitor

@@ -29,6 +29,7 @@ from relay.model.limits import Limits, limit_method
 from relay.model.mounts import Grant, Mount
 from relay.model.refusal import ENTRY
 from relay.model.vocab import MODES, LoginHold, MountKind, Tier, WorkdirMode
+from relay.plan.host_steps import host_steps
 from relay.policy.denylist import expand, nested_git_paths, protected_paths, secret_paths
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER, allowed_rules, as_entries, parse_entries
 from relay.policy.fsplan import FsPlan, plan_filesystem
@@ -178,6 +179,8 @@ class Plan:
         data["presets"] = {name: [r.render() for r in rules] for name, rules in self.presets}
         data["login_files"] = {u.file: {"held": u.held, "secrets": list(u.secrets), "routes": list(u.routes)}
                                for u in self.login_files}
+        # What the launch makes on the host before the box starts, in order, each with its undo.
+        data["host_steps"] = [{"step": s.step, "does": s.does, "undo": s.undo} for s in host_steps(self)]
         # Only with grants in the user config (the key is absent otherwise, as are the grants).
         data.pop("auth_grants")
         if self.auth_grants:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from relay.box import resource_limits
 from relay.host import liveness, procs, safefs
 from relay.model.hashing import sha256
+from relay.model.vocab import HostStep
 from relay.trust import agentstate, gitdir, guard, rundirs
 from relay.trust.placeholders import Registry
 
@@ -46,6 +47,8 @@ class RunState:
     # The exit report (relay/trust/exit_report.py), last: it moves aside workdir agent config, so it runs here,
     # where a launcher killed with `kill -9` cannot skip it.
     exit_report: Callable[[], list[str]] | None = None
+    # The host steps made so far, in order (relay/plan/host_steps.py): what teardown undoes, in reverse.
+    done: list[HostStep] = field(default_factory=list)
 
 
 # The files synced back (e.g. ~/.claude.json) hold settings and project history, never bulk data.
@@ -169,31 +172,61 @@ def _stage_git(state: RunState, messages: list[str]) -> None:
 
 
 def teardown(state: RunState) -> list[str]:
-    """Undo everything the run created on the host; returns messages for the user."""
+    """Undo what the run made on the host, step by step in the reverse of the order it was made
+    (relay/plan/host_steps.py); returns messages for the user."""
     messages: list[str] = []
+    for step in reversed(state.done):
+        _UNDO[step](state, messages)
+    return messages
+
+
+def _undo_cgroup(state: RunState, messages: list[str]) -> None:
     if state.cgroup is not None:
         state.cgroup.remove()
+
+
+def _undo_guard(state: RunState, messages: list[str]) -> None:
     for path, before in state.guarded.items():
         message = guard.enforce(path, before, state.home)
         if message:
             messages.append(message)
+
+
+def _undo_placeholders(state: RunState, messages: list[str]) -> None:
     if state.registry is not None:
         try:
             state.registry.release(state.owner)
         except OSError as err:
             messages.append(f"could not clean placeholder files: {err.strerror or err}")
-    if state.run_dir is not None:
-        _sync_back(state, messages)
-        if state.agent is not None:
-            agentstate.sync_back(state.agent, os.path.join(state.run_dir, "home"), messages)
-        if state.git is not None and state.staged_root is not None:
-            _stage_git(state, messages)
-        elif state.git is not None:
-            _sync_git(state, messages)
-        shutil.rmtree(state.run_dir, ignore_errors=True)
+
+
+def _undo_run_dir(state: RunState, messages: list[str]) -> None:
+    if state.run_dir is None:
+        return
+    _sync_back(state, messages)
+    if state.agent is not None:
+        agentstate.sync_back(state.agent, os.path.join(state.run_dir, "home"), messages)
+    if state.git is not None and state.staged_root is not None:
+        _stage_git(state, messages)
+    elif state.git is not None:
+        _sync_git(state, messages)
+    shutil.rmtree(state.run_dir, ignore_errors=True)
+
+
+def _undo_exit_watch(state: RunState, messages: list[str]) -> None:
+    """Last: it moves aside workdir agent config, so it runs here, where a launcher killed with
+    `kill -9` cannot skip it, once nothing else of the run is left."""
     if state.exit_report is not None:
         messages += state.exit_report()
-    return messages
+
+
+_UNDO: dict[HostStep, Callable[[RunState, list[str]], None]] = {
+    HostStep.CGROUP: _undo_cgroup,
+    HostStep.GUARD: _undo_guard,
+    HostStep.PLACEHOLDERS: _undo_placeholders,
+    HostStep.RUN_DIR: _undo_run_dir,
+    HostStep.EXIT_WATCH: _undo_exit_watch,
+}
 
 
 def spawn(state: RunState) -> tuple[int, int]:

@@ -1,0 +1,64 @@
+"""What a launch makes on the host before its box starts, as an ordered list of steps, each with its
+undo, the way bubblewrap keeps its SetupOp list for mounts.
+
+The runner makes the steps in this order (relay/modes/runner.py) and the janitor undoes the ones made
+in reverse (relay/trust/janitor.py), also after a `kill -9` of the launcher; a step that fails undoes
+the ones before it at once. The order is what the undos need: the cgroup is removed first, the guarded
+settings are put back and the placeholders released before the run dir's copies are judged and synced
+back, and a live run's exit report looks at the workdir last, when nothing else of the run is left.
+Pure: a function of the plan, shown by `--dry-run --json` as `host_steps`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relay.model.vocab import HostStep, Tier
+from relay.policy import passwd
+
+
+@dataclass(frozen=True)
+class Step:
+    step: HostStep
+    does: str
+    undo: str
+
+
+WORDS = {
+    HostStep.EXIT_WATCH: ("snapshot what in the workdir runs on the host later",
+                          "report what the box left there that host tools would run; move new agent config aside"),
+    HostStep.RUN_DIR: ("make the private run dir: copies of the synced files and the agent's state, the private git "
+                       "dir, the box user's passwd, the control socket",
+                       "sync back what may come back (data keys, the allowlisted git state; a staged run's into its "
+                       "layer), keep the rest aside, remove the run dir"),
+    HostStep.PLACEHOLDERS: ("claim placeholder files for missing protected paths (shared by the boxes on them)",
+                            "release them: remove the ones no other box holds"),
+    HostStep.GUARD: ("snapshot the guarded settings files", "put back what the box changed in them"),
+    HostStep.CGROUP: ("create the run's cgroup (memory and pids limits)", "remove it"),
+}
+
+
+def needs_run_dir(plan) -> bool:  # noqa: ANN001 - a plan.Plan (this module is below it)
+    """Whether the launch needs its private run dir on the host."""
+    return (bool(plan.sync_files) or bool(plan.state_dirs) or plan.tier == Tier.PROCESS or bool(plan.git_excludes)
+            or plan.proxy_listen is not None  # the `invoke allow` socket (relay/egress/control.py)
+            or plan.container is not None or plan.git is not None or owns_passwd(plan))
+
+
+def owns_passwd(plan) -> bool:  # noqa: ANN001
+    """A root caller's box user gets a passwd file of its own in the run dir."""
+    return plan.box_uid is not None and passwd.needed(plan.mounts)
+
+
+def host_steps(plan) -> tuple[Step, ...]:  # noqa: ANN001
+    """The steps of one launch, in the order they are made (an unsandboxed run makes none)."""
+    if plan.unsandboxed:
+        return ()
+    wanted = [
+        (HostStep.EXIT_WATCH, plan.staged is None and bool(plan.workdir)),  # staged: the checkout does not change
+        (HostStep.RUN_DIR, needs_run_dir(plan)),
+        (HostStep.PLACEHOLDERS, bool(plan.placeholders or plan.protected or plan.denied)),
+        (HostStep.GUARD, bool(plan.guarded_files)),
+        (HostStep.CGROUP, plan.container is None and plan.limits.method.startswith("cgroup")),
+    ]
+    return tuple(Step(step, *WORDS[step]) for step, on in wanted if on)
