@@ -44,7 +44,6 @@ the `.git` file itself is read-only in the box.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import stat
@@ -54,6 +53,7 @@ from dataclasses import dataclass, field
 
 from relay.host import safefs
 from relay.model.fs_view import FsView
+from relay.model.hashing import sha256
 from relay.model.mounts import Mount
 from relay.model.vocab import MountKind
 from relay.trust import gitindex
@@ -321,7 +321,7 @@ def gitlinks_in(data: bytes) -> list[str]:
 # Host side: copy in before the box, sync back after it. Every touch goes through safefs.
 
 def _digest(data: bytes | None) -> str | None:
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256(data).hexdigest()
 
 
 def _limit(name: str) -> int:

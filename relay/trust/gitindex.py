@@ -37,7 +37,6 @@ worktree through safefs (no link followed on any component, regular files only, 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import struct
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from relay.host import safefs
+from relay.model.hashing import sha1, sha256
 
 SIGNATURE = b"DIRC"
 VERSIONS = (2, 3, 4)
@@ -121,7 +121,7 @@ def _u32(data: bytes, pos: int) -> int:
 def _checksum_len(data: bytes) -> tuple[int, ...]:
     """The hash lengths whose checksum the trailer matches (zeros: git's `index.skipHash`)."""
     out = []
-    for n, algo in ((20, hashlib.sha1), (32, hashlib.sha256)):
+    for n, algo in ((20, sha1), (32, sha256)):
         if len(data) >= 12 + n and (data[-n:] == b"\0" * n or algo(data[:-n]).digest() == data[-n:]):
             out.append(n)
     return tuple(out)
@@ -286,12 +286,12 @@ def serialize(index: Index) -> bytes:
     for sig, data in index.extensions:
         out.append(sig + len(data).to_bytes(4, "big") + data)
     body = b"".join(out)
-    algo = hashlib.sha1 if index.hash_len == 20 else hashlib.sha256
+    algo = sha1 if index.hash_len == 20 else sha256
     return body + algo(body).digest()
 
 
 def blob_id(content: bytes, hash_len: int) -> bytes:
-    algo = hashlib.sha1 if hash_len == 20 else hashlib.sha256
+    algo = sha1 if hash_len == 20 else sha256
     return algo(b"blob %d\0" % len(content) + content).digest()
 
 
@@ -301,7 +301,7 @@ def content_ids(content: bytes, hash_len: int) -> set[bytes]:
     ids = {blob_id(content, hash_len)}
     if b"\r\n" in content:
         ids.add(blob_id(content.replace(b"\r\n", b"\n"), hash_len))
-    pointer = LFS_POINTER % (hashlib.sha256(content).hexdigest().encode(), len(content))
+    pointer = LFS_POINTER % (sha256(content).hexdigest().encode(), len(content))
     ids.add(blob_id(pointer, hash_len))
     return ids
 

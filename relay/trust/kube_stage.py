@@ -16,7 +16,6 @@ it a conflict, so apply never overwrites the user's own work.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import subprocess
@@ -25,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from relay.host import safefs
+from relay.model.hashing import sha1, sha256
 from relay.trust import staged
 
 ZERO_OIDS = ("0" * 40, "0" * 64)
@@ -107,7 +107,7 @@ def safe_rel(path: str) -> bool:
 
 def blob_id(data: bytes, oid_len: int) -> str:
     """The git blob id of `data`, in the repository's object format (sha1 or sha256)."""
-    h = hashlib.sha256() if oid_len == 64 else hashlib.sha1()  # noqa: S324 - git's own object ids
+    h = sha256() if oid_len == 64 else sha1()  # noqa: S324 - git's own object ids
     h.update(b"blob %d\0" % len(data))
     h.update(data)
     return h.hexdigest()

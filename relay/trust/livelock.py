@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 
 from relay.host import safefs
 from relay.model.errors import RefusedError
+from relay.model.hashing import sha256
 
 FIX = ("fix: drop --live (staged boxes each get their own layer of the checkout), wait for that box "
        "to end, or add --shared-live to start a second live box anyway")
@@ -29,7 +29,7 @@ FIX = ("fix: drop --live (staged boxes each get their own layer of the checkout)
 
 def lock_path(state_dir: str, workdir: str) -> str:
     """Pure: where the lock of `workdir` (its real path) lives."""
-    digest = hashlib.sha256(os.fsencode(workdir)).hexdigest()[:32]
+    digest = sha256(os.fsencode(workdir)).hexdigest()[:32]
     return os.path.join(state_dir, "live", f"{digest}.lock")
 
 
