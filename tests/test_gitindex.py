@@ -3,6 +3,7 @@ of `sanitize` (which bits, extensions and stat data survive, and when an index i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import time
@@ -76,10 +77,10 @@ def test_what_git_would_not_write_is_refused(tmp_path: Path, bad: str) -> None:
             e[0] = replace(e[0], mode=0o104755)
         data = gi.serialize(replace(parsed, version=3, entries=tuple(e)))
         if bad == "truncated":
-            data = data[:40] + gi.hashlib.sha1(data[:40]).digest()
+            data = data[:40] + hashlib.sha1(data[:40]).digest()
         elif bad == "count":
             body = data[:8] + (1 << 30).to_bytes(4, "big") + data[12:-20]
-            data = body + gi.hashlib.sha1(body).digest()
+            data = body + hashlib.sha1(body).digest()
     with pytest.raises(gi.BadIndex):
         gi.parse(data)
     assert gi.sanitize(data, None).refused
@@ -175,7 +176,7 @@ def test_the_lie_rule_knows_conversions(tmp_path: Path, kind: str) -> None:
     if kind == "crlf":
         blob = content.replace(b"\r\n", b"\n")
     else:
-        blob = gi.LFS_POINTER % (gi.hashlib.sha256(content).hexdigest().encode(), len(content))
+        blob = gi.LFS_POINTER % (hashlib.sha256(content).hexdigest().encode(), len(content))
     oid = gi.blob_id(blob, 20)
     data = gi.serialize(replace(box, entries=tuple(replace(e, oid=oid) if e.name == b"conv" else e
                                                    for e in box.entries)))
