@@ -3,7 +3,7 @@ tests. What each tier can enforce with these facts is relay/policy/tiers.py's an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,6 @@ class HostFacts:
     @property
     def bwrap_ok(self) -> bool:
         return self.bwrap is not None and self.bwrap_error is None
+
+    def to_json(self) -> dict:
+        return asdict(self)
