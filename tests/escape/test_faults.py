@@ -123,9 +123,10 @@ def test_ctrl_c_storm_interactive(box: Sandbox, report) -> None:
         child.sendintr()
     exited = _answers(child, "exit 0", pexpect.EOF)
     child.close()
-    ok = alive and exited and child.exitstatus == 0 and wait_gone("sleep 100", box)
+    gone = wait_gone("sleep 100", box)
+    ok = alive and exited and child.exitstatus == 0 and gone
     report.fault(ok)
-    assert ok
+    assert ok, (alive, exited, child.exitstatus, child.signalstatus, gone)
 
 
 def _answers(child: pexpect.spawn, line: str, expected: object, tries: int = 10) -> bool:
