@@ -1,7 +1,7 @@
 """The egress logs: pruned by age and count after each run, and read back by `hive-relay logs`.
 
 Each run that made at least one proxy decision leaves one JSON-lines file in
-`<state dir>/logs/STAMP-BACKEND-RUNID.jsonl` (relay/egress/proxy.py opens it on the first decision, so a run
+`<state dir>/logs/STAMP-BACKEND-RUNID.jsonl` (relay/egress/decision_log.py opens it on the first decision, so a run
 with no network traffic writes none). The logs dir is readable by the box only as a read-only bind,
 but it is still treated as untrusted: every entry is reached through relay/safefs (no link followed,
 O_NONBLOCK + S_ISREG, bounded reads), and only regular files owned by the caller, with our own name
@@ -25,7 +25,7 @@ from relay.model.errors import UsageError
 
 KEEP_DAYS = 14
 KEEP_RUNS = 100
-# A log is at most 64 MiB (proxy.MAX_LOG_BYTES); one line more for the summary of a cut log.
+# A log is at most 64 MiB (decision_log.MAX_LOG_BYTES); one line more for the summary of a cut log.
 READ_LIMIT = (64 << 20) + (1 << 16)
 NAME = re.compile(rf"^(?P<stamp>\d{{8}}-\d{{6}})-(?P<backend>[A-Za-z0-9_.-]+?)-(?P<run>{RUN_ID_RE}|dry)\.jsonl$")
 LIST_FIX = "`hive-relay logs` (or `invoke logs`) lists the runs"

@@ -16,7 +16,8 @@ import sys
 import threading
 
 from relay.config.load import CredentialRoute
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.policy.egress import parse_entries, route_key
 
 WORKER_STACK = 512 << 10

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from relay.config.load import CredentialRoute
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.model.allow_rules import parse_rule
 
 from ..servers import make_ca
