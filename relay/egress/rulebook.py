@@ -56,7 +56,6 @@ def decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver
     return egress.decide(rules, host, port, tuple(addrs))
 
 
-
 @dataclass(frozen=True)
 class _Tunnel:
     """An open upstream connection, with what it was allowed for and where it actually went."""
@@ -88,8 +87,6 @@ def still_allowed(rules: tuple[HostRule, ...], host: str, port: int, peer: tuple
         return any(ipaddress.ip_address(addr) == want and p == peer[1] for addr, p in decision.addrs)
     except ValueError:
         return False
-
-
 
 
 def within_rule(rule: HostRule, req: Request, decision: Decision) -> Decision:

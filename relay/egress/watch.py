@@ -29,7 +29,6 @@ LIKELY = {
 }
 
 
-
 class UpstreamWatch:
     """Notices an agent stuck reconnecting: an allowed host that failed `count` times within `window`
     seconds with no connection to it answered in that time. Each such host is announced once per run
