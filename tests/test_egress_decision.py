@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from relay.config.load import load_matrix, load_shipped
 from relay.config.profiles import resolve_profile
-from relay.egress.proxy import decide as proxy_decide
+from relay.egress.rulebook import decide as proxy_decide
 from relay.model.allow_rules import (
     HostRule,
     find_rule,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.egress.proxy import RequestError, parse_head
+from relay.egress.http_head import RequestError, parse_head
 from relay.model.allow_rules import parse_rule
 from relay.model.errors import UsageError
 from relay.model.hostname import HostError, canonical_host, ipv4_spelling

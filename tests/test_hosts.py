@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.egress.proxy import Body, RequestError, decide, parse_head
+from relay.egress.http_head import Body, RequestError, parse_head
+from relay.egress.rulebook import decide
 from relay.model.allow_rules import find_rule, is_internal_address, is_unspecified_target, parse_rule
 from relay.model.errors import UsageError
 

@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import REPO, Sandbox, require_tool
 
-KEEP_RUNS = 100  # relay/egress/decision_log.py
+KEEP_RUNS = 100  # relay/egress/log_files.py
 
 
 def logs_dir(s: Sandbox) -> Path:

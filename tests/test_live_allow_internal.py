@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from relay.egress import control
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.model.refusal import ENTRY
 
 from .conftest import Sandbox

@@ -346,7 +346,9 @@ def test_ask_answered_with_an_allow_the_proxy_refuses_releases_the_request_at_on
     import io
     import socket
 
-    from relay.egress.proxy import ASK_TIMEOUT, DecisionLog, EgressProxy
+    from relay.egress.decision_log import DecisionLog
+    from relay.egress.proxy import EgressProxy
+    from relay.egress.rulebook import ASK_TIMEOUT
 
     base = tmp_path / "run"
     base.mkdir(mode=0o700)
@@ -380,9 +382,9 @@ def test_ask_answered_with_an_allow_the_proxy_refuses_releases_the_request_at_on
     try:
         asker.start()
         deadline = time.monotonic() + 10
-        while not proxy._watchers and time.monotonic() < deadline:
+        while not proxy.book._watchers and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert proxy._watchers, "invoke ask is watching"
+        assert proxy.book._watchers, "invoke ask is watching"
         refused, took = get()
         assert refused.startswith(b"HTTP/1.1 403 Forbidden"), refused
         assert b"invoke ask's allow was refused: internal.test:" in refused, refused

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from relay.egress.proxy import DecisionLog, EgressProxy, still_allowed
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
+from relay.egress.rulebook import still_allowed
 from relay.model.allow_rules import parse_rule
 
 from .conftest import Sandbox, require_tool
@@ -169,7 +171,7 @@ def test_deny_cuts_tunnels_and_forwards_but_not_the_twin_or_an_unrelated_allow(t
         for sock in (tunnel, forward, twin):
             sock.settimeout(10)
             assert b"tick" in sock.recv(4096) + sock.recv(4096)
-        _wait(lambda: len(proxy._tunnels) == 3, 5, "three connections listed")
+        _wait(lambda: len(proxy.book._tunnels) == 3, 5, "three connections listed")
         # An allow of something else cuts nothing.
         reply = proxy.change_rules("allow", "other.test", 0)
         assert reply["ok"] and "cut" not in reply["message"]
@@ -180,7 +182,7 @@ def test_deny_cuts_tunnels_and_forwards_but_not_the_twin_or_an_unrelated_allow(t
         assert max(ends) < 2, ends
         twin.settimeout(3)
         assert b"tick" in twin.recv(4096) + twin.recv(4096)  # still flowing
-        _wait(lambda: len(proxy._tunnels) == 1, 5, "the cut connections unlisted")
+        _wait(lambda: len(proxy.book._tunnels) == 1, 5, "the cut connections unlisted")
         for sock in (tunnel, forward, twin):
             sock.close()
     finally:

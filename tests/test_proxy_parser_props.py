@@ -1,4 +1,4 @@
-"""Request smuggling, as properties of the proxy's request parser (relay/egress/proxy.py `parse_head`, `Body`)
+"""Request smuggling, as properties of the proxy's request parser (relay/egress/http_head.py `parse_head`, `Body`)
 and what a credential route sends upstream (`route_head`, `egress.apply_credential`).
 
 Whatever a client sends (chunked and Content-Length conflicts, TE+CL, obs-fold, bare CR/LF, duplicate
@@ -16,7 +16,7 @@ import re
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from relay.egress.proxy import Body, Request, RequestError, parse_head, route_head
+from relay.egress.http_head import Body, Request, RequestError, parse_head, route_head
 from relay.model.backend import CredentialRoute
 from relay.policy.egress import CREDENTIAL_HEADERS, apply_credential, match_route
 

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from relay.egress import proxy as proxy_mod
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress import forward as forward_mod
+from relay.egress import reactor as reactor_mod
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.model.allow_rules import parse_rule
 
 from .servers import start_http
@@ -143,11 +145,11 @@ def test_no_thread_to_serve_gets_a_503(make_proxy, tmp_path: Path) -> None:
         def no_thread(*args: object) -> None:
             raise RuntimeError("can't start new thread")
 
-        proxy._spawn = no_thread  # what threading.Thread.start raises at the limit
+        proxy.reactor._spawn = no_thread  # what threading.Thread.start raises at the limit
         out = get(pport, "good.test", good)
         assert out.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), out
         assert b"X-Hive-Relay-Error: -:0; the proxy could not start serving the request: can't start new thread" in out
-        del proxy._spawn
+        del proxy.reactor._spawn
         assert get(pport, "good.test", good).startswith(b"HTTP/1.1 200 "), "twin: with a thread, it is served"
         deadline = time.monotonic() + 5
         while proxy.open_connections and time.monotonic() < deadline:  # the twin's worker closes after its reply
@@ -166,7 +168,7 @@ def _served(up: socket.socket, out: list[bytes]) -> None:
         down = socket.create_connection(lis.getsockname())
         client, _ = lis.accept()
         with down, client:
-            proxy_mod._relay_response(up, client)
+            forward_mod.relay_response(up, client)
             client.close()
             data = b""
             while chunk := down.recv(65536):
@@ -175,9 +177,9 @@ def _served(up: socket.socket, out: list[bytes]) -> None:
 
 
 def test_a_credential_routes_upstream_failing_before_its_head_is_answered(monkeypatch) -> None:
-    """The TLS route's relay (`_relay_response`, which splice cannot replace): a reset before the head
+    """The TLS route's relay (`relay_response`, which splice cannot replace): a reset before the head
     is a 502, a head that never comes a 504 (HEAD_TIMEOUT, shortened here), a head that comes is relayed."""
-    monkeypatch.setattr(proxy_mod, "HEAD_TIMEOUT", 0.5)
+    monkeypatch.setattr(forward_mod, "HEAD_TIMEOUT", 0.5)
     results: dict[str, bytes] = {}
     for name, behave in (("reset", reset), ("stall", lambda c: None), ("answer", lambda c: (
             c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), c.close()))):
@@ -198,7 +200,8 @@ def test_a_credential_routes_upstream_failing_before_its_head_is_answered(monkey
 CHILD = r"""
 import os, resource, socket, sys, time
 from relay.model.allow_rules import parse_rule
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 listener = socket.socket()
@@ -211,7 +214,7 @@ fillers = []
 for line in sys.stdin:
     cmd = line.strip()
     deadline = time.monotonic() + 5  # the last request's worker and the spare settle first
-    while (proxy.open_connections or proxy._spare < 0) and time.monotonic() < deadline:
+    while (proxy.open_connections or proxy.reactor._spare < 0) and time.monotonic() < deadline:
         time.sleep(0.01)
     if cmd == "fill":
         try:
@@ -356,7 +359,7 @@ def test_a_connection_the_reactor_cannot_watch_gets_a_503(make_proxy, tmp_path: 
 
     class Selector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
         def register(self, fileobj, events, data=None):  # noqa: ANN001, ANN201
-            if failing.is_set() and isinstance(data, proxy_mod._Pending):
+            if failing.is_set() and isinstance(data, reactor_mod._Pending):
                 raise OSError(errno.ENOSPC, "No space left on device")
             return super().register(fileobj, events, data)
 

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from relay.egress.proxy import DecisionLog, EgressProxy, UpstreamWatch, _cause
+from relay.egress.decision_log import DecisionLog
+from relay.egress.forward import _cause
+from relay.egress.proxy import EgressProxy
+from relay.egress.watch import UpstreamWatch
 from relay.model.allow_rules import parse_rule
 from relay.model.errors import EXIT_UPSTREAM
 

@@ -26,7 +26,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from relay.egress import decision_log as logs_mod
+from relay.egress import log_files as logs_mod
 from relay.host import liveness, safefs
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, cache_dir, tool_dir
 from relay.trust import rundirs

@@ -458,7 +458,7 @@ CLEAN_DOC = ("Remove caches, superseded images, installed agent CLIs and stale s
 
 
 def _logs_main(argv: Sequence[str]) -> int:
-    from relay.egress.decision_log import show
+    from relay.egress.log_files import show
 
     parser = _argument_parser(prog="hive-relay logs", description=LOGS_DOC)
     parser.add_argument("run", nargs="?", metavar="RUN", help=LOGS_HELP["run"])

@@ -128,7 +128,8 @@ def _rss() -> int:
 
 
 def measure(quick: bool = False) -> dict:
-    from relay.egress.proxy import DecisionLog, EgressProxy
+    from relay.egress.decision_log import DecisionLog
+    from relay.egress.proxy import EgressProxy
     from relay.model.allow_rules import parse_rule
 
     work = tempfile.mkdtemp(prefix="hive-relay-bench-tls-")

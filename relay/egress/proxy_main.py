@@ -15,7 +15,8 @@ import socket
 import sys
 import threading
 
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.model.backend import CredentialRoute
 from relay.policy.egress import parse_entries, route_key
 

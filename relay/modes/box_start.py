@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from relay.box import jobctl
 from relay.config.presets import origins
 from relay.egress import secret_source
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.host.paths import state_dir
 from relay.model.errors import RelayError
 from relay.model.refusal import ENTRY

@@ -333,19 +333,13 @@ def _unanswered(conn: socket.socket, reason: str, wait: bool = True) -> None:
     """The box's client gets a 502/503 with the reason, never a connection closed unanswered (curl's
     "Empty reply from server"), and the play's stderr a line. `wait`: drain what the client sends
     (briefly) before closing, so the answer is not lost to a reset; not on the accept loop itself."""
-    from relay.egress.proxy import _answer, _discard_pending, _response
+    from relay.egress.answers import refuse, response
 
     print(f"hive-relay: {reason}", file=sys.stderr, flush=True)
     status = "502 Bad Gateway" if wait else "503 Service Unavailable"
-    answer = _response(status, "-", 0, reason, "A failure, not a denial: retrying may work.", header="Error")
     try:
-        if wait:
-            _answer(conn, answer)
-        else:
-            conn.setblocking(False)
-            conn.send(answer)
-            conn.shutdown(socket.SHUT_WR)
-            _discard_pending(conn)
+        refuse(conn, response(status, "-", 0, reason, "A failure, not a denial: retrying may work.", header="Error"),
+               wait=wait)
     except OSError:
         pass
     finally:

@@ -346,7 +346,7 @@ class _Box:
             os.close(self.go_fd)
         messages = janitor.finish(self.jpid, self.lifeline)
         mark("torn_down")
-        from relay.egress.decision_log import prune_after_run
+        from relay.egress.log_files import prune_after_run
 
         prune_after_run(self.plan.log_path)
         phase_marks.dump(self.caller_env)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.egress.proxy import Redactor
+from relay.egress.redact import Redactor
 from relay.policy.egress import key_forms
 
 from ..conftest import Sandbox

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from relay.config.load import load_shipped
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.model.allow_rules import parse_rule
 
 from .. import fake_api

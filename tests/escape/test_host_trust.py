@@ -229,7 +229,8 @@ def test_hive_relays_own_state_cache_and_config_are_read_only_in_the_box(box_san
 
 
 def test_the_decision_log_is_never_written_through_a_planted_link(tmp_path: Path, report) -> None:
-    from relay.egress.proxy import Decision, DecisionLog
+    from relay.egress.decision_log import DecisionLog
+    from relay.policy.egress import Decision
 
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from relay.config.load import load_shipped
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.model.allow_rules import parse_rule
 from relay.trust import logins
 

@@ -20,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from relay.egress.proxy import MAX_CONNECTIONS, MAX_HEAD, DecisionLog, EgressProxy, decide
+from relay.egress.decision_log import DecisionLog
+from relay.egress.http_head import MAX_HEAD
+from relay.egress.proxy import EgressProxy
+from relay.egress.reactor import MAX_CONNECTIONS
+from relay.egress.rulebook import decide
 from relay.model.allow_rules import is_internal_address, parse_rule
 
 from ..servers import start_tcp

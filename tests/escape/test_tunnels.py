@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.egress.proxy import DecisionLog, EgressProxy
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
 from relay.egress.tlspeek import parse_client_hello, sni_problem
 from relay.model.allow_rules import parse_rule
 
