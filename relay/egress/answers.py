@@ -18,7 +18,7 @@ import time
 
 from relay.egress.http_head import MAX_HEAD
 from relay.model import refusal as denial
-from relay.model.allow_rules import _fmt_hostport
+from relay.model.allow_rules import fmt_hostport
 from relay.policy.egress import Decision
 
 TYPE_CHECKING = False
@@ -44,7 +44,7 @@ def response(status: str, host: str, port: int, reason: str, hint: str, header: 
 def policy(status: str, host: str, port: int, reason: str, rule: str, fix: str, hint: str = "") -> bytes:
     """A refusal in the one shape (relay/model/refusal.py): the status, the policy sentence (in the reason
     phrase and the body), the rule that applies (also as `X-Hive-Relay-Rule`), and the fix."""
-    said = denial.sentence(_fmt_hostport(host, port), reason, rule, fix)
+    said = denial.sentence(fmt_hostport(host, port), reason, rule, fix)
     return response(status, host, port, reason, f"{said}. {hint}".rstrip(), phrase=said, rule=rule)
 
 

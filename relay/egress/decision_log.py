@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from relay.host import safefs
-from relay.model.allow_rules import _fmt_hostport
+from relay.model.allow_rules import fmt_hostport
 from relay.policy.egress import Decision
 
 # One run's decision log; a box that floods refusals is summarized, not logged line by line.
@@ -63,7 +63,7 @@ class DecisionLog:
         if decision.unreachable:
             entry["cause"] = decision.cause
         with self.lock:
-            key = f"{_fmt_hostport(decision.host, None)}:{decision.port}"
+            key = f"{fmt_hostport(decision.host, None)}:{decision.port}"
             if decision.allowed:
                 self.allowed += 1
             elif decision.unreachable:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from relay.egress.answers import discard_pending, refuse, reply_begins, response, unanswered
 from relay.egress.http_head import HEAD_TIMEOUT, MAX_HEAD, Body, Request, RequestError
 from relay.egress.redact import Redactor
-from relay.model.allow_rules import _fmt_hostport
+from relay.model.allow_rules import fmt_hostport
 from relay.policy.egress import Decision
 
 TYPE_CHECKING = False
@@ -45,7 +45,7 @@ def connect(decision: Decision) -> tuple[socket.socket | None, str, str]:
                 return sock, "", ""
             except OSError as err:
                 cause = _cause(err)
-                where = _fmt_hostport(addr, port)
+                where = fmt_hostport(addr, port)
                 detail = {"refused": f"upstream refused the connection ({where})",
                           "timed out": f"upstream timed out after {CONNECT_TIMEOUT:g} s ({where})",
                           "no route": f"no route to the upstream ({where})"}.get(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from relay.model.allow_rules import _fmt_hostport, normalize_host, split_hostport
+from relay.model.allow_rules import fmt_hostport, normalize_host, split_hostport
 from relay.model.errors import UsageError
 from relay.policy import egress
 
@@ -139,7 +139,7 @@ def parse_head(head: bytes) -> Request:
         kept.append(f"Content-Length: {length}")
     if origin:
         return Request(method, host, port, None, framing, length, bool(expects), True, path, version, tuple(kept))
-    authority = _fmt_hostport(host, None if port == 80 else port)
+    authority = fmt_hostport(host, None if port == 80 else port)
     out = "\r\n".join([f"{method} {path} {version}", f"Host: {authority}", *kept, "Connection: close", "", ""])
     return Request(method, host, port, out.encode("latin-1"), framing, length, bool(expects), path=path)
 
@@ -149,7 +149,7 @@ def route_head(req: Request, path: str, host: str, port: int, credential: tuple[
     credential header the client sent dropped, then the real one added (None: the key is in `path`).
     The answer is asked for uncompressed (`Accept-Encoding: identity`), so that the proxy can scrub
     the key from it should the upstream echo it (`Redactor`); a compressed echo would pass unseen."""
-    authority = _fmt_hostport(host, None if port == 443 else port)
+    authority = fmt_hostport(host, None if port == 443 else port)
     # `X_Api_Key` counts as x-api-key: CGI-style servers fold `_` and `-` into one name.
     kept = [line for line in req.kept if line.partition(":")[0].strip().lower().replace("_", "-")
             not in egress.CREDENTIAL_HEADERS | {"accept-encoding"}]

@@ -39,7 +39,7 @@ from relay.egress.routes import Routes
 from relay.egress.rulebook import Resolver, RuleBook, decide, system_resolver, tls_required, within_rule
 from relay.egress.watch import UpstreamWatch
 from relay.model import refusal as denial
-from relay.model.allow_rules import HostRule, _fmt_hostport, find_rule
+from relay.model.allow_rules import HostRule, find_rule, fmt_hostport
 from relay.policy import egress
 from relay.policy.egress import NOT_LISTED, Decision
 
@@ -229,7 +229,7 @@ class EgressProxy:
         label = "opaque-tunnel" if hello.kind == "opaque" else "sni-mismatch"
         refused = Decision(False, host, port, problem, label=label)
         self.log.record(refused, "CONNECT", {**(self.book.extras(refused, rule) or {}), "rule": rule.render()})
-        target = _fmt_hostport(host, port)
+        target = fmt_hostport(host, port)
         fix = (denial.rule_fix(f"list it with ,tls=false (e.g. --allow-host {rule.render()},tls=false) if it is "
                                "not TLS on purpose") if label == "opaque-tunnel" else
                denial.rule_fix(f"CONNECT to the host the TLS names ({hello.sni or 'none'}) and allow that"))

@@ -22,7 +22,7 @@ from relay.egress.http_head import Request
 from relay.egress.watch import LIKELY
 from relay.model import http_rules
 from relay.model import refusal as denial
-from relay.model.allow_rules import HostRule, _fmt_hostport, find_rule
+from relay.model.allow_rules import HostRule, find_rule, fmt_hostport
 from relay.model.errors import UsageError
 from relay.policy import egress
 from relay.policy.egress import NOT_LISTED, Decision
@@ -155,7 +155,7 @@ class RuleBook:
         """--ask: put the question to the watchers (once per host while it is open) and wait for an answer
         (an allow, a deny or a refusal of it), at most ASK_TIMEOUT. (answered, why the answer, an allow,
         was refused: "" when it was not); False when nobody watches or answered."""
-        target = _fmt_hostport(host, port)
+        target = fmt_hostport(host, port)
         with self._lock:
             if not self._watchers:
                 return False, ""
@@ -246,7 +246,7 @@ class RuleBook:
         if cut:
             message += f"; cut {cut} open connection{'s' if cut > 1 else ''} it no longer allows"
         with self._lock:
-            self._told.discard(_fmt_hostport(host, port))  # a later denial is announced again
+            self._told.discard(fmt_hostport(host, port))  # a later denial is announced again
         self.wake(None if op == "allow" else rule.target)
         return {"ok": True, "message": message, "rules": [r.render() for r in rules]}
 
@@ -273,8 +273,8 @@ class RuleBook:
         if not internal:
             return ""
         pinnable = [a for a in internal if not is_unspecified_target(a)]
-        fix = (f"fix: pin it to the address meant: {denial.ENTRY} allow {_fmt_hostport(rule.name, port)}="
-               f"{_fmt_hostport(pinnable[0], port)} --run {self.run_id or 'RUN'}" if pinnable else
+        fix = (f"fix: pin it to the address meant: {denial.ENTRY} allow {fmt_hostport(rule.name, port)}="
+               f"{fmt_hostport(pinnable[0], port)} --run {self.run_id or 'RUN'}" if pinnable else
                "fix: pin it to a reachable address with NAME:PORT=ADDR:PORT")
         return (f"{rule.target} resolves to internal address {internal[0]}, which an unpinned name is never "
                 f"connected to (DNS rebinding guard), so allowing it would still deny it; {fix}")
@@ -321,7 +321,7 @@ class RuleBook:
                 cut.append(tunnel)
         for tunnel in cut:
             self.log.event({"host": tunnel.host, "port": tunnel.port, "method": tunnel.method, "decision": "live-cut",
-                            "reason": f"open connection to {_fmt_hostport(*tunnel.peer)} cut: the rules no longer "
+                            "reason": f"open connection to {fmt_hostport(*tunnel.peer)} cut: the rules no longer "
                                       "allow it"})
         return len(cut)
 
@@ -362,7 +362,7 @@ class RuleBook:
         """The answer to a request the policy denied (403) or could not serve (502/504), with the reason
         and the fix; the caller's terminal hears of the first denial of each host (`tell`)."""
         host, port = decision.host, decision.port
-        target = _fmt_hostport(host, port)
+        target = fmt_hostport(host, port)
         if decision.unreachable:
             status = "504 Gateway Timeout" if decision.cause == "timed out" else "502 Bad Gateway"
             return response(status, host, port, decision.reason,

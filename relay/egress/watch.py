@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from relay.model.allow_rules import _fmt_hostport
+from relay.model.allow_rules import fmt_hostport
 
 # An allowed host that keeps failing: FAIL_COUNT failures within FAIL_WINDOW seconds, none answered.
 FAIL_COUNT = 5
@@ -89,4 +89,4 @@ class UpstreamWatch:
 
 
 def _key(host: str, port: int) -> str:
-    return f"{_fmt_hostport(host, None)}:{port}"
+    return f"{fmt_hostport(host, None)}:{port}"

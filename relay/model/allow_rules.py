@@ -58,11 +58,11 @@ class HostRule:
     @property
     def target(self) -> str:
         """What the rule covers, with the port made explicit: `name:443`, `*.domain:443`."""
-        return ("*." if self.wildcard else "") + _fmt_hostport(self.name, self.port or DEFAULT_PORT)
+        return ("*." if self.wildcard else "") + fmt_hostport(self.name, self.port or DEFAULT_PORT)
 
     def action(self) -> str:
         if self.pin_addr is not None:
-            return f"pinned to {_fmt_hostport(self.pin_addr, self.pin_port)}"
+            return f"pinned to {fmt_hostport(self.pin_addr, self.pin_port)}"
         if self.is_ip:
             return "this IP address, listed explicitly"
         return "DNS, public addresses only"
@@ -76,9 +76,9 @@ class HostRule:
         return "TLS only, its SNI absent (an IP)" if self.is_ip else f"TLS only, SNI {self.name if not self.wildcard else 'the CONNECT host'}"
 
     def render(self) -> str:
-        text = ("*." if self.wildcard else "") + _fmt_hostport(self.name, self.port)
+        text = ("*." if self.wildcard else "") + fmt_hostport(self.name, self.port)
         if self.pin_addr is not None:
-            text += "=" + _fmt_hostport(self.pin_addr, self.pin_port)
+            text += "=" + fmt_hostport(self.pin_addr, self.pin_port)
         return text + self.options()
 
     def options(self) -> str:
@@ -87,7 +87,7 @@ class HostRule:
             f",path={p}" for p in self.paths)
 
 
-def _fmt_hostport(host: str, port: int | None) -> str:
+def fmt_hostport(host: str, port: int | None) -> str:
     shown = f"[{host}]" if ":" in host else host
     return shown if port is None else f"{shown}:{port}"
 
