@@ -148,16 +148,15 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False, live_loc
         from relay.egress import secret_source
 
         secret_source.read_keys(plan.credentials, caller_env)
-    run_id = _run_id(plan)
     own_lock = hold_live(plan, caller_env) if live_lock is None else None  # one live box per checkout
     try:
-        return _run(plan, caller_env, run_id)
+        return _run(plan, caller_env)
     finally:
         if own_lock is not None:
             os.close(own_lock)
 
 
-def _run(plan: Plan, caller_env: Mapping[str, str], run_id: str) -> int:
+def _run(plan: Plan, caller_env: Mapping[str, str]) -> int:
     state = _prepare(plan, caller_env)
     box = _Box(plan, caller_env, state)
     try:

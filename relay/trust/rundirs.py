@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 
 from relay.host.liveness import gone
@@ -47,18 +48,15 @@ def names(where: str) -> list[str]:
 def run_dirs(base: str) -> int:
     """Remove this user's run dirs (`hive-relay-RUNID` under `base`) whose launcher is gone."""
     removed = 0
-    try:
-        entries = [e for e in os.scandir(base) if e.name.startswith(PREFIX)]
-    except OSError:
-        return 0
-    for entry in entries:
+    for name in names(base):
+        path = os.path.join(base, name)
         try:
-            st = entry.stat(follow_symlinks=False)
+            st = os.lstat(path)
         except OSError:
             continue
-        if st.st_uid != os.getuid() or not entry.is_dir(follow_symlinks=False):
+        if st.st_uid != os.getuid() or not stat.S_ISDIR(st.st_mode):
             continue
-        if gone(entry.name, PREFIX, st.st_ctime):
-            shutil.rmtree(entry.path, ignore_errors=True)  # fd-based: no link inside is followed
+        if gone(name, PREFIX, st.st_ctime):
+            shutil.rmtree(path, ignore_errors=True)  # fd-based: no link inside is followed
             removed += 1
     return removed
