@@ -896,6 +896,7 @@ def _process_tier(d: _Draft) -> None:
     if own is not None and own != d.workdir:
         raise RefusedError(f"the workdir {d.workdir} holds hive relay's own checkout ({own}), which the process tier "
                            "cannot keep read-only; fix: install bubblewrap, or pick a workdir that does not hold it")
+    _refuse_own_paths_under_writes(d, [] if own is not None else [d.workdir])
     rw = [d.workdir, d.env_set["TMPDIR"], "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
     if own is not None:
         rw.remove(d.workdir)  # our own checkout: read-only (see _read_only_checkout)
@@ -907,6 +908,20 @@ def _process_tier(d: _Draft) -> None:
     d.fsplan = replace(d.fsplan, mounts=(), placeholders=(), protected=())
     if d.profile.network:
         raise RefusedError("the process tier cannot enforce egress; internal error in profile choice")
+
+
+def _refuse_own_paths_under_writes(d: _Draft, workdirs: list[str]) -> None:
+    """Landlock cannot carve a read-only hole in a writable tree, so at the process tier a workdir
+    or writable grant that holds one of hive relay's own paths (its config, state, cache: the memos
+    the next launch trusts, `relay.host.memo`) would let this box steer the next one. Refused, for
+    every tier's sake; the supervised box binds them read-only instead."""
+    for root in workdirs + [g.path for g in d.grants if g.writable]:
+        held = next((p for p in d.own if _lies_in(p, root)), None)
+        if held is not None:
+            what = "the workdir" if root in workdirs else "the writable grant"
+            raise RefusedError(f"{what} {root} holds hive relay's own {held}, which the process tier cannot keep "
+                               "read-only (the next launch trusts what is there); fix: install bubblewrap, or pick "
+                               f"a {'workdir' if root in workdirs else 'grant'} that does not hold it")
 
 
 def _refuse_unpinned_links(d: _Draft) -> None:
