@@ -161,9 +161,12 @@ def test_clean_removes_caches_stale_state_and_the_stray_lock_and_says_how_much(s
     assert dry.returncode == 0, dry.stderr
     assert "would remove" in dry.stdout and stray.exists() and stale.exists() and (cache / "probe.json").exists()
 
+    memos = cache / "memo"  # the launch memos (relay/host/memo.py) the dry run's own config load made
+    assert memos.is_dir()
     proc = s.relay("clean")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    assert memos.is_dir() and str(memos) not in out, "every launch makes them again: only --all removes them"
     for path in (cache / "probe.json", cache / "peers", stray, stale, empty):
         line = next((ln for ln in out.splitlines() if str(path) in ln), "")
         assert line.startswith("removed"), (path, out)
@@ -182,6 +185,7 @@ def test_clean_removes_caches_stale_state_and_the_stray_lock_and_says_how_much(s
 
     everything = s.relay("clean", "--all")
     assert everything.returncode == 0 and not kept_log.exists(), everything.stdout
+    assert f"removed       cache          {memos}" in everything.stdout and not memos.exists()
 
 
 def test_clean_never_follows_a_link_nor_removes_what_is_not_ours(sandbox: Sandbox) -> None:

@@ -128,3 +128,24 @@ def test_no_box_can_write_the_memo_store_even_as_its_workdir(box_sandbox: Sandbo
     probe = s.relay("shell", "local", "--quiet", "--prompt",
                     "/usr/bin/python3 -c 'import socket; socket.socket(socket.AF_UNIX)' 2>&1 | tail -1")
     assert "PermissionError" in probe.stdout, "the next box still has the real filter"
+
+
+def test_the_store_keeps_only_the_newest_memos_of_each_kind(tmp_path: Path) -> None:
+    """Every edit of a config file is a new memo: the store stays bounded, newest first, and a
+    link planted among them is removed as a name, its target untouched."""
+    env = _env(tmp_path)
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    memo.put(env, memo.MemoKind.PARSED_CONFIG, "first", b"{}")
+    folder = tmp_path / "cache" / "hive-relay" / "memo" / memo.MemoKind.PARSED_CONFIG.value
+    os.utime(folder / "first", (500, 500))
+    os.symlink(target, folder / "a-link")
+    os.utime(folder / "a-link", (1, 1), follow_symlinks=False)
+    for i in range(memo.KEEP + 5):
+        memo.put(env, memo.MemoKind.PARSED_CONFIG, f"k{i:03d}", b"{}")
+        os.utime(folder / f"k{i:03d}", (1000 + i, 1000 + i))
+    memo.put(env, memo.MemoKind.PARSED_CONFIG, "last", b"{}")
+    left = {p.name for p in folder.iterdir()}
+    assert len(left) == memo.KEEP and "last" in left and "a-link" not in left and "first" not in left
+    assert target.read_text() == "keep me"
+    assert memo.get(env, memo.MemoKind.SECCOMP_BPF, "last", 64) is None, "kinds never share a name"

@@ -1,8 +1,9 @@
 """`hive-relay clean` / `invoke clean`: remove what hive relay left on this host, and say what and how much.
 
 What it removes (each only when it is the caller's own, reached with no link followed):
-- the caches: `~/.cache/hive-relay` (probe and plan memos, parsed configs, bench peers) and the
-  selftest's scratch dir beside it;
+- the caches: `~/.cache/hive-relay` (probe and plan memos, bench peers; the launch memos of parsed
+  configs and compiled filters only with `--all`: each launch makes them again) and the selftest's
+  scratch dir beside it;
 - superseded container images: ours for this uid (and the offline bases) other than the current
   ones, through relay/modes/image.py, never forced, so an image a container uses stays;
 - the installed agent CLIs: the default tool dir only (never one named by $HIVE_RELAY_TOOLS, which may
@@ -10,7 +11,7 @@ What it removes (each only when it is the caller's own, reached with no link fol
 - stale state: run dirs of launchers that are gone, empty and old egress logs, and the stray
   `~/.hive-relay-sync.lock` older versions left in $HOME (the sync lock now lives in the state dir).
 
-`--all` also removes every egress log of a finished run and the current image and base. Nothing
+`--all` also removes every egress log of a finished run, the launch memos, and the current image and base. Nothing
 that a running box uses is touched: while a box runs, the CLIs, images and run dirs stay.
 
 Staged runs (relay/trust/staged.py) are listed one per line, each with its age and counts; their layers
@@ -194,6 +195,8 @@ def plan_clean(env: Mapping[str, str], everything: bool,
                 path = os.path.join(cache, entry.name)
                 if tools and (path == tools or safefs.beneath(tools, path)):
                     continue  # the CLIs are their own item below
+                if entry.name == "memo" and not everything:
+                    continue  # the launch memos: bounded, and every launch (this one too) makes them again
                 if _ours(path):
                     items.append(Item("cache", path, du(path)))
     scratch = os.path.join(os.path.dirname(cache), "hive-relay-selftest")

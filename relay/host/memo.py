@@ -57,12 +57,41 @@ def get(env: Mapping[str, str], kind: MemoKind, key: str, limit: int) -> bytes |
         return None
 
 
+KEEP = 32  # memos per kind: each edit of a config file makes a new one, so the oldest go
+
+
 def put(env: Mapping[str, str], kind: MemoKind, key: str, data: bytes) -> None:
-    """Store DATA under KEY; any failure is ignored (the next launch recomputes)."""
+    """Store DATA under KEY, then keep only the KEEP newest of its kind; any failure is ignored (the
+    next launch recomputes). Runs only on a miss, so a launch that hits never lists the folder."""
     path = _path(env, kind, key)
     base = str(cache_dir(env))
     try:
         os.makedirs(base, mode=0o700, exist_ok=True)
         safefs.write_file(path, data, 0o600, base=base, make_dirs=True, durable=False)
+        _prune(base, os.path.join("memo", kind.value), keep=key)
     except (OSError, ValueError):
         pass
+
+
+def _prune(base: str, rel: str, keep: str) -> None:
+    """Unlink all but the KEEP newest entries of BASE/REL (never `keep`; unlink removes a name, never
+    a link's target, and REL is opened with no link followed)."""
+    with safefs.base_dir(base) as bfd:
+        dfd = safefs.open_beneath(bfd, rel, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        entries = []
+        for name in os.listdir(dfd):
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            entries.append((st.st_mtime_ns, name))
+        entries.sort(reverse=True)
+        for _, name in entries[KEEP:]:
+            if name != keep:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except OSError:
+                    pass
+    finally:
+        os.close(dfd)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -203,6 +202,8 @@ def compile_bpf(policy: SeccompPolicy, cache: str | None = None, env: Mapping[st
         if cached and len(cached) % 8 == 0:
             _COMPILED[policy] = cached
             return cached
+    import tempfile  # only when compiling: a memoized launch never needs it (~5 ms with shutil)
+
     with tempfile.TemporaryFile() as out:
         build_filter(policy).export_bpf(out)
         out.seek(0)
