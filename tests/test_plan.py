@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from relay.config.load import load_matrix
+from relay.host.fs_view import HostFs
 from relay.model.errors import RefusedError, UsageError
 from relay.model.host_facts import HostFacts
 from relay.modes.image import with_image
@@ -28,7 +29,7 @@ def plan_for(sandbox: Sandbox, backend: str, mode: str = "local", facts: HostFac
     matrix = load_matrix(env, Path(sandbox.workdir))
     facts = replace(facts or FACTS, home=str(sandbox.home))
     request = Request(backend=backend, mode=mode, workdir=str(sandbox.workdir), run_id="1-test", **req)
-    return resolve(matrix.backends[backend], matrix, request, with_image(facts, matrix, request, env), env)
+    return resolve(matrix.backends[backend], matrix, request, with_image(facts, matrix, request, env), env, fs=HostFs())
 
 
 @pytest.mark.parametrize("mode", ["local", "container"])

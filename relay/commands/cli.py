@@ -26,6 +26,7 @@ from relay.commands.options import (
     flag_name,
 )
 from relay.config.load import get_backend, load_matrix
+from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.model.errors import RefusedError, UsageError
 from relay.plan.resolve import Request, resolve
@@ -80,7 +81,7 @@ def contribute(
         from relay.host import vm_host
 
         facts = replace(facts, vm_error=vm_host.vm_error(env))
-    plan = resolve(backend, matrix, request, facts, env)
+    plan = resolve(backend, matrix, request, facts, env, fs=HostFs())
     mark("resolved")
     if (count is not None or parallel is not None) and request.mode != "kube":
         raise UsageError("--count and --parallel are kube mode's; fix: add `kube` (or drop them)")
@@ -97,7 +98,7 @@ def contribute(
             # After resolve(): a run that is refused anyway installs nothing. Resolved again, so that
             # the new tool dir is mounted into the box.
             ensure_cli(backend, env, template[0])
-            plan = resolve(backend, matrix, request, facts, env)
+            plan = resolve(backend, matrix, request, facts, env, fs=HostFs())
     if dry_run:
         if as_json:
             print(json.dumps(plan.to_json(), indent=2))
@@ -121,7 +122,7 @@ def contribute(
         fallback = profile_fallback(request.profile, plan.profile, problem) if problem else None
         if fallback:
             profile, note = fallback
-            retry = resolve(backend, matrix, replace(request, profile=profile), facts, env)
+            retry = resolve(backend, matrix, replace(request, profile=profile), facts, env, fs=HostFs())
             plan = replace(retry, notes=retry.notes + (note,))
             problem = verify(plan, env)
         if problem:

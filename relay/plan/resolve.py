@@ -16,7 +16,6 @@ from relay.box.nodeproxy import node_options
 from relay.box.overlay import unsafe_path
 from relay.config.presets import expand as expand_presets
 from relay.config.profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
-from relay.host.fs_view import HostFs
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, own_paths, state_dir, tool_dir
 from relay.model import credential_files
 from relay.model.allow_rules import HostRule, explain
@@ -346,15 +345,15 @@ def resolve(
     request: Request,
     facts: HostFacts,
     caller_env: dict[str, str],
-    fs: FsView | None = None,
+    fs: FsView,
     now: float | None = None,
 ) -> Plan:
     """Decide everything about one launch. Raises UsageError / RefusedError on bad requests.
 
     Pure: the host is read only through `fs` and `facts` (gathered before; see relay/modes/image.py with_image), so
-    tests/test_plan_golden.py resolves every case against an in-memory host. A shared core, then
-    one small function per tier (_TIERS)."""
-    fs = fs if fs is not None else HostFs()  # the real host, unless the caller hands in a view (tests)
+    tests/test_plan_golden.py resolves every case against an in-memory host. There is no default view:
+    a caller hands in the real host (`relay.host.fs_view.HostFs()`) by name, or a fake. A shared core,
+    then one small function per tier (_TIERS)."""
     workdir = _checked_request(request, fs)
     extra_rules = parse_entries(request.allow_hosts) + parse_ssh_hosts(request.allow_ssh)
     presets = expand_presets(backend.presets + request.allow_presets, matrix.presets)
