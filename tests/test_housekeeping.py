@@ -307,3 +307,21 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
     finally:
         podman("rm", "-a", "-f")
         podman("rmi", "-a", "-f")
+
+
+def test_every_logs_and_changes_hint_names_the_entry_the_user_can_type(sandbox: Sandbox) -> None:
+    """`hive-relay` may not be on PATH (issue 27): the hints of `logs` and `changes` name our own
+    entry by its path, as every other hint does."""
+    from relay.model.refusal import ENTRY
+
+    s = sandbox
+    staged = s.relay("shell", "local", "--staged", "--quiet", "--prompt", "echo x > made.txt")
+    assert staged.returncode == 0, staged.stderr
+    for args in (("logs", "nosuchrun"), ("changes", "nosuchrun")):
+        proc = s.relay(*args)
+        assert proc.returncode != 0 and "hive-relay logs" not in proc.stderr and "hive-relay changes" not in proc.stderr
+        assert ENTRY in proc.stderr, proc.stderr
+    d = logs_dir(s)
+    plant_log(d, "20260101-000001", f"{dead_pid()}-0000000a")
+    listing = s.relay("logs")
+    assert listing.returncode == 0 and f"`{ENTRY} logs RUN` shows one" in listing.stdout, listing.stdout

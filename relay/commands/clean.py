@@ -27,6 +27,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from relay.commands.logs import human_bytes
 from relay.egress import log_files as logs_mod
 from relay.host import liveness, safefs
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, cache_dir, tool_dir
@@ -327,7 +328,7 @@ def _remove(item: Item, env: Mapping[str, str], engine: list[str] | None) -> Non
 
 
 def human(n: int | None) -> str:
-    return "size unknown" if n is None else logs_mod.human_bytes(n)
+    return "size unknown" if n is None else human_bytes(n)
 
 
 def clean(dry_run: bool = False, everything: bool = False, env: Mapping[str, str] | None = None,
@@ -356,7 +357,7 @@ def clean(dry_run: bool = False, everything: bool = False, env: Mapping[str, str
     for note in notes:
         print(f"note: {note}")
     if done:
-        print(f"{verb} {done} item{'s' if done != 1 else ''}, {logs_mod.human_bytes(freed)}")
+        print(f"{verb} {done} item{'s' if done != 1 else ''}, {human_bytes(freed)}")
     else:
         print("nothing to remove")
     return 0

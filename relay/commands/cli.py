@@ -459,7 +459,7 @@ CLEAN_DOC = ("Remove caches, superseded images, installed agent CLIs and stale s
 
 
 def _logs_main(argv: Sequence[str]) -> int:
-    from relay.egress.log_files import show
+    from relay.commands.logs import show
 
     parser = _argument_parser(prog="hive-relay logs", description=LOGS_DOC)
     parser.add_argument("run", nargs="?", metavar="RUN", help=LOGS_HELP["run"])
@@ -680,8 +680,10 @@ def _completion_main(argv: Sequence[str]) -> int:
     from relay.commands.completion import script
 
     if len(argv) != 1 or argv[0] not in ("bash", "zsh"):
-        raise UsageError("completion needs a shell; fix: `hive-relay completion bash` (or zsh), e.g. "
-                         "source <(hive-relay completion bash)")
+        from relay.model.refusal import ENTRY
+
+        raise UsageError(f"completion needs a shell; fix: `{ENTRY} completion bash` (or zsh), e.g. "
+                         f"source <({ENTRY} completion bash)")
     sys.stdout.write(script(argv[0], dict(os.environ)))
     return 0
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from relay.host import safefs
 from relay.model.errors import RelayError, UsageError
 from relay.model.hashing import sha256
+from relay.model.refusal import ENTRY
 from relay.trust import staged
 from relay.trust.checkout_owner import checkout_owner, give, missing_parents
 
@@ -347,7 +348,7 @@ def select_entries(entries: list[Entry], paths: Sequence[str]) -> list[Entry]:
     want = [p.strip("/") for p in paths]
     for p in want:
         if not any(e.path == p or e.path.startswith(p + "/") for e in entries):
-            raise UsageError(f"{p}: not a staged change of this run; fix: `hive-relay changes RUN` lists them")
+            raise UsageError(f"{p}: not a staged change of this run; fix: `{ENTRY} changes RUN` lists them")
     return [e for e in entries if any(e.path == p or e.path.startswith(p + "/") for p in want)]
 
 
