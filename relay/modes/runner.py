@@ -370,9 +370,10 @@ class _Box:
             os.close(self.go_fd)
         messages = janitor.finish(self.jpid, self.lifeline)
         mark("torn_down")
-        from relay.egress.log_files import prune_after_run
+        if self.plan.log_path and os.path.lexists(self.plan.log_path):  # a run that logged nothing adds nothing
+            from relay.egress.log_files import prune_after_run
 
-        prune_after_run(self.plan.log_path)
+            prune_after_run(self.plan.log_path)
         phase_marks.dump(self.caller_env)
         return messages
 
