@@ -403,7 +403,7 @@ def accept_state(run: str, paths: Sequence[str] = (), env: Mapping[str, str] | N
     config into the workdir (relay/trust/workdir_aside.py: paths `workdir:REL` or absolute), after review."""
     from relay.host.paths import state_dir
     from relay.trust import workdir_aside
-    from relay.trust.agentstate import accept
+    from relay.trust.agentstate import accept, kept_logins
 
     env = dict(os.environ if env is None else env)
     home = env.get("HOME") or os.path.expanduser("~")
@@ -417,6 +417,10 @@ def accept_state(run: str, paths: Sequence[str] = (), env: Mapping[str, str] | N
     if theirs or not paths and (workdir is None or os.path.isdir(os.path.join(state, "kept", run))):
         done += accept(state, home, run, theirs)
     print(f"hive-relay: accepted {len(done)} file(s) from run {run}: {', '.join(done)}")
+    logins = kept_logins(state, run)
+    if logins and not paths:
+        print(f"hive-relay: left aside, never accepted: {', '.join(logins)} (a login the host holds: the box's copy has "
+              "placeholders, not your tokens)")
     return 0
 
 

@@ -658,6 +658,10 @@ def _write_kept(state: AgentState, hfd: int, bfd: int, aside: list[_Change]) -> 
             entries[change.rel] = {
                 "why": change.why, "kind": change.kind, "stored": stored,
                 **({"target": change.link} if change.link is not None else {}),
+                # A login the host holds: the box's copy has placeholders (or tokens the box chose), so
+                # accept-state never lays it over the real one (see accept).
+                **({"login": True} if any(change.rel == path for path, _ in state.logins + state.secret_files)
+                   else {}),
                 # What accept-state expects on the host (None: absent); a conflict never matches.
                 "host_sha256": _digest_host(hfd, change.rel) if host_unchanged and change.action in ("keep", "rejected", "partial")
                 else "(changed on the host during the session)",
@@ -770,10 +774,15 @@ def accept(state_dir: str, home: str, run: str, paths: tuple[str, ...] = ()) -> 
             raise UsageError(f"accept-state: {kept}/{MANIFEST} is missing or unreadable; fix: review and copy the "
                              "files by hand, then delete that directory")
         files: dict[str, dict] = manifest["files"]
-        wanted = [_rel_arg(p, home, files, kept) for p in paths] if paths else sorted(files)
+        wanted = [_rel_arg(p, home, files, kept) for p in paths] if paths else \
+            sorted(rel for rel, entry in files.items() if not entry.get("login"))
         with safefs.base_dir(home) as hfd:
             for rel in wanted:
                 entry = files[rel]
+                if entry.get("login"):
+                    raise UsageError(f"accept-state: ~/{rel} is a login the host holds; the box's copy has "
+                                     f"placeholders, not your tokens, and never replaces the real one; fix: log in on "
+                                     f"the host (`{ENTRY} login BACKEND`), and delete {kept}/{rel} once reviewed")
                 if entry.get("kind") == "file" and not entry.get("stored"):
                     raise UsageError(f"accept-state: ~/{rel} was over the size bound and not stored; fix: let the "
                                      f"agent recreate it, or accept the other files by name")
@@ -807,6 +816,23 @@ def accept(state_dir: str, home: str, run: str, paths: tuple[str, ...] = ()) -> 
 
         shutil.rmtree(kept, ignore_errors=True)
     return ["~/" + rel for rel in wanted]
+
+
+def kept_logins(state_dir: str, run: str) -> list[str]:
+    """The login files still kept aside for RUN (never accepted; see accept), as ~/REL."""
+    kept = os.path.join(state_dir, "kept", run)
+    try:
+        with safefs.base_dir(os.path.dirname(kept)) as pfd:
+            kfd = safefs.open_beneath(pfd, run, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return []
+    try:
+        manifest = _read_manifest_fd(kfd) or {}
+    except (OSError, ValueError):
+        manifest = {}
+    finally:
+        os.close(kfd)
+    return ["~/" + rel for rel, entry in sorted(manifest.get("files", {}).items()) if entry.get("login")]
 
 
 def _rel_arg(arg: str, home: str, files: dict[str, dict], kept: str) -> str:

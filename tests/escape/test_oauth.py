@@ -369,6 +369,16 @@ def test_a_login_file_the_box_writes_never_replaces_the_hosts(any_box, ca, api, 
     works = (box.home / ".claude" / "history.jsonl").read_text() == '{"display": "kept"}\n'
     report.legit(works)
     assert works
+    # accept-state never lays the box's copy over the real login: named, it is refused with the fix;
+    # accepting the whole run takes the rest and says the login stays aside.
+    run = kept[0].parent.parent.name
+    named = box.relay("accept-state", run, "~/.claude/.credentials.json")
+    assert named.returncode == 2 and "a login the host holds" in named.stderr and " login BACKEND" in named.stderr
+    every = box.relay("accept-state", run)
+    assert every.returncode == 0, every.stderr
+    assert "left aside, never accepted: ~/.claude/.credentials.json" in every.stdout, every.stdout
+    report.attack(path.read_bytes() == original)
+    assert path.read_bytes() == original and kept[0].read_text() == fake
 
 
 def test_dry_run_names_the_login_file_never_its_token(box: Sandbox, report: Report) -> None:
