@@ -80,6 +80,10 @@ def contribute(
         from relay.host import vm_host
 
         facts = replace(facts, vm_error=vm_host.vm_error(env))
+    if request.isolation == "gvisor":  # only then: the probe run starts a sandbox (memoized once it passed)
+        from relay.host import runsc_host
+
+        facts = replace(facts, **runsc_host.facts(env))
     plan = resolve(backend, matrix, request, facts, env)
     mark("resolved")
     if (count is not None or parallel is not None) and request.mode != "kube":
