@@ -26,6 +26,7 @@ import struct
 import sys
 import threading
 
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -117,6 +118,10 @@ def main(argv):
         except OSError as err:
             os.write(2, f"hive-relay: cannot start {command[0]} in the gvisor box: {err.strerror or err}\n".encode())
             os._exit(127 if isinstance(err, FileNotFoundError) else 3)
+    # Not dumpable: the agent runs as the same uid, and /proc/1/mem of an init that keeps AF_UNIX would
+    # let it write code into the one process its filter does not hold (gVisor checks this as Linux does).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     # Keyboard signals belong to the agent's process group; the init only relays and waits.
     for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(sig, signal.SIG_IGN)
