@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 from collections.abc import Mapping
 
 from relay.box import jobctl, overlay
@@ -30,6 +31,7 @@ from relay.egress.proxy import EgressProxy
 from relay.host import procs
 from relay.host.phase_marks import mark
 from relay.model.errors import RelayError
+from relay.model.vocab import MountKind
 from relay.modes.box_start import BoxProcess, box_env, start_proxy
 from relay.plan.resolve import Plan
 from relay.render import gvisor_oci
@@ -64,6 +66,28 @@ def _listen(path: str) -> socket.socket:
     return sock
 
 
+def moot_masks(plan: Plan) -> frozenset[str]:
+    """Rootless: the masks over targets the caller cannot open (see gvisor_oci.oci_mounts). A target
+    that does not exist is kept (its placeholder is made), and root can open everything."""
+    if plan.gvisor is None or not plan.gvisor.rootless:
+        return frozenset()
+    out = set()
+    for m in plan.mounts:
+        if m.kind not in (MountKind.MASK_FILE, MountKind.MASK_DIR):
+            continue
+        try:
+            st = os.lstat(m.dst)
+        except PermissionError:
+            out.add(m.dst)  # a parent we cannot search: the box cannot reach it either
+            continue
+        except OSError:
+            continue
+        modes = (os.R_OK, os.W_OK, os.X_OK) if stat.S_ISDIR(st.st_mode) else (os.R_OK, os.W_OK)
+        if not any(os.access(m.dst, mode, follow_symlinks=False) for mode in modes):
+            out.add(m.dst)
+    return frozenset(out)
+
+
 def prepare(plan: Plan, caller_env: Mapping[str, str], nofile: tuple[int, int], terminal: bool) -> socket.socket | None:
     """The bundle, the seccomp program and the proxy socket in the run dir; returns the socket's listener."""
     run = plan.gvisor
@@ -74,7 +98,8 @@ def prepare(plan: Plan, caller_env: Mapping[str, str], nofile: tuple[int, int], 
     head = len(run.argv())
     spec = gvisor_oci.spec(run, mounts=plan.mounts, home=dict(plan.env_set).get("HOME", "/"),
                            args=plan.command[head:], env=box_env(plan, caller_env), cwd=plan.workdir,
-                           terminal=terminal, limits=plan.limits, nofile=min(nofile[1], 1 << 20))
+                           terminal=terminal, limits=plan.limits, nofile=min(nofile[1], 1 << 20),
+                           moot=moot_masks(plan))
     _write_private(os.path.join(run.bundle, "config.json"), json.dumps(spec).encode())
     return _listen(run.socket) if run.socket else None
 

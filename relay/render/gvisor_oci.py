@@ -84,9 +84,14 @@ def _tmpfs(dst: str, size: int | None, mode: str, owner: int | None, ro: bool = 
     return {"destination": dst, "type": "tmpfs", "source": "tmpfs", "options": opts}
 
 
-def oci_mounts(mounts: Iterable[Mount], home: str, box_uid: int) -> tuple[str, list[dict]]:
+def oci_mounts(mounts: Iterable[Mount], home: str, box_uid: int, moot: frozenset[str] = frozenset()) -> tuple[str, list[dict]]:
     """(the root's host path, the spec's mounts) for the plan's mounts, in order. The first mount must be
-    the read-only root. $HOME's tmpfs belongs to the box user; /tmp and /var/tmp are sticky and open."""
+    the read-only root. $HOME's tmpfs belongs to the box user; /tmp and /var/tmp are sticky and open.
+
+    `moot`: masks left out because the box could not open their target anyway. A rootless box is the
+    caller on the host, and runsc's gofer opens every mount point as the caller: a deny-list entry the
+    caller cannot read (root's /etc/shadow) would stop the box from starting, while it hides nothing
+    the caller's own rights do not (the runner checks each on the host: gvisor_runner.moot_masks)."""
     mounts = list(mounts)
     if not mounts or mounts[0].kind != MountKind.RO_BIND or mounts[0].dst != "/":
         raise ValueError("the gvisor spec needs the read-only root as the plan's first mount")
@@ -100,6 +105,8 @@ def oci_mounts(mounts: Iterable[Mount], home: str, box_uid: int) -> tuple[str, l
         elif m.kind == MountKind.TMPFS:
             mine = m.dst == home
             out.append(_tmpfs(m.dst, m.size, "0755" if mine else "1777", box_uid if mine else None))
+        elif m.kind in (MountKind.MASK_DIR, MountKind.MASK_FILE) and m.dst in moot:
+            continue
         elif m.kind == MountKind.MASK_DIR:
             out.append(_tmpfs(m.dst, MASK_SIZE, "0555", None, ro=True))
         elif m.kind == MountKind.MASK_FILE:
@@ -118,10 +125,10 @@ def oci_mounts(mounts: Iterable[Mount], home: str, box_uid: int) -> tuple[str, l
 
 def spec(
     run: GvisorRun, *, mounts: Sequence[Mount], home: str, args: Sequence[str], env: Mapping[str, str], cwd: str,
-    terminal: bool, limits: Limits, nofile: int,
+    terminal: bool, limits: Limits, nofile: int, moot: frozenset[str] = frozenset(),
 ) -> dict:
     """The OCI runtime spec (config.json) of one gvisor box. Pure: the same inputs give the same dict."""
-    root, oci = oci_mounts(mounts, home, run.box_uid)
+    root, oci = oci_mounts(mounts, home, run.box_uid, moot)
     extra = [_bind(BOX_INIT, run.init_script, True), _bind(BOX_SECCOMP, run.seccomp_file, True)]
     if run.socket:
         extra.append(_bind(BOX_SOCKET, run.socket, False))  # connect() needs write on the socket
