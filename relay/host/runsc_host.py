@@ -145,14 +145,18 @@ def facts(env: Mapping[str, str], use_cache: bool = True) -> dict[str, str | Non
     return {"runsc": path, "runsc_version": line, "runsc_platform": chosen, "runsc_error": None}
 
 
-def rows(env: Mapping[str, str], today: datetime.date | None = None) -> list[tuple[str, bool, str]]:
-    """doctor's rows: runsc (path and release, a warning when it is over a year old), its platform and
-    rootless use, and the probe run (the gvisor tier only; never a failure of the other tiers)."""
-    got = facts(env, use_cache=False)
+def rows(got: Mapping[str, str | None], today: datetime.date | None = None) -> list[tuple[str, bool, str]]:
+    """doctor's rows from `facts()`: runsc (path and release, a warning when it is over a year old), its
+    platform and rootless use, and the probe run (the gvisor tier only; never a failure of the others)."""
     path = got["runsc"]
     if path is None:
         return [("gvisor: runsc", False, f"{got['runsc_error']} (the gvisor tier only)")]
-    line, date = version(path)
+    line = got["runsc_version"]
+    m = _VERSION.search(line or "")
+    try:
+        date = datetime.date(int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+    except ValueError:
+        date = None
     today = today or datetime.date.today()
     age = f"; warning: released {date.isoformat()}, over a year ago; fix: {NEWER}" if date and (
         today - date).days > STALE_DAYS else ""
