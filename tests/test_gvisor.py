@@ -222,3 +222,25 @@ def test_require_box_for_the_twin() -> None:
     facts = HostFacts(uid=1000, gid=1000, home="/h", user="u", shell="/bin/sh", tty=False, bwrap="/usr/bin/bwrap",
                       seccomp=True, runsc="/usr/bin/runsc", runsc_error=None)
     assert auto_pick(facts) == "agent at supervised"
+
+
+def test_user_config_isolation_gvisor_is_the_default_and_the_flag_wins(gv: Sandbox) -> None:
+    cfg = gv.home / ".config" / "hive-relay" / "config.yaml"
+    cfg.write_text(cfg.read_text() + "isolation: gvisor\n")
+    out = ok(gv.box("uname -r"))
+    assert out.strip() != os.uname().release  # the Sentry: the config asked for gvisor
+    flag = ok(gv.box("uname -r", "shell", "--isolation", "supervised"))
+    assert flag.strip() == os.uname().release  # an explicit --isolation wins over the config
+
+
+def test_config_isolations_are_the_tiers_words() -> None:
+    from relay.config.load import CONFIG_ISOLATIONS
+    from relay.policy.tiers import ISOLATIONS
+
+    assert CONFIG_ISOLATIONS == ISOLATIONS
+
+
+def test_a_repo_config_cannot_pick_the_tier(sandbox: Sandbox) -> None:
+    (sandbox.workdir / ".hive-relay.yaml").write_text("isolation: process\n")
+    proc = sandbox.relay("shell", "local", "--dry-run", "--json")
+    assert proc.returncode != 0 and "isolation" in proc.stderr, proc.stderr

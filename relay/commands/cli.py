@@ -64,6 +64,8 @@ def contribute(
     matrix = load_matrix(env, workdir=Path(os.path.realpath(request.workdir)))
     mark("config_loaded")
     backend = get_backend(matrix, request.backend)
+    if request.isolation is None and matrix.isolation and request.mode == "local":
+        request = replace(request, isolation=matrix.isolation)  # the user config's `isolation:` (--isolation wins)
     if command is not None:
         check_command_backend(backend.name, command)
     facts = probe(env)
