@@ -169,9 +169,7 @@ def doctor(as_json: bool = False, mode: str | None = None) -> int:
             raise UsageError(f"doctor --mode {mode}: choose local, container or kube")
         return guarded(bad)
     env = dict(os.environ)
-    from relay.host import vm_host
-
-    from relay.host import runsc_host
+    from relay.host import runsc_host, vm_host
 
     facts = replace(probe(env), vm_error=vm_host.vm_error(env), **runsc_host.facts(env))
     from relay.host.engine_query import untouched
