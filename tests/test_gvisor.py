@@ -198,6 +198,14 @@ def test_a_terminal_session_job_control_ctrl_c_resize(gv: Sandbox) -> None:
     child.setwinsize(40, 132)
     child.expect("GOT-WINCH")
     assert "40 132" in check(child, "stty size", "R")
+    # TIOCSTI into the caller's own terminal (fd 0; this host allows it: dev.tty.legacy_tiocsti=1):
+    # our filter refuses it in the Sentry; ordinary tty ioctls on it still work.
+    inject = ("import fcntl, termios, errno, os\\n"
+              "try:\\n fcntl.ioctl(0, termios.TIOCSTI, b\\\"X\\\"); print(\\\"INJ\\\" \\\"ECTED\\\")\\n"
+              "except OSError as e: print(\\\"STI\\\", errno.errorcode[e.errno])\\n"
+              "print(\\\"ROWS\\\", os.get_terminal_size(0).lines)")
+    out = check(child, f'{PY} -c "$(printf \'{inject}\')"', "I")
+    assert "STI EPERM" in out and "INJECTED" not in out and "ROWS 40" in out
     child.sendline("exit 5")
     child.expect(pexpect.EOF)
     child.close()
