@@ -101,6 +101,10 @@ def prepare(plan: Plan, caller_env: Mapping[str, str], nofile: tuple[int, int], 
                            terminal=terminal, limits=plan.limits, nofile=min(nofile[1], 1 << 20),
                            moot=moot_masks(plan))
     _write_private(os.path.join(run.bundle, "config.json"), json.dumps(spec).encode())
+    debug = caller_env.get("HIVE_RELAY_RUNSC_DEBUG")
+    if debug:  # the spec as rendered, beside runsc's logs (it holds the box's environment: a debug aid only)
+        with open(os.path.join(debug, f"{run.container_id}.json"), "w") as fh:
+            json.dump(spec, fh, indent=1)
     return _listen(run.socket) if run.socket else None
 
 
