@@ -252,3 +252,34 @@ def test_a_repo_config_cannot_pick_the_tier(sandbox: Sandbox) -> None:
     (sandbox.workdir / ".hive-relay.yaml").write_text("isolation: process\n")
     proc = sandbox.relay("shell", "local", "--dry-run", "--json")
     assert proc.returncode != 0 and "isolation" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["claude", "codex"])
+def test_a_real_cli_turn_with_the_key_injected(gv: Sandbox, ca, tls_api, backend: str) -> None:  # noqa: ANN001
+    """The real CLI (node, from npm) in the Sentry completes a turn against the fake API through the proxy,
+    which adds the key: the box sees only the placeholder (tests/test_credential_turns.py's checks)."""
+    import re
+
+    from . import fake_api
+    from .test_agents import TOOLS
+    from .test_credential_turns import BACKENDS, PLACEHOLDER, REAL, files_holding, setup_home
+
+    host_var, name, box_var = BACKENDS[backend]
+    setup_home(gv, backend, box_var)
+    tls_api.tool_command = "sh probe-creds.sh"
+    tls_api.tool_name = "Bash"
+    port = tls_api.server_address[1]
+    proc = gv.relay(backend, "local", *GV, "--prompt", "say the answer", "--allow-host", f"{name}:443=127.0.0.1:{port}",
+                    "--timeout", "240", timeout=300,
+                    extra_env={host_var: REAL, "SSL_CERT_FILE": str(ca[0]), "HIVE_RELAY_TOOLS": TOOLS})
+    assert proc.returncode == 0 and fake_api.ANSWER in proc.stdout, (proc.stdout[-1500:], proc.stderr[-3000:])
+    assert f"{backend} · local · gvisor · " in proc.stderr
+    keys = [v for h in tls_api.headers_seen for k, v in h.items() if k in ("x-api-key", "authorization")]
+    assert keys and all(REAL in v for v in keys), keys
+    bodies = "\n".join(r["body"] for r in tls_api.requests)
+    assert REAL not in bodies
+    probe = dict(re.findall(r"probe-(env|proc|seen|home)=([\w-]*)", bodies))
+    probe.pop("seen", None)
+    assert probe == {"env": PLACEHOLDER, "proc": "0", "home": "0"}, (probe, bodies[-2000:])
+    assert REAL not in proc.stdout + proc.stderr
+    assert files_holding(gv.home, REAL.encode()) == [] and files_holding(gv.workdir, REAL.encode()) == []
