@@ -330,6 +330,8 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
         from relay.dev import bench_gvisor
 
         results["gvisor"] = bench_gvisor.measure(runs, env)
+        if "skipped" not in results["gvisor"]:
+            results["gvisor"]["throughput"] = bench_gvisor.measure_throughput(2 if quick else 5, blob_mb, env)
     finally:
         if server is not None:
             server.kill()
