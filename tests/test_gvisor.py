@@ -283,3 +283,30 @@ def test_a_real_cli_turn_with_the_key_injected(gv: Sandbox, ca, tls_api, backend
     assert probe == {"env": PLACEHOLDER, "proc": "0", "home": "0"}, (probe, bodies[-2000:])
     assert REAL not in proc.stdout + proc.stderr
     assert files_holding(gv.home, REAL.encode()) == [] and files_holding(gv.workdir, REAL.encode()) == []
+
+
+def _runsc_of(s: Sandbox) -> list[str]:
+    """runsc, its sandbox and gofer processes of this sandbox's runs (their --root is in its run dirs)."""
+    from .test_box import _cmdlines
+
+    return [c for c in _cmdlines() if "runsc" in c.split(" ")[0] and s.env["XDG_RUNTIME_DIR"] in c]
+
+
+def test_kill_9_of_the_launcher_leaves_no_runsc_and_no_run_dir(gv: Sandbox) -> None:
+    """The janitor knows runsc's process group; runsc's sandbox and gofer die with it (attached)."""
+    import time
+
+    from .test_box import _eventually
+
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "--quiet", *GV, "--prompt", "sleep 301; true"],
+                                cwd=gv.workdir, env=gv.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # the run's own sandbox, not the verification run's (`RUN-verify`, over in a moment)
+        assert _eventually(lambda: any(" boot " in c and "-verify" not in c for c in _runsc_of(gv)), 60), \
+            "the gvisor box never started"
+        time.sleep(1)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert _eventually(lambda: not _runsc_of(gv) and not list(Path(gv.env["XDG_RUNTIME_DIR"]).iterdir()), 20), \
+        (_runsc_of(gv), list(Path(gv.env["XDG_RUNTIME_DIR"]).iterdir()))
