@@ -310,3 +310,14 @@ def test_kill_9_of_the_launcher_leaves_no_runsc_and_no_run_dir(gv: Sandbox) -> N
         launcher.wait()
     assert _eventually(lambda: not _runsc_of(gv) and not list(Path(gv.env["XDG_RUNTIME_DIR"]).iterdir()), 20), \
         (_runsc_of(gv), list(Path(gv.env["XDG_RUNTIME_DIR"]).iterdir()))
+
+
+def test_selftest_probes_the_gvisor_box(gv: Sandbox) -> None:
+    """`selftest --isolation gvisor`: the real escape probes in the runsc box, with the supervised tier's
+    expected results (secrets, writes outside, AF_UNIX, TIOCSTI, host pids, egress)."""
+    proc = gv.relay("selftest", "-b", "shell", "--isolation", "gvisor", "--json", timeout=300)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rows = json.loads(proc.stdout)
+    assert rows and all(r["tier"] == "gvisor" and r["ok"] for r in rows), rows
+    assert {"AF_UNIX socket()", "TIOCSTI injection", "direct connect skipping the proxy", "read ~/.ssh"} <= \
+        {r["probe"] for r in rows}

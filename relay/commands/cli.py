@@ -580,7 +580,8 @@ DOCTOR_HELP = {"json": "print the report as JSON",
                "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce"}
 DOCTOR_DOC = "Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."
 SELFTEST_HELP = {"backend": "only this backend (default: all); repeatable", "json": "print the results as JSON",
-                 "mode": "local (bubblewrap box, default) or container (podman/docker)"}
+                 "mode": "local (bubblewrap box, default) or container (podman/docker)",
+                 "isolation": "local mode's tier to probe: supervised (default, as auto picks) or gvisor (runsc)"}
 SELFTEST_DOC = "Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."
 BENCH_HELP = {"runs": "repetitions per timing (median is reported)",
               "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
@@ -614,8 +615,9 @@ def _selftest_main(argv: Sequence[str]) -> int:
     parser.add_argument("-b", "--backend", action="append", default=[], metavar="BACKEND", help=SELFTEST_HELP["backend"])
     parser.add_argument("-j", "--json", action="store_true", help=SELFTEST_HELP["json"])
     parser.add_argument("-m", "--mode", metavar="MODE", default="local", help=SELFTEST_HELP["mode"])
+    parser.add_argument("-i", "--isolation", metavar="ISOLATION", default=None, help=SELFTEST_HELP["isolation"])
     ns = parser.parse_args(argv)
-    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode)
+    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode, isolation=ns.isolation)
 
 
 def _bench_main(argv: Sequence[str]) -> int:
