@@ -31,6 +31,8 @@ def policy_key(plan: Plan) -> str:
     command = [c.replace(run_id, "RUN") if run_id else c for c in plan.command[: len(plan.command) - len(plan.argv)]]
     data = [plan.tier, command, plan.limits.memory, plan.limits.pids, plan.limits.method, sorted(plan.fs_rules),
             list(plan.seccomp)] + (["staged"] if plan.staged else [])
+    if plan.gvisor is not None:  # its mounts are in its spec, not its command line: they decide as much
+        data.append([[m.kind, m.dst, (m.src or "").replace(run_id, "RUN") if run_id else m.src] for m in plan.mounts])
     return sha256(json.dumps(data).encode()).hexdigest()[:24]
 
 
