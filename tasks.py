@@ -324,7 +324,7 @@ def accept_state(c: Context, run: str, path: list[str] | None = None) -> None:
 
 
 def _logs(c: Context, run: str | None = None, denied: bool = False) -> None:
-    from relay.egress.log_files import show
+    from relay.commands.logs import show
 
     _exit(guarded(show, run or None, denied=denied))
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from relay.config.load import load_matrix, load_shipped
 from relay.config.profiles import resolve_profile
 from relay.egress.rulebook import decide as proxy_decide
+from relay.host.fs_view import HostFs
 from relay.model.allow_rules import (
     HostRule,
     find_rule,
@@ -225,7 +226,7 @@ def test_the_plan_carries_the_rules_the_proxy_gets(sandbox: Sandbox) -> None:
                       bwrap="/usr/bin/bwrap", bwrap_version="0.8.0", seccomp=True, box_python="/usr/bin/python3")
     pin = "fake.test:8443=127.0.0.1:9999"
     request = Request(backend="claude", workdir=str(sandbox.workdir), run_id="1-test", allow_hosts=(pin,))
-    plan = resolve(matrix.backends["claude"], matrix, request, facts, env)
+    plan = resolve(matrix.backends["claude"], matrix, request, facts, env, fs=HostFs())
     want = allowed_rules(matrix.backends["claude"], resolve_profile("agent", {}), parse_entries((pin,)))
     assert plan.rules == want and plan.egress == as_entries(want)
     data = plan.to_json()

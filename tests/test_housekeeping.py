@@ -161,9 +161,12 @@ def test_clean_removes_caches_stale_state_and_the_stray_lock_and_says_how_much(s
     assert dry.returncode == 0, dry.stderr
     assert "would remove" in dry.stdout and stray.exists() and stale.exists() and (cache / "probe.json").exists()
 
+    memos = cache / "memo"  # the launch memos (relay/host/memo.py) the dry run's own config load made
+    assert memos.is_dir()
     proc = s.relay("clean")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    assert memos.is_dir() and str(memos) not in out, "every launch makes them again: only --all removes them"
     for path in (cache / "probe.json", cache / "peers", stray, stale, empty):
         line = next((ln for ln in out.splitlines() if str(path) in ln), "")
         assert line.startswith("removed"), (path, out)
@@ -182,6 +185,7 @@ def test_clean_removes_caches_stale_state_and_the_stray_lock_and_says_how_much(s
 
     everything = s.relay("clean", "--all")
     assert everything.returncode == 0 and not kept_log.exists(), everything.stdout
+    assert f"removed       cache          {memos}" in everything.stdout and not memos.exists()
 
 
 def test_clean_never_follows_a_link_nor_removes_what_is_not_ours(sandbox: Sandbox) -> None:
@@ -303,3 +307,21 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
     finally:
         podman("rm", "-a", "-f")
         podman("rmi", "-a", "-f")
+
+
+def test_every_logs_and_changes_hint_names_the_entry_the_user_can_type(sandbox: Sandbox) -> None:
+    """`hive-relay` may not be on PATH (issue 27): the hints of `logs` and `changes` name our own
+    entry by its path, as every other hint does."""
+    from relay.model.refusal import ENTRY
+
+    s = sandbox
+    staged = s.relay("shell", "local", "--staged", "--quiet", "--prompt", "echo x > made.txt")
+    assert staged.returncode == 0, staged.stderr
+    for args in (("logs", "nosuchrun"), ("changes", "nosuchrun")):
+        proc = s.relay(*args)
+        assert proc.returncode != 0 and "hive-relay logs" not in proc.stderr and "hive-relay changes" not in proc.stderr
+        assert ENTRY in proc.stderr, proc.stderr
+    d = logs_dir(s)
+    plant_log(d, "20260101-000001", f"{dead_pid()}-0000000a")
+    listing = s.relay("logs")
+    assert listing.returncode == 0 and f"`{ENTRY} logs RUN` shows one" in listing.stdout, listing.stdout

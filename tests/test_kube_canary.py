@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from relay.config.load import get_backend, load_matrix
+from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.model.errors import EXIT_REFUSED
 from relay.modes import kube_canary, kube_podman, kube_proxy_image
@@ -84,7 +85,7 @@ def test_the_canary_under_podman_kube_play(tmp_path: Path, image: str, network: 
     matrix = load_matrix(env, workdir=None)
     facts = with_image(probe(env), matrix, req, env)
     backend = get_backend(matrix, "claude")
-    plan = resolve(backend, matrix, req, facts, env)
+    plan = resolve(backend, matrix, req, facts, env, fs=HostFs())
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
     kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from relay.config.load import get_backend, load_matrix
+from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.model.vocab import LimitsMethod
 from relay.modes import kube_podman, kube_proxy_image
@@ -88,7 +89,7 @@ def test_fan_out_of_shell_boxes_through_podman_kube_play(tmp_path: Path, image: 
                   argv_override=("/bin/bash", "-c", script))
     matrix = load_matrix(env, workdir=None)
     facts = with_image(probe(env), matrix, req, env)
-    plan = resolve(get_backend(matrix, "shell"), matrix, req, facts, env)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, facts, env, fs=HostFs())
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 3, 2, env), env)
     assert run.image == image
     kube_proxy_image.build_proxy_image(["podman"], run.image, env)
@@ -164,7 +165,7 @@ def test_a_real_claude_turn_in_a_kube_pod_through_the_proxy_pod(tmp_path: Path, 
                   prompt="x", allow_hosts=(f"fake-api.test:{port}=127.0.0.1:{port}",),
                   argv_override=("/bin/bash", "-c", script))
     matrix = load_matrix(env, workdir=None)
-    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
     kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     try:
@@ -185,7 +186,7 @@ def test_a_box_past_its_time_is_removed_with_its_pods_and_volumes(tmp_path: Path
     req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubeslow-{os.getpid()}-{os.urandom(3).hex()}",
                   prompt="x", argv_override=("sleep", "300"))
     matrix = load_matrix(env, workdir=None)
-    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 2, 2, env), env)
     kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     with pytest.raises(TimeoutError):
@@ -252,7 +253,7 @@ def test_a_real_checkout_travels_with_its_uncommitted_work_and_comes_back_staged
     req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubebig-{os.getpid()}-{os.urandom(3).hex()}",
                   prompt="x", argv_override=("/bin/bash", "-c", script))
     matrix = load_matrix(env, workdir=None)
-    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
     kube_proxy_image.build_proxy_image(["podman"], run.image, env)
     base_ctime = stamp_ctime(env)
@@ -342,7 +343,7 @@ def test_a_grant_and_a_login_route_work_from_a_pod_with_the_secret_only_in_the_p
                   allow_hosts=(f"api.anthropic.com:443=127.0.0.1:{port}", f"grant.test:{port}=127.0.0.1:{port}",
                                f"other.test:{port}=127.0.0.1:{port}"))
     matrix = load_matrix(env, workdir=None)
-    plan = resolve(get_backend(matrix, "claude"), matrix, req, with_image(probe(env), matrix, req, env), env)
+    plan = resolve(get_backend(matrix, "claude"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
     assert {r.name for r in plan.credentials} >= {"gr", "anthropic-login"}, plan.credentials
     run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
     kube_proxy_image.build_proxy_image(["podman"], run.image, env)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from relay.config.load import get_backend, load_matrix
+from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.modes.kube_run import BoxResult, Kubectl, _kubectl, make_bundle, stage_results
 from relay.plan.resolve import Request, resolve
@@ -201,7 +202,7 @@ def test_no_credential_reaches_an_annotation_argv_or_other_object(checkout: Path
            "HIVE_RELAY_KUBE_PROXY_IMAGE": "localhost/proxy:1"}
     matrix = load_matrix(env, workdir=None)
     req = Request("claude", mode="kube", workdir=str(checkout), run_id=f"krt-{os.getpid()}-abc", prompt="x")
-    plan = resolve(get_backend(matrix, "claude"), matrix, req, probe(env), env)
+    plan = resolve(get_backend(matrix, "claude"), matrix, req, probe(env), env, fs=HostFs())
     run = kube_run_for(plan, req.run_id, 1, 1, env)
     assert apply_and_follow(Kubectl(str(fake), "ctx-a"), plan, run, env) == 0
     calls = [__import__("json").loads(line) for line in (tmp_path / "calls").read_text().splitlines()]

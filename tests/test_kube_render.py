@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from relay.config.load import load_shipped
+from relay.host.fs_view import HostFs
 from relay.model.backend import Matrix
 from relay.modes import kube_objects as kube_render
 from relay.modes.kube_objects import KubeRun, render_objects, to_yaml
@@ -512,5 +513,5 @@ def test_a_codex_api_key_login_file_reaches_only_the_clusters_proxy(tmp_path: Pa
 
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "codex"), matrix,
-                   Request("codex", mode="kube", workdir=str(work), run_id="1-x", prompt="hi"), probe(env), env)
+                   Request("codex", mode="kube", workdir=str(work), run_id="1-x", prompt="hi"), probe(env), env, fs=HostFs())
     assert secret_values(plan, env) == {"HIVE_RELAY_KEY_0": real}  # read from the host file, for the Secret only

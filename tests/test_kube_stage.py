@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from relay.config.load import get_backend, load_matrix
+from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.modes.kube_run import BoxResult, stage_results
 from relay.plan.resolve import Request, resolve
@@ -70,7 +71,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _plan(checkout: Path, env: dict[str, str]):  # noqa: ANN202 - plan.Plan
     matrix = load_matrix(env, workdir=None)
     req = Request("shell", mode="kube", workdir=str(checkout), run_id="kst-1-abc", prompt="x")
-    return resolve(get_backend(matrix, "shell"), matrix, req, probe(env), env)
+    return resolve(get_backend(matrix, "shell"), matrix, req, probe(env), env, fs=HostFs())
 
 
 def _stage(checkout: Path, tmp_path: Path, patches: list[bytes]) -> tuple[dict[str, str], list]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from relay.config.load import load_matrix
+from relay.host.fs_view import HostFs
 from relay.model.errors import RefusedError, UsageError
 from relay.model.host_facts import HostFacts
 from relay.modes.image import with_image
@@ -28,7 +29,7 @@ def plan_for(sandbox: Sandbox, backend: str, mode: str = "local", facts: HostFac
     matrix = load_matrix(env, Path(sandbox.workdir))
     facts = replace(facts or FACTS, home=str(sandbox.home))
     request = Request(backend=backend, mode=mode, workdir=str(sandbox.workdir), run_id="1-test", **req)
-    return resolve(matrix.backends[backend], matrix, request, with_image(facts, matrix, request, env), env)
+    return resolve(matrix.backends[backend], matrix, request, with_image(facts, matrix, request, env), env, fs=HostFs())
 
 
 @pytest.mark.parametrize("mode", ["local", "container"])
@@ -231,3 +232,22 @@ def test_dry_run_text_puts_the_policy_first_and_the_command_last_once(sandbox: S
     assert heads[-1] == "command" or heads[heads.index("command") + 1:] == ["hive-relay:"] * (
         len(heads) - heads.index("command") - 1)
     assert proc.stdout.count('"permissions"') == 1 and "argv" not in heads
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_host_steps_copy_disjoint_places_in_their_undo_order(sandbox: Sandbox, backend: str) -> None:
+    """The run dir's steps are made run dir, git dir, agent state, synced files, and undone in the
+    reverse (synced files back first, the run dir removed last). That order is only safe because
+    the three copy disjoint places: no synced file lies in a state dir, and neither in .git."""
+    from relay.plan.host_steps import host_steps
+
+    (sandbox.workdir / ".git").mkdir(exist_ok=True)
+    plan = plan_for(sandbox, backend)
+    steps = [s.step.value for s in host_steps(plan)]
+    made = [s for s in steps if s in ("run-dir", "git-dir", "agent-state", "sync-files", "passwd")]
+    order = ["run-dir", "git-dir", "agent-state", "sync-files", "passwd"]
+    assert made == [s for s in order if s in made] and made[0] == "run-dir", steps
+    assert [json.loads(json.dumps(plan.to_json()))["host_steps"][i]["step"] for i in range(len(steps))] == steps
+    for synced in plan.sync_files:
+        assert not any(synced == d or synced.startswith(d.rstrip("/") + "/") for d in plan.state_dirs), synced
+        assert "/.git/" not in synced + "/", synced

@@ -43,6 +43,7 @@ import relay.plan.resolve as planner
 import relay.trust.gitdir  # noqa: F401
 from relay.config.load import load_shipped
 from relay.host import paths
+from relay.host.fs_view import HostFs
 from relay.model.backend import Matrix
 from relay.model.errors import RelayError
 from relay.model.host_facts import HostFacts
@@ -513,5 +514,5 @@ def test_the_fake_host_is_what_the_planner_saw(fake_checkout: None) -> None:
     assert fs.listdir(f"{WORKDIR}/.git/modules") == ["lib"] and fs.which("gemini", f"{TOOLS}/node_modules/.bin") is None
     with no_host_io() as attempted, pytest.raises(HostTouched):
         resolve(load_shipped()["shell"], Matrix(load_shipped(), {}, frozenset(), ()),
-                Request("shell", workdir=WORKDIR, run_id="1-golden"), SUPERVISED, dict(ENV), now=0)
+                Request("shell", workdir=WORKDIR, run_id="1-golden"), SUPERVISED, dict(ENV), now=0, fs=HostFs())
     assert attempted

@@ -218,7 +218,12 @@ def test_bash_completion_offers_backends_modes_and_options(sandbox: Sandbox, tmp
 
 
 def test_completion_without_a_shell_is_a_usage_error(sandbox: Sandbox) -> None:
-    assert "hive-relay completion bash" in one_error_line(run(sandbox, ENTRIES["python-m"], "completion"))
+    """The fix names the entry as the user can type it from anywhere (not `hive-relay`, which may not be
+    on PATH)."""
+    from relay.model.refusal import ENTRY
+
+    line = one_error_line(run(sandbox, ENTRIES["python-m"], "completion"))
+    assert f"{ENTRY} completion bash" in line and "hive-relay completion" not in line
 
 
 def test_invoke_completion_offers_backends_and_modes(sandbox: Sandbox) -> None:

@@ -110,3 +110,23 @@ def test_process_tier_refuses_root_and_only_root() -> None:
 
     error = process_error(probe(use_cache=False)) or ""
     assert ("root caller" in error) is ROOT
+
+
+def test_process_tier_refuses_a_workdir_holding_our_cache(sandbox: Sandbox) -> None:
+    """The process tier's Landlock rules cannot keep ~/.cache/hive-relay read-only inside a writable
+    workdir, and the next launch trusts the memos there (relay/host/memo.py): refused. Twin: the same
+    run from a workdir that holds none of our paths writes its file."""
+    s = sandbox
+    cache = s.home / ".cache"
+    (cache / "hive-relay").mkdir(parents=True)
+    env = {**without_bwrap(s)}
+    proc = s.relay("shell", "local", "--isolation", "process", "--live", "--workdir", str(cache),
+                   "--prompt", "echo planted > hive-relay/x; echo RAN", extra_env=env)
+    assert proc.returncode == 3 and "RAN" not in proc.stdout
+    assert not (cache / "hive-relay" / "x").exists()
+    if not ROOT:
+        assert f"the workdir {cache} holds hive relay's own {cache / 'hive-relay'}" in proc.stderr
+        twin = s.relay("shell", "local", "--isolation", "process", "--live", "--prompt", "echo ok > made.txt; echo RAN",
+                       extra_env=env)
+        assert twin.returncode == 0 and "RAN" in twin.stdout, twin.stderr
+        assert (s.workdir / "made.txt").read_text() == "ok\n"

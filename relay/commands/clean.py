@@ -1,8 +1,9 @@
 """`hive-relay clean` / `invoke clean`: remove what hive relay left on this host, and say what and how much.
 
 What it removes (each only when it is the caller's own, reached with no link followed):
-- the caches: `~/.cache/hive-relay` (probe and plan memos, parsed configs, bench peers) and the
-  selftest's scratch dir beside it;
+- the caches: `~/.cache/hive-relay` (probe and plan memos, bench peers; the launch memos of parsed
+  configs and compiled filters only with `--all`: each launch makes them again) and the selftest's
+  scratch dir beside it;
 - superseded container images: ours for this uid (and the offline bases) other than the current
   ones, through relay/modes/image.py, never forced, so an image a container uses stays;
 - the installed agent CLIs: the default tool dir only (never one named by $HIVE_RELAY_TOOLS, which may
@@ -10,7 +11,7 @@ What it removes (each only when it is the caller's own, reached with no link fol
 - stale state: run dirs of launchers that are gone, empty and old egress logs, and the stray
   `~/.hive-relay-sync.lock` older versions left in $HOME (the sync lock now lives in the state dir).
 
-`--all` also removes every egress log of a finished run and the current image and base. Nothing
+`--all` also removes every egress log of a finished run, the launch memos, and the current image and base. Nothing
 that a running box uses is touched: while a box runs, the CLIs, images and run dirs stay.
 
 Staged runs (relay/trust/staged.py) are listed one per line, each with its age and counts; their layers
@@ -26,6 +27,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from relay.commands.logs import human_bytes
 from relay.egress import log_files as logs_mod
 from relay.host import liveness, safefs
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, cache_dir, tool_dir
@@ -194,6 +196,8 @@ def plan_clean(env: Mapping[str, str], everything: bool,
                 path = os.path.join(cache, entry.name)
                 if tools and (path == tools or safefs.beneath(tools, path)):
                     continue  # the CLIs are their own item below
+                if entry.name == "memo" and not everything:
+                    continue  # the launch memos: bounded, and every launch (this one too) makes them again
                 if _ours(path):
                     items.append(Item("cache", path, du(path)))
     scratch = os.path.join(os.path.dirname(cache), "hive-relay-selftest")
@@ -324,7 +328,7 @@ def _remove(item: Item, env: Mapping[str, str], engine: list[str] | None) -> Non
 
 
 def human(n: int | None) -> str:
-    return "size unknown" if n is None else logs_mod.human_bytes(n)
+    return "size unknown" if n is None else human_bytes(n)
 
 
 def clean(dry_run: bool = False, everything: bool = False, env: Mapping[str, str] | None = None,
@@ -353,7 +357,7 @@ def clean(dry_run: bool = False, everything: bool = False, env: Mapping[str, str
     for note in notes:
         print(f"note: {note}")
     if done:
-        print(f"{verb} {done} item{'s' if done != 1 else ''}, {logs_mod.human_bytes(freed)}")
+        print(f"{verb} {done} item{'s' if done != 1 else ''}, {human_bytes(freed)}")
     else:
         print("nothing to remove")
     return 0

@@ -26,6 +26,7 @@ from relay.commands.options import (
     flag_name,
 )
 from relay.config.load import get_backend, load_matrix
+from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.model.errors import RefusedError, UsageError
 from relay.plan.resolve import Request, resolve
@@ -86,7 +87,7 @@ def contribute(
         from relay.host import runsc_host
 
         facts = replace(facts, **runsc_host.facts(env))
-    plan = resolve(backend, matrix, request, facts, env)
+    plan = resolve(backend, matrix, request, facts, env, fs=HostFs())
     mark("resolved")
     if (count is not None or parallel is not None) and request.mode != "kube":
         raise UsageError("--count and --parallel are kube mode's; fix: add `kube` (or drop them)")
@@ -103,7 +104,7 @@ def contribute(
             # After resolve(): a run that is refused anyway installs nothing. Resolved again, so that
             # the new tool dir is mounted into the box.
             ensure_cli(backend, env, template[0])
-            plan = resolve(backend, matrix, request, facts, env)
+            plan = resolve(backend, matrix, request, facts, env, fs=HostFs())
     if dry_run:
         if as_json:
             print(json.dumps(plan.to_json(), indent=2))
@@ -127,7 +128,7 @@ def contribute(
         fallback = profile_fallback(request.profile, plan.profile, problem) if problem else None
         if fallback:
             profile, note = fallback
-            retry = resolve(backend, matrix, replace(request, profile=profile), facts, env)
+            retry = resolve(backend, matrix, replace(request, profile=profile), facts, env, fs=HostFs())
             plan = replace(retry, notes=retry.notes + (note,))
             problem = verify(plan, env)
         if problem:
@@ -464,7 +465,7 @@ CLEAN_DOC = ("Remove caches, superseded images, installed agent CLIs and stale s
 
 
 def _logs_main(argv: Sequence[str]) -> int:
-    from relay.egress.log_files import show
+    from relay.commands.logs import show
 
     parser = _argument_parser(prog="hive-relay logs", description=LOGS_DOC)
     parser.add_argument("run", nargs="?", metavar="RUN", help=LOGS_HELP["run"])
@@ -687,8 +688,10 @@ def _completion_main(argv: Sequence[str]) -> int:
     from relay.commands.completion import script
 
     if len(argv) != 1 or argv[0] not in ("bash", "zsh"):
-        raise UsageError("completion needs a shell; fix: `hive-relay completion bash` (or zsh), e.g. "
-                         "source <(hive-relay completion bash)")
+        from relay.model.refusal import ENTRY
+
+        raise UsageError(f"completion needs a shell; fix: `{ENTRY} completion bash` (or zsh), e.g. "
+                         f"source <({ENTRY} completion bash)")
     sys.stdout.write(script(argv[0], dict(os.environ)))
     return 0
 

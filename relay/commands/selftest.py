@@ -23,6 +23,7 @@ from pathlib import Path
 from relay.box.stdio_redirect import redirected
 from relay.config.load import get_backend, load_matrix
 from relay.host import safefs
+from relay.host.fs_view import HostFs
 from relay.host.liveness import new_run_id
 from relay.host.paths import cache_dir
 from relay.host.probe import probe
@@ -105,7 +106,7 @@ def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, mat
     base = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
                    argv_override=("true",), isolation=isolation)
     facts = with_image(facts, matrix, base, env)
-    first = resolve(b, matrix, base, facts, env)
+    first = resolve(b, matrix, base, facts, env, fs=HostFs())
     allow = (f"{ALLOWED_NAME}:{port}=127.0.0.1:{port}",) if first.proxy_listen else ()
     grants = [expand(p, facts.home, facts.uid) for p in b.home_rw + b.home_ro] if first.profile != "default" else []
     grants = [g for g in grants if os.path.exists(g)]
@@ -118,7 +119,7 @@ def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, mat
     argv = (python, "-I", "-S", "-c", PROBES.read_text(), *probe_args)
     request = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
                       allow_hosts=allow, argv_override=argv, isolation=isolation)
-    return resolve(b, matrix, request, facts, env)
+    return resolve(b, matrix, request, facts, env, fs=HostFs())
 
 
 def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # noqa: ANN001

@@ -11,6 +11,7 @@ Any invalid file is an error naming file, backend and key; nothing falls back to
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from relay.config.presets import BUILTIN as BUILTIN_PRESETS
 from relay.config.presets import NAME_RE as PRESET_NAME
-from relay.host import safefs
+from relay.host import memo, safefs
 from relay.host.paths import PACKAGE_ROOT, config_home
 from relay.model.allow_rules import HostRule, parse_rule
 from relay.model.backend import Backend, CredentialRoute, LoginFile, Matrix, ProfileSpec
@@ -579,12 +580,14 @@ def _read_bytes(path: Path, kind: str) -> bytes | None:
         raise ConfigError(f"{path}: cannot read: {reason}; fix: check the file exists and is readable") from None
 
 
-def read_yaml(path: Path, kind: str = SHIPPED, required: bool = True) -> Any:
-    """Read one YAML file; every failure becomes a one-line ConfigError naming the file.
+def read_yaml(path: Path, kind: str = SHIPPED, required: bool = True, env: Mapping[str, str] | None = None) -> Any:
+    """Read one YAML file; every failure becomes a one-line ConfigError naming the file. An absent
+    file is an error when `required`, else ABSENT.
 
-    Nothing parsed is ever memoized on disk: a cache a box could write would steer the next
-    box's policy. The C parser (libyaml) keeps the parse cheap instead. An absent file is an
-    error when `required`, else ABSENT.
+    With `env`, the parsed data is memoized by the sha256 of the file's bytes (and the parser's
+    identity) in the cache dir, which no box can write (`relay.host.memo`): a launch then skips
+    importing PyYAML (~20 ms). The file itself is still read and checked on every launch, so an
+    edit is a new key, and the memo only ever answers for the exact bytes it was made from.
     """
     raw = _read_bytes(path, kind)
     if raw is None:
@@ -595,7 +598,38 @@ def read_yaml(path: Path, kind: str = SHIPPED, required: bool = True) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: cannot read: not UTF-8 text; fix: save it as UTF-8") from None
-    return _parse_yaml(path, text)
+    if env is None:
+        return _parse_yaml(path, text)
+    key = memo.key_of("yaml", _parser_identity(), raw)
+    cached = memo.get(env, memo.MemoKind.PARSED_CONFIG, key, 4 * MAX_CONFIG_BYTES)
+    if cached is not None:
+        try:
+            return json.loads(cached)
+        except ValueError:
+            pass  # torn or foreign: parse again and write it anew
+    data = _parse_yaml(path, text)
+    try:
+        encoded = json.dumps(data, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return data  # a value JSON cannot hold (a date, a set): parsed on every launch
+    if json.loads(encoded) == data:  # keys that were not strings would come back changed
+        memo.put(env, memo.MemoKind.PARSED_CONFIG, key, encoded.encode())
+    return data
+
+
+def _parser_identity() -> str:
+    """Which PyYAML would parse: its file's path, size and mtime, found without importing it."""
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("yaml")
+    origin = spec.origin if spec is not None else None
+    if not origin:
+        return "none"
+    try:
+        st = os.stat(origin)
+    except OSError:
+        return origin
+    return f"{origin}:{st.st_size}:{st.st_mtime_ns}"
 
 
 # Quoted runs in PyYAML/libyaml messages are file content (aliases, tags, characters); Python repr
@@ -647,9 +681,9 @@ def _top(data: Any, where: _Where, allowed: set[str]) -> dict[str, Any]:
     return data
 
 
-def load_shipped(path: Path = SHIPPED_CONFIG) -> dict[str, Backend]:
+def load_shipped(path: Path = SHIPPED_CONFIG, env: Mapping[str, str] | None = None) -> dict[str, Backend]:
     where = _Where(str(path))
-    data = _top(read_yaml(path, SHIPPED), where, {"version", "backends"})
+    data = _top(read_yaml(path, SHIPPED, env=env), where, {"version", "backends"})
     raw = _mapping(data.get("backends"), where, "backends")
     if not raw:
         raise where.fail("backends", "no backends defined", "add at least one backend")
@@ -818,8 +852,9 @@ def isolation_default(data: Any, path: Path) -> str | None:
 
 def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SHIPPED_CONFIG) -> Matrix:
     """All three layers, strictly; a missing optional layer is simply absent (a named user config
-    must exist). Each file is read once, bounded, without blocking; nothing comes from a cache."""
-    backends = load_shipped(shipped)
+    must exist). Each file is read once, bounded, without blocking; its parse may come from the
+    memo of its exact bytes (`read_yaml`)."""
+    backends = load_shipped(shipped, env)
     sources = [str(shipped)]
     profiles: dict[str, ProfileSpec] = {}
     opt_ins: frozenset[str] = frozenset()
@@ -829,7 +864,7 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
     forced = None
     isolation = None
     user_path = user_config_path(env)
-    data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")))
+    data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")), env=env)
     if data is not ABSENT:
         backends, profiles, opt_ins = apply_user(backends, user_path, data)
         presets = user_presets(user_path, data, backends)
@@ -839,7 +874,7 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
         sources.append(str(user_path))
     if workdir is not None:
         repo_path = workdir / REPO_CONFIG_NAME
-        data = read_yaml(repo_path, REPO, required=False)
+        data = read_yaml(repo_path, REPO, required=False, env=env)
         if data is not ABSENT:
             backends = apply_repo(backends, repo_path, data)
             if workdir_mode(data, repo_path, repo=True):

@@ -19,12 +19,13 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from relay.config.load import read_yaml
 from relay.model.errors import ConfigError
 from relay.model.vocab import KeyClass
 
@@ -71,11 +72,12 @@ def _cls(name: object, where: str) -> KeyClass:
         raise ConfigError(f"{where}: {name!r} is not one of {', '.join(c.value for c in KeyClass)}") from None
 
 
-def load(directory: Path = INVENTORY_DIR) -> dict[str, Node]:
-    """Every inventoried settings file, by its path relative to $HOME ('.claude/settings.json')."""
+def load(directory: Path = INVENTORY_DIR, env: Mapping[str, str] | None = None) -> dict[str, Node]:
+    """Every inventoried settings file, by its path relative to $HOME ('.claude/settings.json').
+    With `env`, each file's parse may come from the memo of its exact bytes (`read_yaml`)."""
     files: dict[str, Node] = {}
     for path in sorted(directory.glob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path, env=env)
         if not isinstance(data, dict) or set(data) != {"cli", "files"} or not isinstance(data["files"], dict):
             raise ConfigError(f"{path}: expected `cli:` and `files:`")
         for name, raw in data["files"].items():
@@ -87,7 +89,9 @@ def load(directory: Path = INVENTORY_DIR) -> dict[str, Node]:
 
 @functools.lru_cache(maxsize=1)
 def inventory() -> dict[str, Node]:
-    return load()
+    """The shipped inventories, read once per process (this process's environment names the cache
+    dir of the memo)."""
+    return load(env=os.environ)
 
 
 # --- judging ------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from relay.dev.measure import container_image, median_time, one_core_busy, paired, ratio
+from relay.host.fs_view import HostFs
 from relay.host.paths import PACKAGE_ROOT, cache_dir
 from relay.model.errors import RelayError
 
@@ -663,7 +664,7 @@ def bench_kube(count: int = 10, env: dict[str, str] | None = None) -> dict:
         req = Request("shell", mode="kube", workdir=repo, run_id=f"bench-{os.getpid()}-{os.urandom(3).hex()}",
                       prompt=command)
         matrix = load_matrix(env, workdir=None)
-        plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+        plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
         run = kube_podman.local_run(kube_run_for(plan, req.run_id, count, count, env), env)
         kube_proxy_image.build_proxy_image(["podman"], run.image, env)
         bundle = make_bundle(repo)

@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 
+from relay.host.fs_view import HostFs
 from relay.host.paths import PACKAGE_ROOT
 
 
@@ -60,7 +61,7 @@ def bench_kube_repo(files: int = 50_000, total_mb: int = 200, count: int = 3, en
         req = Request("shell", mode="kube", workdir=repo, run_id=f"benchrepo-{os.getpid()}-{os.urandom(3).hex()}",
                       prompt="x", argv_override=("/bin/bash", "-c", command))
         matrix = load_matrix(env, workdir=None)
-        plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env)
+        plan = resolve(get_backend(matrix, "shell"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
         run = kube_podman.local_run(kube_run_for(plan, req.run_id, count, count, env), env)
         kube_proxy_image.build_proxy_image(["podman"], run.image, env)
         # The baseline as relay/dev/bench.py's container rows run it (this host's rlimits need the --ulimit).

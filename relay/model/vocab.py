@@ -42,7 +42,11 @@ class HostStep(_Word):
     the janitor in reverse order."""
 
     EXIT_WATCH = "exit-watch"  # a live run's snapshot of what in the workdir runs on the host later
-    RUN_DIR = "run-dir"  # the private run dir: synced copies, agent state, the private git dir, passwd
+    RUN_DIR = "run-dir"  # the private run dir (its tmp, the git excludes, the control socket's place)
+    GIT_DIR = "git-dir"  # the private git dir: mount points and copies of the state files
+    AGENT_STATE = "agent-state"  # the copy of the agent's state dirs the box works on
+    SYNC_FILES = "sync-files"  # the copies of the synced files
+    PASSWD = "passwd"  # a root caller's box user: passwd and group files of its own
     PLACEHOLDERS = "placeholders"  # placeholder files for missing protected paths (shared, counted)
     GUARD = "guard"  # the guarded settings files, as they were
     CGROUP = "cgroup"  # the run's cgroup

@@ -32,7 +32,7 @@ def start(
     # Never a silent default: a plan for this tier always carries its filter.
     assert plan.seccomp_policy is not None, "a supervised plan without its seccomp policy"
     socket_fds = open_sockets(plan)
-    seccomp_fd = compile_to_memfd(plan.seccomp_policy)
+    seccomp_fd = compile_to_memfd(plan.seccomp_policy, env=caller_env)
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     mark("seccomp_compiled")

@@ -20,7 +20,6 @@ import select
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -272,6 +271,8 @@ def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Pro
     mirror = debian_mirror()
     if mirror is None:
         raise ImageError("no Debian mirror found in /etc/apt/sources.list*; fix: pass --base IMAGE")
+    import tempfile  # building only: a warm launch never needs it
+
     work = tempfile.mkdtemp(prefix="hive-relay-base-")
     # Rootless mmdebstrap works as a subordinate uid in a user namespace: it must be able to enter here.
     os.chmod(work, 0o755)
@@ -340,6 +341,8 @@ def build(engine: list[str], spec: ImageSpec, env: Mapping[str, str], *, rebuild
         say(f"image {tag} is up to date")
         return tag
     ensure_base(engine, spec.base, env, say)
+    import tempfile  # building only: a warm launch never needs it
+
     context = tempfile.mkdtemp(prefix="hive-relay-image-")
     try:
         for name in CONTEXT_FILES:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from relay.host.fs_view import HostFs
 from relay.host.paths import state_dir
 from relay.model.errors import EXIT_TIMEOUT, RefusedError, RelayError, UsageError
 from relay.model.hashing import sha256
@@ -464,7 +465,7 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
                     "--allow-empty", "-m", "canary"], check=True, capture_output=True)
     request = Request(backend_name, mode="kube", workdir=here, run_id=f"canary-{new_run_id()}", prompt="canary",
                       argv_override=("/bin/bash", "-c", canary_script()))
-    plan = resolve(backend, matrix, request, with_image(probe(dict(env)), matrix, request, env), dict(env))
+    plan = resolve(backend, matrix, request, with_image(probe(dict(env)), matrix, request, env), dict(env), fs=HostFs())
     run = kube_run_for(plan, request.run_id, 1, 1, env)
     ns = namespace(run.run_id)
     kubectl = Kubectl(path, context)

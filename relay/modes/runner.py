@@ -17,7 +17,7 @@ from relay.host.paths import config_home, state_dir
 from relay.host.phase_marks import mark
 from relay.model.errors import EXIT_TIMEOUT, EXIT_UPSTREAM, RelayError
 from relay.model.vocab import HostStep, LoginHold, MountKind, Tier, WorkdirMode
-from relay.plan.host_steps import host_steps, needs_run_dir, owns_passwd
+from relay.plan.host_steps import host_steps, needs_run_dir
 from relay.plan.resolve import Plan
 from relay.trust import agentstate, guard, janitor, livelock, rundirs
 from relay.trust.placeholders import Registry
@@ -215,25 +215,46 @@ def _make_exit_watch(plan: Plan, caller_env: Mapping[str, str], state: janitor.R
         state.exit_report = functools.partial(exit_report.end, watch, plan, dict(caller_env), _run_id(plan))
 
 
+def _in_run_dir(what: str, plan: Plan, make: Callable[[], None]) -> None:
+    """One run-dir step; an OSError is the run's one line."""
+    try:
+        make()
+    except OSError as err:
+        raise RelayError(f"cannot prepare {what} in the run dir {plan.run_dir}: {err.strerror or err}") from None
+
+
 def _make_run_dir(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    excludes = _git_excludes(plan, caller_env) if plan.git_excludes else None
+    _in_run_dir("the run dir itself", plan,
+                lambda: janitor.make_run_dir(state, with_tmp=plan.tier == Tier.PROCESS, git_excludes=excludes))
+
+
+def _make_git_dir(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    _in_run_dir("the private git dir", plan, lambda: janitor.make_git_dir(state))
+
+
+def _make_agent_state(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    state.agent = agentstate.new(state.home, plan.state_dirs, plan.home_keep, plan.guarded_files, state.lock_dir,
+                                 plan.run_id or rundirs.run_id_of(plan.run_dir or ""), plan.state_exclude)
+    state.agent.logins = tuple((os.path.relpath(r.login.file, state.home), r.login)
+                               for r in plan.credentials if r.login is not None)
+    state.agent.secret_files = tuple((os.path.relpath(u.file, state.home), u.paths) for u in plan.login_files
+                                     if u.held == LoginHold.MASKED)
+    _in_run_dir("the agent's state", plan, lambda: janitor.copy_agent_state(state))
+    mark("state_copied")
+
+
+def _make_sync_files(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
+    _in_run_dir("the synced files", plan, lambda: janitor.copy_sync_files(state, plan.sync_files))
+
+
+def _make_passwd(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
     from relay.policy import passwd
 
-    if plan.state_dirs or plan.sync_files:
-        state.agent = agentstate.new(state.home, plan.state_dirs, plan.home_keep, plan.guarded_files, state.lock_dir,
-                                     plan.run_id or rundirs.run_id_of(plan.run_dir or ""), plan.state_exclude)
-        state.agent.logins = tuple((os.path.relpath(r.login.file, state.home), r.login)
-                                   for r in plan.credentials if r.login is not None)
-        state.agent.secret_files = tuple((os.path.relpath(u.file, state.home), u.paths) for u in plan.login_files
-                                         if u.held == LoginHold.MASKED)
-    try:
-        janitor.prepare(state, plan.sync_files, with_tmp=plan.tier == Tier.PROCESS,
-                        git_excludes=_git_excludes(plan, caller_env) if plan.git_excludes else None)
-        if owns_passwd(plan) and plan.run_dir and plan.box_uid is not None:
-            passwd.write(plan.run_dir, plan.box_uid, plan.box_uid, dict(plan.env_set).get("HOME", "/"), caller_env)
-    except OSError as err:
-        raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
-    if state.agent is not None:
-        mark("state_copied")
+    assert plan.run_dir is not None and plan.box_uid is not None
+    run_dir, uid = plan.run_dir, plan.box_uid
+    _in_run_dir("the box user's passwd", plan,
+                lambda: passwd.write(run_dir, uid, uid, dict(plan.env_set).get("HOME", "/"), caller_env))
 
 
 def _make_placeholders(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
@@ -263,6 +284,10 @@ def _make_cgroup(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunSt
 _MAKE: dict[HostStep, Callable[[Plan, Mapping[str, str], janitor.RunState], None]] = {
     HostStep.EXIT_WATCH: _make_exit_watch,
     HostStep.RUN_DIR: _make_run_dir,
+    HostStep.GIT_DIR: _make_git_dir,
+    HostStep.AGENT_STATE: _make_agent_state,
+    HostStep.SYNC_FILES: _make_sync_files,
+    HostStep.PASSWD: _make_passwd,
     HostStep.PLACEHOLDERS: _make_placeholders,
     HostStep.GUARD: _make_guard,
     HostStep.CGROUP: _make_cgroup,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -97,6 +96,8 @@ def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
         staged=replace(plan.staged, run=plan.staged.run + "-verify", root=plan.staged.root + "-verify")
         if plan.staged else None,
     )
+    import tempfile  # only when a policy is verified (once per policy)
+
     with tempfile.TemporaryFile() as err, open(os.devnull, "wb") as devnull:
         try:
             with redirected({1: devnull.fileno(), 2: err.fileno()}):

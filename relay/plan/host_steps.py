@@ -27,10 +27,14 @@ class Step:
 WORDS = {
     HostStep.EXIT_WATCH: ("snapshot what in the workdir runs on the host later",
                           "report what the box left there that host tools would run; move new agent config aside"),
-    HostStep.RUN_DIR: ("make the private run dir: copies of the synced files and the agent's state, the private git "
-                       "dir, the box user's passwd, the control socket",
-                       "sync back what may come back (data keys, the allowlisted git state; a staged run's into its "
-                       "layer), keep the rest aside, remove the run dir"),
+    HostStep.RUN_DIR: ("make the private run dir (its tmp, the box's git excludes, the control socket's place)",
+                       "remove it, with everything left in it"),
+    HostStep.GIT_DIR: ("make the private git dir: mount points, copies of the git state files",
+                       "sync back the allowlisted git state (a staged run's into its layer); keep the rest aside"),
+    HostStep.AGENT_STATE: ("copy the agent's state dirs in (logins masked)",
+                           "sync back the data keys; keep the rest aside for review"),
+    HostStep.SYNC_FILES: ("copy the synced files in", "sync back what the box changed in them"),
+    HostStep.PASSWD: ("write the box user's passwd and group files", "nothing of its own (they go with the run dir)"),
     HostStep.PLACEHOLDERS: ("claim placeholder files for missing protected paths (shared by the boxes on them)",
                             "release them: remove the ones no other box holds"),
     HostStep.GUARD: ("snapshot the guarded settings files", "put back what the box changed in them"),
@@ -58,6 +62,12 @@ def host_steps(plan) -> tuple[Step, ...]:  # noqa: ANN001
     wanted = [
         (HostStep.EXIT_WATCH, plan.staged is None and bool(plan.workdir)),  # staged: the checkout does not change
         (HostStep.RUN_DIR, needs_run_dir(plan)),
+        # Made in this order, undone in the reverse: the synced files go back first, then the agent's
+        # state, then the git state, and the run dir is removed last. The three copy disjoint places.
+        (HostStep.GIT_DIR, needs_run_dir(plan) and plan.git is not None),
+        (HostStep.AGENT_STATE, needs_run_dir(plan) and bool(plan.state_dirs or plan.sync_files)),
+        (HostStep.SYNC_FILES, needs_run_dir(plan) and bool(plan.sync_files)),
+        (HostStep.PASSWD, needs_run_dir(plan) and owns_passwd(plan)),
         (HostStep.PLACEHOLDERS, bool(plan.placeholders or plan.protected or plan.denied)),
         (HostStep.GUARD, bool(plan.guarded_files)),
         (HostStep.CGROUP, plan.container is None and plan.limits.method.startswith("cgroup")),

@@ -16,7 +16,6 @@ from relay.box.nodeproxy import node_options
 from relay.box.overlay import unsafe_path
 from relay.config.presets import expand as expand_presets
 from relay.config.profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
-from relay.host.fs_view import HostFs
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, own_paths, state_dir, tool_dir
 from relay.model import credential_files
 from relay.model.allow_rules import HostRule, explain
@@ -351,15 +350,15 @@ def resolve(
     request: Request,
     facts: HostFacts,
     caller_env: dict[str, str],
-    fs: FsView | None = None,
+    fs: FsView,
     now: float | None = None,
 ) -> Plan:
     """Decide everything about one launch. Raises UsageError / RefusedError on bad requests.
 
     Pure: the host is read only through `fs` and `facts` (gathered before; see relay/modes/image.py with_image), so
-    tests/test_plan_golden.py resolves every case against an in-memory host. A shared core, then
-    one small function per tier (_TIERS)."""
-    fs = fs if fs is not None else HostFs()  # the real host, unless the caller hands in a view (tests)
+    tests/test_plan_golden.py resolves every case against an in-memory host. There is no default view:
+    a caller hands in the real host (`relay.host.fs_view.HostFs()`) by name, or a fake. A shared core,
+    then one small function per tier (_TIERS)."""
     workdir = _checked_request(request, fs)
     extra_rules = parse_entries(request.allow_hosts) + parse_ssh_hosts(request.allow_ssh)
     presets = expand_presets(backend.presets + request.allow_presets, matrix.presets)
@@ -904,6 +903,7 @@ def _process_tier(d: _Draft) -> None:
     if own is not None and own != d.workdir:
         raise RefusedError(f"the workdir {d.workdir} holds hive relay's own checkout ({own}), which the process tier "
                            "cannot keep read-only; fix: install bubblewrap, or pick a workdir that does not hold it")
+    _refuse_own_paths_under_writes(d, [] if own is not None else [d.workdir])
     rw = [d.workdir, d.env_set["TMPDIR"], "/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
     if own is not None:
         rw.remove(d.workdir)  # our own checkout: read-only (see _read_only_checkout)
@@ -915,6 +915,20 @@ def _process_tier(d: _Draft) -> None:
     d.fsplan = replace(d.fsplan, mounts=(), placeholders=(), protected=())
     if d.profile.network:
         raise RefusedError("the process tier cannot enforce egress; internal error in profile choice")
+
+
+def _refuse_own_paths_under_writes(d: _Draft, workdirs: list[str]) -> None:
+    """Landlock cannot carve a read-only hole in a writable tree, so at the process tier a workdir
+    or writable grant that holds one of hive relay's own paths (its config, state, cache: the memos
+    the next launch trusts, `relay.host.memo`) would let this box steer the next one. Refused, for
+    every tier's sake; the supervised box binds them read-only instead."""
+    for root in workdirs + [g.path for g in d.grants if g.writable]:
+        held = next((p for p in d.own if _lies_in(p, root)), None)
+        if held is not None:
+            what = "the workdir" if root in workdirs else "the writable grant"
+            raise RefusedError(f"{what} {root} holds hive relay's own {held}, which the process tier cannot keep "
+                               "read-only (the next launch trusts what is there); fix: install bubblewrap, or pick "
+                               f"a {'workdir' if root in workdirs else 'grant'} that does not hold it")
 
 
 def _refuse_unpinned_links(d: _Draft) -> None:

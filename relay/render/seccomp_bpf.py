@@ -9,16 +9,19 @@ Every argument comparison masks the register to its low 32 bits: `socket`'s doma
 request and `clone`'s flags are 32-bit in the kernel, and a rule on the full 64-bit register is
 bypassed by setting bit 32 (libseccomp checks the high word too, so `EQ 1` misses `1 | 1 << 32`).
 
-The BPF is compiled from the policy at every launch (a few ms), never read back from a file:
-a compiled filter in a box-writable cache would let one box choose the next box's filter.
+The BPF is compiled from the policy by libseccomp, and memoized only in the cache dir, which no
+box can write (relay/host/memo.py): a compiled filter in a box-writable cache would let one box
+choose the next box's filter (tests/test_memo.py plants one from a box whose workdir is ~/.cache).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from relay.host import memo
 
 AF_UNIX = 1
 AF_INET = 2
@@ -180,30 +183,70 @@ def _add(flt, action: int, name: str, *args) -> None:
 _COMPILED: dict[SeccompPolicy, bytes] = {}
 
 
-def compile_bpf(policy: SeccompPolicy, cache: str | None = None) -> bytes:
-    """The BPF program for POLICY, compiled by libseccomp in this process.
+def compile_bpf(policy: SeccompPolicy, cache: str | None = None, env: Mapping[str, str] | None = None) -> bytes:
+    """The BPF program for POLICY, compiled by libseccomp.
 
-    `cache` is accepted for older callers and ignored: a filter is never loaded from (or written
-    to) a file, since a box that could write that file would pick the next box's filter. The only
-    memo is this process's own memory.
+    `cache` is accepted for older callers and ignored. With `env`, the program is memoized in the
+    cache dir (`relay.host.memo`: read-only in every box), named by the sha256 of the policy and of
+    the identity (inode, size, ctime) of the pyseccomp and libseccomp that compiled it: a launch then
+    skips loading libseccomp through ctypes (~18 ms), and a changed library or policy is a new name.
+    A memo that is not a whole number of 8-byte BPF instructions is compiled again.
     """
     del cache
     data = _COMPILED.get(policy)
-    if data is None:
-        with tempfile.TemporaryFile() as out:
-            build_filter(policy).export_bpf(out)
-            out.seek(0)
-            data = out.read()
-        if not data or len(data) % 8:
-            raise RuntimeError(f"libseccomp exported a malformed BPF program ({len(data)} bytes)")
-        _COMPILED[policy] = data
+    if data is not None:
+        return data
+    key = _memo_key(policy) if env is not None else None
+    if key is not None and env is not None:
+        cached = memo.get(env, memo.MemoKind.SECCOMP_BPF, key, MAX_BPF_BYTES)
+        if cached and len(cached) % 8 == 0:
+            _COMPILED[policy] = cached
+            return cached
+    import tempfile  # only when compiling: a memoized launch never needs it (~5 ms with shutil)
+
+    with tempfile.TemporaryFile() as out:
+        build_filter(policy).export_bpf(out)
+        out.seek(0)
+        data = out.read()
+    if not data or len(data) % 8 or len(data) > MAX_BPF_BYTES:
+        raise RuntimeError(f"libseccomp exported a malformed BPF program ({len(data)} bytes)")
+    _COMPILED[policy] = data
+    if key is not None and env is not None:
+        memo.put(env, memo.MemoKind.SECCOMP_BPF, key, data)
     return data
 
 
-def compile_to_memfd(policy: SeccompPolicy, cache: str | None = None) -> int:
+MAX_BPF_BYTES = 8 * 4096  # the kernel's BPF_MAXINSNS instructions of 8 bytes
+# Where Debian and the other distributions put libseccomp; the loader's cache finds it there too.
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+             "/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib", "/lib")
+
+
+def _identity(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{os.path.realpath(path)}:{st.st_ino}:{st.st_size}:{st.st_ctime_ns}"
+
+
+def _memo_key(policy: SeccompPolicy) -> str | None:
+    """The memo's name, or None when the compiler cannot be identified without loading it (then
+    every launch compiles)."""
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("pyseccomp")
+    module = _identity(spec.origin) if spec is not None and spec.origin else None
+    library = next((i for d in _LIB_DIRS if (i := _identity(os.path.join(d, "libseccomp.so.2")))), None)
+    if module is None or library is None:
+        return None
+    return memo.key_of("seccomp-bpf", repr(policy), os.uname().machine, module, library)
+
+
+def compile_to_memfd(policy: SeccompPolicy, cache: str | None = None, env: Mapping[str, str] | None = None) -> int:
     """The BPF program in an anonymous memfd, rewound, ready for `bwrap --seccomp FD`.
-    `cache` is ignored (see compile_bpf)."""
-    data = compile_bpf(policy)
+    `cache` is ignored; `env` names the memo's cache dir (see compile_bpf)."""
+    data = compile_bpf(policy, env=env)
     fd = os.memfd_create("hive-relay-seccomp", 0)
     try:
         view = memoryview(data)

@@ -30,10 +30,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from relay.host import safefs
-from relay.model import runs_later
 from relay.model.errors import RelayError, UsageError
 from relay.model.hashing import sha256
-from relay.trust import kube_stage, staged
+from relay.model.refusal import ENTRY
+from relay.trust import staged
 from relay.trust.checkout_owner import checkout_owner, give, missing_parents
 
 MAX_ENTRIES = 200_000  # an upper layer with more entries is not reviewed entry by entry
@@ -189,6 +189,8 @@ def _host_changed(st: os.stat_result, run: staged.Run, applied: Mapping[str, dic
 
 
 def _flags(rel: str, mode: int, size: int = 0, link: str | None = None, before: int | None = None) -> list[dict]:
+    from relay.model import runs_later  # only for a run with entries to judge
+
     return [{"class": str(f.cls), "why": f.why} for f in runs_later.by_entry(rel, mode, size, link, before)]
 
 
@@ -236,6 +238,8 @@ def _judge(run: staged.Run, ufd: int, wfd: int, rel: str, st: os.stat_result, df
     assert not isinstance(host, str)
     conflict = "changed on the host during the run" if host is not None and _host_changed(host, run, applied, rel) \
         else None
+    from relay.trust import kube_stage  # only when an entry is judged against the host
+
     if conflict is None and not _mine(host, applied, rel) and kube_stage.host_differs(run.meta, wfd, rel, host,
                                                                                      APPLY_LIMIT):
         conflict = "differs on the host from the commit the box started from" if host is not None \
@@ -344,7 +348,7 @@ def select_entries(entries: list[Entry], paths: Sequence[str]) -> list[Entry]:
     want = [p.strip("/") for p in paths]
     for p in want:
         if not any(e.path == p or e.path.startswith(p + "/") for e in entries):
-            raise UsageError(f"{p}: not a staged change of this run; fix: `hive-relay changes RUN` lists them")
+            raise UsageError(f"{p}: not a staged change of this run; fix: `{ENTRY} changes RUN` lists them")
     return [e for e in entries if any(e.path == p or e.path.startswith(p + "/") for p in want)]
 
 

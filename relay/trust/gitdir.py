@@ -354,7 +354,9 @@ def host_dir(path: str, workdir: str) -> Iterator[int]:
 
 def prepare(plan: GitPlan, run_dir: str, workdir: str) -> dict[str, str | None]:
     """Make the private git dirs (mount points, copies of the state files). Returns the copy-in
-    digests, keyed by private rel path (None: absent on the host; UNSAFE: not copied)."""
+    digests, keyed by private rel path (None: absent on the host; UNSAFE: not copied). Scratch in
+    the run dir, never fsynced: a crash loses the run dir with it, and the host's own files are
+    only written by the sync back, durably."""
     before: dict[str, str | None] = {}
     with safefs.base_dir(run_dir) as rfd:
         for rel, kind in plan.mount_points:
@@ -365,7 +367,7 @@ def prepare(plan: GitPlan, run_dir: str, workdir: str) -> dict[str, str | None]:
                     except FileExistsError:
                         pass
                 else:
-                    safefs.create_new(pfd, name, b"", 0o444)
+                    safefs.create_new(pfd, name, b"", 0o444, durable=False)
         for g in plan.dirs:
             with host_dir(g.host, workdir) as hfd:
                 for name in g.state:
@@ -378,12 +380,12 @@ def prepare(plan: GitPlan, run_dir: str, workdir: str) -> dict[str, str | None]:
                     before[key] = _digest(data)
                     if data is not None:
                         with safefs.parent_of(rfd, key, create=True, mode=0o755) as (pfd, leaf):
-                            safefs.create_new(pfd, leaf, data, 0o644)
+                            safefs.create_new(pfd, leaf, data, 0o644, durable=False)
                     if name in ("packed-refs", "index"):
                         # The host's copy as the box found it, outside the box's reach (the index
                         # that comes back is judged against it, relay/trust/gitindex.py).
                         with safefs.parent_of(rfd, os.path.join(ORIG, key), create=True) as (pfd, leaf):
-                            safefs.create_new(pfd, leaf, data or b"", 0o600)
+                            safefs.create_new(pfd, leaf, data or b"", 0o600, durable=False)
     return before
 
 

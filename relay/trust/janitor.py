@@ -71,19 +71,34 @@ def box_copy_path(state: RunState, host_path: str) -> str:
     return os.path.join(state.run_dir, "home", rel)
 
 
-def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False,
-            git_excludes: str | None = None) -> None:
-    """Create the private run dir, its tmp (process tier), the box's git excludes file, copies
-    of synced files and the private git dirs."""
-    if state.run_dir is None:
-        return
+def make_run_dir(state: RunState, with_tmp: bool = False, git_excludes: str | None = None) -> None:
+    """The host step RUN_DIR: the private run dir, its box home, its tmp (process tier) and the box's
+    git excludes file."""
+    assert state.run_dir is not None
     os.makedirs(state.run_dir, mode=0o700)
-    box_home = os.path.join(state.run_dir, "home")
-    os.makedirs(box_home, mode=0o700)
+    os.makedirs(os.path.join(state.run_dir, "home"), mode=0o700)
     if git_excludes is not None:
         safefs.write_file(os.path.join(state.run_dir, "git-excludes"), git_excludes.encode(), 0o644, durable=False)
     if with_tmp:
         os.makedirs(os.path.join(state.run_dir, "tmp"), mode=0o700)
+
+
+def make_git_dir(state: RunState) -> None:
+    """The host step GIT_DIR: the private git dirs, with the digests the sync back judges against."""
+    assert state.run_dir is not None and state.git is not None
+    state.git_before = gitdir.prepare(state.git, state.run_dir, state.workdir)
+
+
+def copy_agent_state(state: RunState) -> None:
+    """The host step AGENT_STATE: the agent's state dirs, copied into the box home."""
+    assert state.run_dir is not None and state.agent is not None
+    agentstate.copy_in(state.agent, os.path.join(state.run_dir, "home"))
+
+
+def copy_sync_files(state: RunState, sync_files: tuple[str, ...]) -> None:
+    """The host step SYNC_FILES: copies of the synced files in the box home, with their digests."""
+    assert state.run_dir is not None
+    box_home = os.path.join(state.run_dir, "home")
     for host_path in sync_files:
         try:
             data = _read_host(host_path, state.home)
@@ -93,10 +108,6 @@ def prepare(state: RunState, sync_files: tuple[str, ...], with_tmp: bool = False
         if data is not None:
             safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True,
                               durable=False)  # the run dir is scratch: deleted at the end, never read after a crash
-    if state.git is not None:
-        state.git_before = gitdir.prepare(state.git, state.run_dir, state.workdir)
-    if state.agent is not None:
-        agentstate.copy_in(state.agent, box_home)
 
 
 @contextmanager
@@ -200,17 +211,29 @@ def _undo_placeholders(state: RunState, messages: list[str]) -> None:
             messages.append(f"could not clean placeholder files: {err.strerror or err}")
 
 
-def _undo_run_dir(state: RunState, messages: list[str]) -> None:
-    if state.run_dir is None:
-        return
+def _undo_sync_files(state: RunState, messages: list[str]) -> None:
     _sync_back(state, messages)
-    if state.agent is not None:
+
+
+def _undo_agent_state(state: RunState, messages: list[str]) -> None:
+    if state.agent is not None and state.run_dir is not None:
         agentstate.sync_back(state.agent, os.path.join(state.run_dir, "home"), messages)
+
+
+def _undo_git_dir(state: RunState, messages: list[str]) -> None:
     if state.git is not None and state.staged_root is not None:
         _stage_git(state, messages)
     elif state.git is not None:
         _sync_git(state, messages)
-    shutil.rmtree(state.run_dir, ignore_errors=True)
+
+
+def _undo_nothing(state: RunState, messages: list[str]) -> None:
+    """PASSWD: its files go with the run dir."""
+
+
+def _undo_run_dir(state: RunState, messages: list[str]) -> None:
+    if state.run_dir is not None:
+        shutil.rmtree(state.run_dir, ignore_errors=True)
 
 
 def _undo_exit_watch(state: RunState, messages: list[str]) -> None:
@@ -224,6 +247,10 @@ _UNDO: dict[HostStep, Callable[[RunState, list[str]], None]] = {
     HostStep.CGROUP: _undo_cgroup,
     HostStep.GUARD: _undo_guard,
     HostStep.PLACEHOLDERS: _undo_placeholders,
+    HostStep.PASSWD: _undo_nothing,
+    HostStep.SYNC_FILES: _undo_sync_files,
+    HostStep.AGENT_STATE: _undo_agent_state,
+    HostStep.GIT_DIR: _undo_git_dir,
     HostStep.RUN_DIR: _undo_run_dir,
     HostStep.EXIT_WATCH: _undo_exit_watch,
 }

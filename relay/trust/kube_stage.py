@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -76,6 +75,8 @@ def stamp_ctime(env: Mapping[str, str]) -> int:
     (relay/trust/staged.py). A temp file in the owner-only staged root, gone right after."""
     root = staged.staged_root(env)
     os.makedirs(root, mode=0o700, exist_ok=True)
+    import tempfile  # staging only: a review of a local run never needs it
+
     fd, path = tempfile.mkstemp(prefix=".stamp-", dir=root)
     try:
         return os.fstat(fd).st_ctime_ns
@@ -258,6 +259,8 @@ def stage_box(workdir: str, base: str, patch: bytes, run_id: str, meta: Mapping[
     index = int(run_id.rsplit("-", 1)[1])
     root = staged.staged_root(env)
     os.makedirs(root, mode=0o700, exist_ok=True)
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix=".kube-", dir=root) as scratch:
         changes = result_of(workdir, base, patch, scratch)
         if isinstance(changes, str):

@@ -6,7 +6,6 @@ identity is relay/host/liveness.py's).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Mapping
 
@@ -57,6 +56,8 @@ def run_dirs(base: str) -> int:
         if st.st_uid != os.getuid() or not stat.S_ISDIR(st.st_mode):
             continue
         if gone(name, PREFIX, st.st_ctime):
+            import shutil  # only when a stale run dir is found
+
             shutil.rmtree(path, ignore_errors=True)  # fd-based: no link inside is followed
             removed += 1
     return removed

@@ -169,6 +169,7 @@ def runs(env: Mapping[str, str]) -> list[Run]:
 def find(env: Mapping[str, str], spec: str) -> Run:
     """The run `spec` names: its id, a unique part of it, or `last`."""
     from relay.model.errors import UsageError
+    from relay.model.refusal import ENTRY
 
     found = runs(env)
     if not found:
@@ -179,7 +180,7 @@ def find(env: Mapping[str, str], spec: str) -> Run:
     hits = exact or [r for r in found if spec and spec in r.layer.run]
     if len(hits) != 1:
         what = "no staged run matches" if not hits else "more than one staged run matches"
-        raise UsageError(f"{what} {spec!r}; fix: `hive-relay changes` lists them")
+        raise UsageError(f"{what} {spec!r}; fix: `{ENTRY} changes` lists them")
     return hits[0]
 
 

@@ -188,10 +188,10 @@ def _apply_all(layer: staged.StagedLayer) -> list[str]:
 def finish(layer: staged.StagedLayer, interactive: bool, env: Mapping[str, str]) -> list[str]:
     """The runner's hook, after the box is torn down and the terminal is back (its other lines
     already shown): the closing lines; on an interactive terminal, after the question."""
-    from relay.ui.changes_text import apply_at_exit
-
     lines: list[str] = []
-    if layer.apply_at_exit:
+    if layer.apply_at_exit:  # the review machinery is imported only for a run that uses it (~10 ms)
+        from relay.ui.changes_text import apply_at_exit
+
         lines += apply_at_exit(layer)
     try:
         run, c = counts(layer)
