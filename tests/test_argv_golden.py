@@ -21,8 +21,9 @@ from relay.model.limits import Limits
 from relay.model.mounts import Grant, Mount
 from relay.policy.denylist import protected_paths, secret_paths
 from relay.policy.fsplan import FsPlan, plan_filesystem
-from relay.render import bwrap_argv, container_argv
+from relay.render import bwrap_argv, container_argv, gvisor_oci
 from relay.render.container_argv import ContainerRun
+from relay.render.gvisor_oci import GvisorRun
 
 from .fakefs import HOME, TOOLS, WORKDIR, fake_host
 
@@ -64,7 +65,29 @@ def _container(kind: str, rootless: bool, interactive: bool) -> list[str]:
         argv=["claude", "--settings", "{}"] if interactive else ["claude", "-p", "fix the bug"])
 
 
+def _gvisor_run(rootless: bool, network: bool = True) -> GvisorRun:
+    return GvisorRun(runsc="/usr/bin/runsc", platform="systrap", rootless=rootless, container_id="hive-relay-1-golden",
+                     bundle=f"{RUN_DIR}/gvisor", state_root=f"{RUN_DIR}/gvisor/state",
+                     init_script="/opt/hive-relay/relay/box/gvisor_init.py", python="/usr/bin/python3",
+                     seccomp_file=f"{RUN_DIR}/gvisor/seccomp.bpf",
+                     socket=f"{RUN_DIR}/gvisor/proxy.sock" if network else None, box_uid=gvisor_oci.BOX_UID)
+
+
+def _gvisor_spec(rootless: bool, limits: Limits, moot: frozenset[str] = frozenset(), network: bool = True) -> dict:
+    run = _gvisor_run(rootless, network)
+    return gvisor_oci.spec(run, mounts=_fsplan().mounts, home=HOME,
+                           args=[*run.init_argv("127.0.0.1:3128" if network else None), "claude"],
+                           env={"HOME": HOME, "PATH": "/usr/bin:/bin", "HIVE_RELAY": "1"}, cwd=WORKDIR,
+                           terminal=not rootless, limits=limits, nofile=524288, moot=moot)
+
+
 VECTORS: dict[str, Callable[[], object]] = {
+    "gvisor_oci.argv": lambda: [*_gvisor_run(False).argv(), *_gvisor_run(False).init_argv("127.0.0.1:3128")],
+    "gvisor_oci.argv-rootless-no-network": lambda: [*_gvisor_run(True, False).argv(),
+                                                    *_gvisor_run(True, False).init_argv(None)],
+    "gvisor_oci.spec-root-cgroup": lambda: _gvisor_spec(False, Limits(8 << 30, 512, "cgroup-v1")),
+    "gvisor_oci.spec-rootless-rlimit-moot": lambda: _gvisor_spec(
+        True, Limits(8 << 30, 512, "rlimit"), frozenset({"/etc/shadow", "/etc/gshadow"}), network=False),
     "plan_filesystem": lambda: {"mounts": [{k: v for k, v in vars(m).items() if v is not None} for m in _fsplan().mounts],
                                 **{k: list(getattr(_fsplan(), k)) for k in ("placeholders", "denied", "protected", "notes")}},
     "plan_filesystem-tmpfs-home": lambda: [vars(m) for m in _fsplan(home_source=None).mounts[:8]],

@@ -65,6 +65,8 @@ def contribute(
     matrix = load_matrix(env, workdir=Path(os.path.realpath(request.workdir)))
     mark("config_loaded")
     backend = get_backend(matrix, request.backend)
+    if request.isolation is None and matrix.isolation and request.mode == "local":
+        request = replace(request, isolation=matrix.isolation)  # the user config's `isolation:` (--isolation wins)
     if command is not None:
         check_command_backend(backend.name, command)
     facts = probe(env)
@@ -81,6 +83,10 @@ def contribute(
         from relay.host import vm_host
 
         facts = replace(facts, vm_error=vm_host.vm_error(env))
+    if request.isolation == "gvisor":  # only then: the probe run starts a sandbox (memoized once it passed)
+        from relay.host import runsc_host
+
+        facts = replace(facts, **runsc_host.facts(env))
     plan = resolve(backend, matrix, request, facts, env, fs=HostFs())
     mark("resolved")
     if (count is not None or parallel is not None) and request.mode != "kube":
@@ -579,7 +585,8 @@ DOCTOR_HELP = {"json": "print the report as JSON",
                "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce"}
 DOCTOR_DOC = "Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."
 SELFTEST_HELP = {"backend": "only this backend (default: all); repeatable", "json": "print the results as JSON",
-                 "mode": "local (bubblewrap box, default) or container (podman/docker)"}
+                 "mode": "local (bubblewrap box, default) or container (podman/docker)",
+                 "isolation": "local mode's tier to probe: supervised (default, as auto picks) or gvisor (runsc)"}
 SELFTEST_DOC = "Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."
 BENCH_HELP = {"runs": "repetitions per timing (median is reported)",
               "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
@@ -613,8 +620,9 @@ def _selftest_main(argv: Sequence[str]) -> int:
     parser.add_argument("-b", "--backend", action="append", default=[], metavar="BACKEND", help=SELFTEST_HELP["backend"])
     parser.add_argument("-j", "--json", action="store_true", help=SELFTEST_HELP["json"])
     parser.add_argument("-m", "--mode", metavar="MODE", default="local", help=SELFTEST_HELP["mode"])
+    parser.add_argument("-i", "--isolation", metavar="ISOLATION", default=None, help=SELFTEST_HELP["isolation"])
     ns = parser.parse_args(argv)
-    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode)
+    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode, isolation=ns.isolation)
 
 
 def _bench_main(argv: Sequence[str]) -> int:

@@ -55,6 +55,9 @@ def components(facts: HostFacts, env: dict[str, str], survey: EngineSurvey) -> l
     from relay.host import vm_host
 
     rows += vm_host.rows(env)
+    from relay.host import runsc_host
+
+    rows += runsc_host.rows({k: getattr(facts, k) for k in ("runsc", "runsc_version", "runsc_platform", "runsc_error")})
     rows.append(vm_image_row(facts, env))
     path = f"{tool_dir(env)}/node_modules/.bin:{env.get('PATH', '')}"
     for name, backend in sorted(load_shipped().items()):
@@ -124,7 +127,7 @@ def engine_rows(facts: HostFacts, survey: EngineSurvey) -> list[tuple[str, bool,
 
 def enforceable(facts: HostFacts, survey: EngineSurvey) -> dict[str, str]:
     """Which tier/profile pairs this host can enforce, each with the fix when it cannot."""
-    from relay.policy.tiers import auto_pick, missing_supervised, process_error, supervised_ok
+    from relay.policy.tiers import auto_pick, gvisor_error, missing_supervised, process_error, supervised_ok
 
     supervised = "enforceable" if supervised_ok(facts) else f"NOT enforceable: {missing_supervised(facts)}"
     process = "enforceable" if process_error(facts) is None else f"NOT enforceable: {process_error(facts)}"
@@ -134,6 +137,8 @@ def enforceable(facts: HostFacts, survey: EngineSurvey) -> dict[str, str]:
         "process/default": process,
         "process/agent": "never: the process tier cannot enforce egress",
         "container": _container_state(facts, survey),
+        "gvisor": (f"enforceable with runsc ({facts.runsc_platform}{', rootless' if facts.uid else ''}), only when "
+                   "asked: --isolation gvisor" if gvisor_error(facts) is None else f"NOT enforceable: {gvisor_error(facts)}"),
         "vm": "NOT enforceable: " + (facts.vm_error or "the VM launcher is not built yet (docs/isolation.md: The VM tier)"),
         "auto pick": auto_pick(facts),
     }
@@ -164,9 +169,9 @@ def doctor(as_json: bool = False, mode: str | None = None) -> int:
             raise UsageError(f"doctor --mode {mode}: choose local, container or kube")
         return guarded(bad)
     env = dict(os.environ)
-    from relay.host import vm_host
+    from relay.host import runsc_host, vm_host
 
-    facts = replace(probe(env), vm_error=vm_host.vm_error(env))
+    facts = replace(probe(env), vm_error=vm_host.vm_error(env), **runsc_host.facts(env))
     from relay.host.engine_query import untouched
 
     with untouched(env):  # no pause process, no ~/.config/cni or storage dirs left by asking podman

@@ -18,7 +18,7 @@ HELP = {
     "count": "kube mode: how many boxes to run (an Indexed Job of COUNT completions; default 1)",
     "parallel": "kube mode: how many boxes run at once (default: all of --count)",
     "profile": "policy profile: agent or default; unset picks agent when this host can enforce it",
-    "isolation": "auto, process, supervised, container or vm; an explicit choice is never downgraded",
+    "isolation": "auto, process, supervised, gvisor, container or vm; an explicit choice is never downgraded",
     "prompt": "run non-interactively with this prompt (claude -p, codex exec, ...); exit code passes through",
     "workdir": "the checkout to work in (default: current dir); the only host dir the box can write",
     "allow_host": ALLOW_HOST_HELP,

@@ -101,10 +101,10 @@ def plant_ssh_key(home: str) -> PlantedKey:
 
 
 def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, matrix,  # noqa: ANN001
-          mode: str = "local", planted: str | None = None) -> Plan:
+          mode: str = "local", planted: str | None = None, isolation: str | None = None) -> Plan:
     b = get_backend(matrix, backend)
     base = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
-                   argv_override=("true",))
+                   argv_override=("true",), isolation=isolation)
     facts = with_image(facts, matrix, base, env)
     first = resolve(b, matrix, base, facts, env, fs=HostFs())
     allow = (f"{ALLOWED_NAME}:{port}=127.0.0.1:{port}",) if first.proxy_listen else ()
@@ -118,12 +118,12 @@ def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, mat
     python = "/usr/bin/python3" if mode == "container" else (facts.box_python or "/usr/bin/python3")
     argv = (python, "-I", "-S", "-c", PROBES.read_text(), *probe_args)
     request = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
-                      allow_hosts=allow, argv_override=argv)
+                      allow_hosts=allow, argv_override=argv, isolation=isolation)
     return resolve(b, matrix, request, facts, env, fs=HostFs())
 
 
 def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # noqa: ANN001
-                mode: str = "local") -> list[Row]:
+                mode: str = "local", isolation: str | None = None) -> list[Row]:
     # Beside the cache dir (not /tmp) so that the workdir's parent is a real host directory; not in
     # it, since hive relay's own dirs are never a workdir.
     try:
@@ -140,7 +140,7 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # 
         scratch = tempfile.mkdtemp(prefix="selftest-", dir=base)
         workdir = os.path.join(scratch, "work")
         os.mkdir(workdir)
-        plan = _plan(backend, env, workdir, port, facts, matrix, mode, planted.name)
+        plan = _plan(backend, env, workdir, port, facts, matrix, mode, planted.name, isolation)
         if plan.container is not None:
             from relay.modes.image import ensure_ready
 
@@ -181,12 +181,23 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # 
     return rows
 
 
-def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str = "local") -> int:
+def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str = "local",
+             isolation: str | None = None) -> int:
+    """`isolation`: the local tier to probe (gvisor: the same probes in the runsc box, with the same
+    expected results; an explicit tier that cannot run here refuses, exit 3, as a launch would)."""
     env = dict(os.environ)
     if mode not in ("local", "container"):
         raise UsageError(f"unknown mode {mode!r}; choose one of: local, container")
+    if isolation not in (None, "supervised", "gvisor"):
+        raise UsageError(f"selftest --isolation {isolation}: choose supervised or gvisor")
     matrix = load_matrix(env, workdir=None)
     facts = probe(env)
+    if isolation == "gvisor":
+        from dataclasses import replace
+
+        from relay.host import runsc_host
+
+        facts = replace(facts, **runsc_host.facts(env))
     names = backends or sorted(matrix.backends)
     for name in names:
         get_backend(matrix, name)
@@ -195,7 +206,7 @@ def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str
     try:
         for name in names:
             try:
-                rows += run_backend(name, env, port, facts, matrix, mode)
+                rows += run_backend(name, env, port, facts, matrix, mode, isolation)
             except RelayError as err:
                 rows.append(Row(name, "-", "-", "box starts", "legit", False, err.message))
     finally:

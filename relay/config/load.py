@@ -705,7 +705,7 @@ def apply_user(
     `data` is the already-read YAML (else the file is read). Its `auth:` grants: `user_grants`."""
     where = _Where(str(path))
     data = _top(read_yaml(path, USER) if data is ABSENT else data, where,
-                {"version", "backends", "profiles", "allow_unsandboxed", "auth", "presets", "workdir"})
+                {"version", "backends", "profiles", "allow_unsandboxed", "auth", "presets", "workdir", "isolation"})
     merged = dict(backends)
     for name, entry in _mapping(data.get("backends") or {}, where, "backends").items():
         merged[name] = _backend_from(str(name), entry, where, merged.get(name))
@@ -833,6 +833,23 @@ def workdir_mode(data: Any, path: Path, repo: bool) -> str | None:
     return str(value)
 
 
+# The `--isolation` words a user config may make the default (relay/policy/tiers.py ISOLATIONS, which
+# tests/test_config.py keeps in step; config sits below policy and cannot import it).
+CONFIG_ISOLATIONS = ("auto", "process", "supervised", "gvisor", "container", "vm")
+
+
+def isolation_default(data: Any, path: Path) -> str | None:
+    """The user config's `isolation:` key: the tier a launch asks for when --isolation is not given
+    (`isolation: gvisor`). Only the user's own config has it: a repo cannot pick the tier its box runs at."""
+    value = data.get("isolation") if isinstance(data, dict) else None
+    if value is None:
+        return None
+    if value not in CONFIG_ISOLATIONS:
+        raise _Where(str(path)).fail("isolation", f"{value!r} is not an isolation level",
+                                     f"write one of {', '.join(CONFIG_ISOLATIONS)}")
+    return str(value)
+
+
 def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SHIPPED_CONFIG) -> Matrix:
     """All three layers, strictly; a missing optional layer is simply absent (a named user config
     must exist). Each file is read once, bounded, without blocking; its parse may come from the
@@ -845,6 +862,7 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
     grants: tuple[CredentialRoute, ...] = ()
     mode = "staged"
     forced = None
+    isolation = None
     user_path = user_config_path(env)
     data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")), env=env)
     if data is not ABSENT:
@@ -852,6 +870,7 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
         presets = user_presets(user_path, data, backends)
         grants = user_grants(backends, user_path, data)
         mode = workdir_mode(data, user_path, repo=False) or mode
+        isolation = isolation_default(data, user_path)
         sources.append(str(user_path))
     if workdir is not None:
         repo_path = workdir / REPO_CONFIG_NAME
@@ -862,7 +881,7 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
                 mode, forced = "staged", str(repo_path)
             sources.append(str(repo_path))
     return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources),
-                  grants=grants, presets=presets, workdir_mode=mode, workdir_forced=forced)
+                  grants=grants, presets=presets, workdir_mode=mode, workdir_forced=forced, isolation=isolation)
 
 
 def backend_names(matrix: Matrix) -> list[str]:

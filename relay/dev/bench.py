@@ -326,6 +326,13 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
         from relay.dev import bench_staged
 
         results["staged"] = bench_staged.measure(runs, quick, env)
+
+        # 7. The gvisor tier: our launch against bare `runsc do true` and our supervised launch (relay/dev/bench_gvisor.py).
+        from relay.dev import bench_gvisor
+
+        results["gvisor"] = bench_gvisor.measure(runs, env)
+        if "skipped" not in results["gvisor"]:
+            results["gvisor"]["throughput"] = bench_gvisor.measure_throughput(2 if quick else 5, blob_mb, env)
     finally:
         if server is not None:
             server.kill()
@@ -578,6 +585,12 @@ def report(r: dict) -> int:
         from relay.dev.bench_staged import rows as staged_rows
 
         more, more_targets = staged_rows(r["staged"])
+        lines += more
+        targets.update(more_targets)
+    if r.get("gvisor"):
+        from relay.dev.bench_gvisor import rows as gvisor_rows
+
+        more, more_targets = gvisor_rows(r["gvisor"])
         lines += more
         targets.update(more_targets)
     return _write(r, lines, targets)

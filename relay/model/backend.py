@@ -123,3 +123,4 @@ class Matrix:
     grants: tuple[CredentialRoute, ...] = ()  # the user config's `auth:` (never a repo's)
     workdir_mode: str = "staged"  # `workdir: staged | live` (user config; a repo may only force staged)
     workdir_forced: str | None = None  # the repo config that forces `workdir: staged` (its path)
+    isolation: str | None = None  # `isolation:` of the user config: the tier when --isolation is not given

@@ -36,6 +36,12 @@ class HostFacts:
     # Why the VM tier cannot run here (relay/host/vm_host.py), or None: filled in before resolve() only
     # when --isolation vm is asked for (cli, doctor); facts probed or built otherwise never enable it.
     vm_error: str | None = "not probed"
+    # runsc for the gvisor tier (relay/host/runsc_host.py): probed before resolve() only when
+    # `--isolation gvisor` is asked for (or the user config says so); otherwise "not probed" refuses it.
+    runsc: str | None = None
+    runsc_version: str | None = None
+    runsc_platform: str | None = None
+    runsc_error: str | None = "not probed"
 
     @property
     def bwrap_ok(self) -> bool:

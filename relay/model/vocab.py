@@ -21,6 +21,7 @@ class Tier(_Word):
     PROCESS = "process"  # Landlock + seccomp + rlimits, no namespaces
     SUPERVISED = "supervised"  # bubblewrap: all namespaces, seccomp, the host-side proxy
     CONTAINER = "container"  # podman or docker, the same policy
+    GVISOR = "gvisor"  # runsc: gVisor's user-space kernel under the same policy; only on explicit request
     VM = "vm"  # a KVM microVM (issue 20): only on explicit request, refused where KVM cannot run it
     UNSANDBOXED = "unsandboxed"  # the CLI's own sandbox only, behind an explicit opt-in
 

@@ -333,6 +333,11 @@ class _Box:
 
                 self.proc = process_runner.start(plan, self.caller_env, self.state, self.use_rlimits, self.nofile,
                                                  self.job)
+            elif plan.gvisor is not None:
+                from relay.modes import gvisor_runner
+
+                self.proc, self.proxy = gvisor_runner.start(plan, self.caller_env, self.state, self.nofile,
+                                                            self.lifeline, self.job)
             elif plan.container is not None and self.go_fd is not None:
                 from relay.modes import container_runner
 

@@ -30,6 +30,8 @@ def policy_key(plan: Plan) -> str:
     command = [c.replace(run_id, "RUN") if run_id else c for c in plan.command[: len(plan.command) - len(plan.argv)]]
     data = [plan.tier, command, plan.limits.memory, plan.limits.pids, plan.limits.method, sorted(plan.fs_rules),
             list(plan.seccomp)] + (["staged"] if plan.staged else [])
+    if plan.gvisor is not None:  # its mounts are in its spec, not its command line: they decide as much
+        data.append([[m.kind, m.dst, (m.src or "").replace(run_id, "RUN") if run_id else m.src] for m in plan.mounts])
     return sha256(json.dumps(data).encode()).hexdigest()[:24]
 
 
@@ -57,6 +59,10 @@ def _store(env: Mapping[str, str], key: str) -> None:
         pass
 
 
+def _moved(path: str | None, old: str, new: str) -> str | None:
+    return new + path[len(old):] if path and (path == old or path.startswith(old + "/")) else path
+
+
 def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
     """None when the plan's box starts here (memoized); otherwise the reason it does not."""
     if plan.unsandboxed or plan.tier == Tier.CONTAINER:
@@ -80,6 +86,10 @@ def verify(plan: Plan, env: Mapping[str, str]) -> str | None:
         notes=(),
         run_dir=run_dir,
         run_id=(plan.run_id + "-verify") if plan.run_id else "",  # its own cgroup, logs and layer name
+        # The gvisor tier's mounts are in its spec, not its command line: moved to the probe's run dir too.
+        gvisor=plan.gvisor.moved(plan.run_dir, run_dir) if plan.gvisor and plan.run_dir and run_dir else plan.gvisor,
+        mounts=tuple(replace(m, src=_moved(m.src, plan.run_dir, run_dir)) for m in plan.mounts)
+        if plan.gvisor and plan.run_dir and run_dir else plan.mounts,
         credentials=(),  # `true` sends nothing: a grant's host command runs for the real run only
         shared_live=True,  # `true` writes nothing; the launcher holds the live lock across this probe
         # --staged: the probe mounts a layer of its own (the overlay is part of what must start), dropped after

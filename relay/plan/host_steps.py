@@ -46,7 +46,8 @@ def needs_run_dir(plan) -> bool:  # noqa: ANN001 - a plan.Plan (this module is b
     """Whether the launch needs its private run dir on the host."""
     return (bool(plan.sync_files) or bool(plan.state_dirs) or plan.tier == Tier.PROCESS or bool(plan.git_excludes)
             or plan.proxy_listen is not None  # the `invoke allow` socket (relay/egress/control.py)
-            or plan.container is not None or plan.git is not None or owns_passwd(plan))
+            or plan.container is not None or getattr(plan, "gvisor", None) is not None or plan.git is not None
+            or owns_passwd(plan))
 
 
 def owns_passwd(plan) -> bool:  # noqa: ANN001

@@ -44,8 +44,9 @@ from relay.policy.sockets import (
 from relay.policy.tiers import ISOLATIONS, TierChoice, choose_engine, choose_tier  # noqa: F401 - re-exported (completion, tasks)
 from relay.policy.workdir import own_checkout_in
 from relay.policy.workdir import refusal as workdir_refusal
-from relay.render import bwrap_argv, container_argv
+from relay.render import bwrap_argv, container_argv, gvisor_oci
 from relay.render.container_argv import ContainerRun
+from relay.render.gvisor_oci import GvisorRun
 from relay.render.native_permissions import render as render_native
 from relay.render.seccomp_bpf import SeccompPolicy, policy_for
 from relay.trust import rundirs
@@ -142,6 +143,7 @@ class Plan:
     git_excludes: tuple[str, ...] = ()
     unsandboxed: bool = False
     container: ContainerRun | None = None
+    gvisor: GvisorRun | None = None  # the gvisor tier's runsc run (relay/render/gvisor_oci.py)
     git: GitPlan | None = None  # the workdir's git dir by allowlist (relay/trust/gitdir.py)
     notes: tuple[str, ...] = field(default=())
     rules: tuple[HostRule, ...] = ()  # egress.allowed_rules: handed to the proxy as is; `egress` is their text
@@ -172,6 +174,8 @@ class Plan:
         del data["rules"]  # shown as `egress` and `egress_rules`
         data["env_set"] = dict(self.env_set)
         data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
+        if self.gvisor is None:
+            data.pop("gvisor")
         data["command_line"] = shlex.join(self.command)
         data["egress_rules"] = explain(self.rules)
         data["credentials"] = [route_json(r) for r in self.credentials]
@@ -322,6 +326,7 @@ class _Draft:
     command: list[str] = field(default_factory=list)
     fs_rules: tuple[tuple[str, str], ...] = ()
     container: ContainerRun | None = None
+    gvisor: GvisorRun | None = None
     sockets: tuple[BoxSocket, ...] = ()
     staged: StagedLayer | None = None
     workdir_mode: WorkdirMode = WorkdirMode.LIVE
@@ -446,7 +451,7 @@ def _workdir_mode(d: _Draft) -> None:
     if d.tier == Tier.VM:
         why = ("the vm tier shares the workdir with its guest as it is, and cannot stage it yet; fix: "
                + ("drop --staged" if request.staged else "add --live to let the box write the checkout directly"))
-    elif d.tier not in (Tier.SUPERVISED, Tier.CONTAINER):  # container mode: podman's overlay volumes
+    elif d.tier not in (Tier.SUPERVISED, Tier.GVISOR, Tier.CONTAINER):  # container mode: podman's overlay volumes
         why = (f"the {d.tier} tier has no mount namespace to stage the workdir in; fix: install bubblewrap "
                f"(the supervised tier){live_fix}")
     elif unsafe_path(d.workdir):
@@ -711,7 +716,7 @@ def _render(template: str, values: dict[str, str]) -> str:
 def _git(d: _Draft) -> None:
     """Write protections inside the workdir, and its git dir by allowlist (bwrap and container)."""
     d.protected = protected_paths(d.workdir) + nested_git_paths(d.workdir, d.fs)
-    d.git = plan_git(d.workdir, d.fs) if d.tier in (Tier.SUPERVISED, Tier.CONTAINER) else None
+    d.git = plan_git(d.workdir, d.fs) if d.tier in (Tier.SUPERVISED, Tier.GVISOR, Tier.CONTAINER) else None
     if d.git is None:
         return
     # The git dir is private and allowlisted; the deny-list entries under it are moot, and
@@ -785,7 +790,7 @@ def _filesystem(d: _Draft) -> None:
     # Placeholders would show up in the agent's `git status`; a box-only excludes file hides them.
     excludes = tuple(sorted("/" + os.path.relpath(p, d.workdir) for p in fsplan.placeholders
                             if p.startswith(d.workdir.rstrip("/") + "/")))
-    if excludes and d.run_dir and d.tier in (Tier.SUPERVISED, Tier.CONTAINER):
+    if excludes and d.run_dir and d.tier in (Tier.SUPERVISED, Tier.GVISOR, Tier.CONTAINER):
         fsplan = replace(fsplan, mounts=fsplan.mounts + (
             Mount(MountKind.RO_BIND, BOX_GIT_EXCLUDES, os.path.join(d.run_dir, "git-excludes")),))
         d.git_excludes = excludes
@@ -827,6 +832,9 @@ def _check_socket_requests(request: Request, tier: Tier, profile: Profile) -> No
     """--allow-socket/--allow-ssh where they cannot be kept narrow: refused before anything else."""
     if not (request.allow_sockets or request.allow_ssh):
         return
+    if tier == Tier.GVISOR and request.allow_sockets:
+        raise RefusedError("--allow-socket cannot be enforced in the gvisor tier yet (its agent gets no AF_UNIX "
+                           "socket at all); fix: use --isolation supervised, or drop --allow-socket")
     if tier == Tier.PROCESS:
         raise RefusedError("--allow-socket and --allow-ssh need the supervised box or a container: the process tier "
                            "has no mount namespace to show one socket alone, and no network; fix: install "
@@ -989,11 +997,40 @@ def _supervised_tier(d: _Draft) -> None:
         d.command = [sys.executable, "-I", "-S", os.path.abspath(linkpin.__file__), *pairs, "--", *d.command]
 
 
-_TIERS = {Tier.PROCESS: _process_tier, Tier.CONTAINER: _container_tier, Tier.SUPERVISED: _supervised_tier}
+def _gvisor_tier(d: _Draft) -> None:
+    """The runsc box (relay/render/gvisor_oci.py): runsc's argv, the in-box init's, then the agent's.
+    The spec itself is rendered by the runner (it holds the environment's values, which the plan names
+    only); everything it is rendered from is in the plan."""
+    assert d.fsplan is not None
+    if d.fsplan.pinned_links:
+        link = d.fsplan.pinned_links[0]
+        raise RefusedError(f"{link} is a symbolic link the box could replace (with its own hooks or settings), and "
+                           "the gvisor tier cannot pin a link yet; fix: --isolation supervised, or replace the link "
+                           "with the directory or file it points to")
+    if d.facts.box_python is None:
+        raise RefusedError("--isolation gvisor needs a python3 the box can see (outside $HOME) for its init; fix: "
+                           "apt-get install python3")
+    base = os.path.join(d.run_dir or "/RUN-DIR", "gvisor")
+    rootless = d.uid != 0
+    d.gvisor = GvisorRun(
+        runsc=d.facts.runsc or "runsc", platform=d.facts.runsc_platform or "systrap", rootless=rootless,
+        container_id=f"hive-relay-{d.request.run_id or 'dry-run'}", bundle=base, state_root=os.path.join(base, "state"),
+        init_script=os.path.join(str(PACKAGE_ROOT), "relay", "box", "gvisor_init.py"), python=d.facts.box_python,
+        seccomp_file=os.path.join(base, "seccomp.bpf"),
+        socket=os.path.join(base, "proxy.sock") if d.profile.network else None,
+        box_uid=gvisor_oci.BOX_UID,
+    )
+    d.command = d.gvisor.argv() + d.gvisor.init_argv(PROXY_LISTEN if d.profile.network else None) + d.argv
+
+
+_TIERS = {Tier.PROCESS: _process_tier, Tier.CONTAINER: _container_tier, Tier.SUPERVISED: _supervised_tier,
+          Tier.GVISOR: _gvisor_tier}
 
 
 def _box_uid(d: _Draft) -> int | None:
-    return BOX_UID_FOR_ROOT if d.uid == 0 else None
+    """A root caller's box user (bwrap's and the engines'); the gvisor box is the caller itself, as the
+    Sentry's capability-less root (relay/render/gvisor_oci.py)."""
+    return BOX_UID_FOR_ROOT if d.uid == 0 and d.tier != Tier.GVISOR else None
 
 
 def _timeout(request: Request) -> int | None:
@@ -1043,7 +1080,7 @@ def _plan(d: _Draft) -> Plan:
         guarded_files=tuple(d.guarded), state_dirs=tuple(d.state_dirs),
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
-        log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, git=d.git,
+        log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, gvisor=d.gvisor, git=d.git,
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
         ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # what this module reads of plan.Request (no import: resolve 
         profile: str | None
         isolation: str | None
 
-ISOLATIONS = ("auto", "process", "supervised", "container", "vm")
+ISOLATIONS = ("auto", "process", "supervised", "gvisor", "container", "vm")
 DEFAULT_PROFILE = "default"  # fail-closed: no network, no backend state; what every fallback lands on
 
 
@@ -96,6 +96,8 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
         return _container(request, isolation)
     if isolation == "vm":
         return _vm(request, facts)
+    if isolation == "gvisor":
+        return _gvisor(request, facts)
     if isolation == "supervised" or (isolation == "auto" and supervised_ok(facts)):
         if not supervised_ok(facts):
             raise RefusedError(f"--isolation supervised cannot be enforced: {missing_supervised(facts)}")
@@ -106,7 +108,10 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
 def _container(request: Request, isolation: str) -> TierChoice:
     if request.mode == "local" and isolation == "container":
         raise UsageError("--isolation container needs --mode container")
-    if isolation in ("process", "supervised", "vm"):
+    if isolation in ("process", "supervised", "vm", "gvisor"):
+        if isolation == "gvisor":  # issue 31: `podman --runtime runsc` is the next step, not built yet
+            raise RefusedError(f"--isolation gvisor cannot be enforced in {request.mode} mode yet (local mode only); "
+                               "fix: use --mode local, or drop --isolation gvisor")
         raise UsageError(f"--isolation {isolation} is a local-mode tier; fix: drop it, or use --mode local")
     return TierChoice(Tier.CONTAINER, request.profile or "agent")
 
@@ -121,6 +126,25 @@ def _vm(request: Request, facts: HostFacts) -> TierChoice:
     raise RefusedError("--isolation vm cannot be enforced: this version cannot launch a box in the VM yet "
                        "(the host side is ready: KVM, qemu and the guest kernel); fix: use --isolation supervised "
                        "or --mode container")
+
+
+def gvisor_error(facts: HostFacts) -> str | None:
+    """Why the gvisor tier cannot run here (with the fix), or None: a runsc that passed its probe run
+    (relay/host/runsc_host.py), and seccomp to compile the agent's filter (the Sentry loads it)."""
+    if facts.runsc_error is not None:
+        return facts.runsc_error
+    if not facts.seccomp:
+        return facts.seccomp_error or "seccomp is unavailable (the agent's filter cannot be compiled)"
+    return None
+
+
+def _gvisor(request: Request, facts: HostFacts) -> TierChoice:
+    """Only ever on explicit request (auto never lands here: a sandbox start costs ~150 ms more than
+    bwrap's). Fail-closed: no runsc, or one that fails its probe, refuses; it never falls back."""
+    error = gvisor_error(facts)
+    if error is not None:
+        raise RefusedError(f"--isolation gvisor cannot be enforced: {error}")
+    return TierChoice(Tier.GVISOR, request.profile or "agent")
 
 
 def _without_box(request: Request, isolation: str, facts: HostFacts, backend: Backend, matrix: Matrix,

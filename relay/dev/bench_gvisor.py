@@ -1,0 +1,146 @@
+"""`invoke bench` rows for the gvisor tier (issue 31): our gvisor launch against a bare `runsc do true`
+and against our supervised launch, paired round by round in the same run.
+
+- bare runsc: `runsc do true` with the flags a run uses (platform, `--network=none`, rootless when not
+  root), its state in a fresh temp dir: what gVisor itself costs here;
+- our gvisor launch: `python -m relay shell local --isolation gvisor --prompt true` (the probe memo
+  warm, as after a first launch), which adds the launcher, the bundle, the proxy and the in-box init;
+- our supervised launch: the same command at the supervised tier.
+
+Targets (issue 31): our overhead over bare runsc at most +60 ms, the median of the paired differences;
+a download through the proxy from a gvisor box (curl, plain HTTP from a loopback server) at least 0.5×
+the same download direct, the median of paired rounds.
+Run alone: `python -m relay.dev.bench_gvisor [--quick]` (prints the rows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+from relay.dev.measure import paired
+from relay.host import runsc_host
+
+TARGET_S = 0.060
+
+
+def _relay(*args: str) -> list[str]:
+    return [sys.executable, "-m", "relay", *args]
+
+
+def measure(runs: int, env: dict[str, str]) -> dict:
+    """Paired launch timings (see the module's docstring), or {"skipped": why}."""
+    got = runsc_host.facts(env)
+    if got["runsc_error"] is not None or got["runsc"] is None:
+        return {"skipped": got["runsc_error"] or "no runsc"}
+    work = tempfile.mkdtemp(prefix="hive-relay-bench-gvisor-")
+    os.chmod(work, 0o755)
+    state = tempfile.mkdtemp(prefix="hive-relay-bench-runsc-")
+    box = ["shell", "local", "-q", "--live", "--workdir", work, "--prompt", "true"]
+    cmds = {
+        "bare runsc do true": [got["runsc"], "--root", state,
+                               *runsc_host.base_flags(got["runsc_platform"] or "systrap", os.getuid() != 0),
+                               "do", "--quiet", "true"],
+        "gvisor launch": _relay(*box[:2], "--isolation", "gvisor", *box[2:]),
+        "supervised launch": _relay(*box),
+    }
+    try:
+        for argv in cmds.values():  # warm: the probe memo, the verified-plan memo, the page cache
+            paired({"warm": argv}, 1, env, work)
+        launch = paired(cmds, runs, env, work)
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+    out: dict = {"platform": got["runsc_platform"], "version": got["runsc_version"], "launch": launch}
+    ok = not launch["gvisor launch"]["failures"] and not launch["bare runsc do true"]["failures"]
+    if ok:
+        out["over_bare_runsc_s"] = statistics.median(
+            a - b for a, b in zip(launch["gvisor launch"]["times"], launch["bare runsc do true"]["times"], strict=True))
+    if ok and not launch["supervised launch"]["failures"]:
+        out["over_supervised_s"] = statistics.median(
+            a - b for a, b in zip(launch["gvisor launch"]["times"], launch["supervised launch"]["times"], strict=True))
+    return out
+
+
+def measure_throughput(rounds: int, blob_mb: int, env: dict[str, str]) -> dict:
+    """curl of one `blob_mb` file from a loopback HTTP server: direct on the host, and from a gvisor box
+    through the proxy (the init's relay, the unix socket, the proxy), in paired rounds."""
+    import shutil
+    import subprocess
+
+    work = tempfile.mkdtemp(prefix="hive-relay-bench-gvisor-tp-")
+    os.chmod(work, 0o755)
+    blob = os.path.join(work, "blob.bin")
+    with open(blob, "wb") as fh:
+        fh.truncate(blob_mb << 20)
+    server = subprocess.Popen([sys.executable, "-c", (
+        "import http.server, functools, sys\n"
+        "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])\n"
+        "http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None\n"
+        "s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), h)\n"
+        "print(s.server_address[1], flush=True)\n"
+        "s.serve_forever()\n"), work], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{speed_download}"]
+        direct, boxed = [], []
+        for _ in range(rounds):
+            out = subprocess.run([*curl, f"http://127.0.0.1:{port}/blob.bin"], capture_output=True, text=True, env=env)
+            direct.append(float(out.stdout or 0))
+            out = subprocess.run(_relay("shell", "local", "-q", "--live", "--isolation", "gvisor", "--workdir", work,
+                                        "--allow-host", f"blob.test:{port}=127.0.0.1:{port}", "--prompt",
+                                        f"curl -s -o /dev/null -w '%{{speed_download}}' http://blob.test:{port}/blob.bin"),
+                                 capture_output=True, text=True, env=env, cwd=work)
+            try:
+                boxed.append(float(out.stdout.strip()[-40:] or 0) if out.returncode == 0 else 0.0)
+            except ValueError:
+                boxed.append(0.0)
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    ratios = [b / d for b, d in zip(boxed, direct, strict=True) if d]
+    return {"blob_mb": blob_mb, "direct_MBps": statistics.median(direct) / (1 << 20),
+            "gvisor_MBps": statistics.median(boxed) / (1 << 20), "ratio": statistics.median(ratios) if ratios else 0.0}
+
+
+def rows(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
+    """The table rows and the target."""
+    if "skipped" in r:
+        return [f"| gvisor tier | not measured | {r['skipped']} |"], {}
+    lines = []
+    for name, m in r["launch"].items():
+        value = f"FAILED {m['failures']} of {len(m['exit_codes'])} runs" if m["failures"] else f"{m['median_s'] * 1000:.1f} ms"
+        lines.append(f"| gvisor ({r['platform']}): {name} | {value} | |")
+    targets: dict[str, tuple[str, bool]] = {}
+    over = r.get("over_bare_runsc_s")
+    targets["gvisor launch within 60 ms of bare runsc do true (median of paired differences)"] = (
+        f"+{over * 1000:.0f} ms" if over is not None else "not measured (a run failed)",
+        over is not None and over <= TARGET_S)
+    if r.get("over_supervised_s") is not None:
+        lines.append(f"| gvisor launch − supervised launch | +{r['over_supervised_s'] * 1000:.0f} ms | "
+                     "median of paired differences |")
+    tp = r.get("throughput")
+    if tp:
+        lines.append(f"| gvisor throughput ({tp['blob_mb']} MB, curl via the proxy) | {tp['gvisor_MBps']:.0f} MB/s | "
+                     f"{tp['ratio']:.2f}× direct ({tp['direct_MBps']:.0f} MB/s), paired rounds |")
+        targets["gvisor download through the proxy ≥ 0.5× direct"] = (f"{tp['ratio']:.2f}×", tp["ratio"] >= 0.5)
+    return lines, targets
+
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv
+    result = measure(5 if quick else 15, dict(os.environ))
+    if "skipped" not in result:
+        result["throughput"] = measure_throughput(3 if quick else 5, 32 if quick else 200, dict(os.environ))
+    more, goals = rows(result)
+    print("\n".join(more))
+    for goal, (value, met) in goals.items():
+        print(f"| {goal} | {value} | {'yes' if met else 'NO'} |")
+    print(json.dumps({k: v for k, v in result.items() if k != "launch"}))

@@ -1,0 +1,323 @@
+"""The gvisor tier for real: runsc, the Sentry's kernel, the same policy as the supervised box.
+
+Each attack beside its legitimate twin; run as root and as an unprivileged user (runsc --rootless).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from .conftest import Sandbox, require_box
+from .servers import start_http
+
+pytestmark = pytest.mark.box
+
+PY = "/usr/bin/python3"
+GV = ("--isolation", "gvisor")
+
+
+def _runsc_problem() -> str | None:
+    from relay.host import runsc_host
+
+    got = runsc_host.facts(os.environ, use_cache=False)
+    return got["runsc_error"]
+
+
+@pytest.fixture(scope="module")
+def runsc_ok() -> None:
+    problem = _runsc_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the gvisor tests (.ci/run installs runsc), but: {problem}")
+    pytest.skip(f"LOUD SKIP: no working runsc here: {problem}")
+
+
+@pytest.fixture
+def gv(box_sandbox: Sandbox, runsc_ok: None) -> Sandbox:
+    return box_sandbox
+
+
+def box(s: Sandbox, script: str, backend: str = "shell", *args: str, **kw) -> subprocess.CompletedProcess:
+    return s.box(script, backend, *GV, *args, **kw)
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"rc={proc.returncode}\nstdout={proc.stdout}\nstderr={proc.stderr}"
+    return proc.stdout
+
+
+def test_the_kernel_is_gvisors_not_the_hosts(gv: Sandbox) -> None:
+    out = ok(box(gv, "uname -r; echo sys=$(uname -s)"))
+    assert out.splitlines()[0] != os.uname().release, out  # the Sentry answers, not the host kernel
+    assert "sys=Linux" in out  # an ordinary Linux to the agent all the same
+    plan = json.loads(gv.relay("shell", "local", *GV, "--dry-run", "--json").stdout)
+    assert plan["tier"] == "gvisor" and plan["gvisor"]["platform"] in ("systrap", "ptrace")
+
+
+def test_denied_secret_unreadable_granted_state_readable_and_writable(gv: Sandbox) -> None:
+    out = ok(box(gv, 'cat ~/.ssh/id_rsa 2>&1 && echo LEAKED; cat ~/.aws/credentials 2>&1 | grep -c SECRET; '
+                     'cat ~/.claude/settings.json; echo \'{"theme": "light"}\' > ~/.claude/settings.json && echo WROTE; '
+                     'cat ~/notes.txt 2>&1 || echo NO-NOTES', "claude"))
+    assert "PRIVATE-KEY" not in out and "LEAKED" not in out and "aws_secret" not in out
+    assert '"theme": "dark"' in out and "WROTE" in out and "NO-NOTES" in out
+    assert (gv.home / ".claude" / "settings.json").read_text().strip() == '{"theme": "light"}'
+
+
+def test_workdir_write_lands_in_the_staged_layer_not_on_the_host(gv: Sandbox) -> None:
+    proc = box(gv, "echo from-box > made.txt; echo more >> README.md; cat made.txt", "shell", "--staged")
+    assert ok(proc).strip() == "from-box"
+    assert not (gv.workdir / "made.txt").exists()  # the checkout is the lower layer: untouched
+    assert (gv.workdir / "README.md").read_text() == "hello from the workdir\n"
+    assert "staged: 2 changed" in proc.stderr, proc.stderr
+    live = box(gv, "echo live > live.txt")  # the twin: live (this suite's config) writes the checkout
+    assert live.returncode == 0, live.stderr
+    assert (gv.workdir / "live.txt").read_text() == "live\n"
+
+
+def test_git_hooks_cannot_be_planted_but_git_works(gv: Sandbox) -> None:
+    subprocess.run(["git", "init", "-q", str(gv.workdir)], check=True)
+    out = ok(box(gv, "echo evil > .git/hooks/pre-commit 2>&1 || echo HOOK-REFUSED; git status --short | head -3; "
+                     "echo GIT-OK"))
+    assert "HOOK-REFUSED" in out and "GIT-OK" in out
+    assert not (gv.workdir / ".git" / "hooks" / "pre-commit").exists()
+
+
+SOCKETS = r'''
+import socket, errno
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); print("UNIX-OK")
+except OSError as e: print("UNIX-ERR", errno.errorcode[e.errno])
+a, b = socket.socketpair(); a.sendall(b"ping"); print("PAIR", b.recv(4).decode())
+try:
+    open("/proc/1/mem", "r+b"); print("INIT-MEM-OPEN")
+except OSError as e: print("INIT-MEM", errno.errorcode[e.errno])
+import fcntl, termios, pty
+m, sl = pty.openpty()
+try:
+    fcntl.ioctl(sl, termios.TIOCSTI, b"x"); print("STI-ALLOWED")
+except OSError as e: print("STI", errno.errorcode[e.errno])
+print("WINSZ", len(fcntl.ioctl(sl, termios.TIOCGWINSZ, b"\0" * 8)))
+'''
+
+
+def test_our_seccomp_holds_in_the_sentry(gv: Sandbox) -> None:
+    """The agent's filter is loaded inside gVisor: no AF_UNIX socket (so no host socket, however the
+    gofer would reach it), no TIOCSTI, and the init (which keeps AF_UNIX) cannot be written through
+    /proc/1/mem; socketpair and ordinary tty ioctls work."""
+    out = ok(box(gv, f"{PY} -c '{SOCKETS}'"))
+    assert "UNIX-ERR EPERM" in out and "PAIR ping" in out
+    assert "INIT-MEM-OPEN" not in out and "INIT-MEM" in out
+    assert "STI EPERM" in out and "WINSZ 8" in out
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    server, port, _ = start_http()
+    yield port
+    server.shutdown()
+
+
+def test_egress_only_through_the_proxy(gv: Sandbox, upstream: int) -> None:
+    script = (f"curl -sS http://plain.test:{upstream}/hello; "
+              "curl -s -o /dev/null -w 'denied=%{http_code}\\n' http://denied.test/; "
+              f"{PY} -c 'import socket\ntry:\n socket.create_connection((\"127.0.0.1\", {upstream}), timeout=3); "
+              "print(\"DIRECT\")\nexcept OSError as e: print(\"NODIRECT\", e.errno)'; "
+              f"{PY} -c 'import socket\ntry:\n socket.getaddrinfo(\"example.com\", 443); print(\"RESOLVED\")\n"
+              "except OSError: print(\"NODNS\")'")
+    out = ok(box(gv, script, "shell", "--allow-host", f"plain.test:{upstream}=127.0.0.1:{upstream}"))
+    assert "hello from the fake upstream" in out  # the allowed host answers through the proxy
+    assert "denied=403" in out  # the proxy refuses the rest
+    assert "NODIRECT" in out and "DIRECT\n" not in out  # the host's loopback is not the box's
+    assert "NODNS" in out
+
+
+def test_exit_codes_and_timeout_pass_through(gv: Sandbox) -> None:
+    assert box(gv, "exit 7").returncode == 7
+    assert box(gv, "kill -TERM $$").returncode == 128 + signal.SIGTERM
+    proc = box(gv, "sleep 100", "shell", "--timeout", "2")
+    assert proc.returncode == 124 and "timed out after 2 s" in proc.stderr
+
+
+def test_explicit_gvisor_without_runsc_refuses_and_never_falls_back(gv: Sandbox) -> None:
+    proc = gv.box("echo RAN-ANYWAY", "shell", *GV, extra_env={"HIVE_RELAY_RUNSC": "/nonexistent"})
+    assert proc.returncode == 3, proc.stderr
+    assert "RAN-ANYWAY" not in proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--isolation gvisor cannot be enforced" in lines[0], proc.stderr
+    assert "apt-get install -t bookworm-backports runsc" in lines[0]
+    plan = gv.relay("shell", "local", *GV, "--dry-run", "--json", extra_env={"HIVE_RELAY_RUNSC": "/nonexistent"})
+    assert plan.returncode == 3 and not plan.stdout  # not even a plan of a weaker tier
+    twin = gv.box("echo RAN", "shell", *GV)  # the twin: present, it runs (and in gvisor, not bwrap)
+    assert twin.returncode == 0 and "RAN" in twin.stdout
+
+
+def spawn(s: Sandbox) -> pexpect.spawn:
+    child = pexpect.spawn(sys.executable, ["-m", "relay", "shell", "local", "--quiet", *GV], cwd=str(s.workdir),
+                          env=s.env, encoding="utf-8", timeout=60, dimensions=(24, 80))
+    child.sendline("echo READY$((40+2))")
+    child.expect("READY42")
+    return child
+
+
+def check(child: pexpect.spawn, command: str, marker: str) -> str:
+    child.sendline(f"{command}; echo {marker}$((1+1))")
+    child.expect(f"{marker}2")
+    return child.before
+
+
+def test_a_terminal_session_job_control_ctrl_c_resize(gv: Sandbox) -> None:
+    child = spawn(gv)
+    out = check(child, "test -t 0 && echo tty-ok; echo term=$TERM; uname -r", "T")
+    assert "tty-ok" in out and "term=xterm-256color" in out and os.uname().release not in out
+    out = check(child, "sleep 100 & jobs", "J")
+    assert "Running" in out and "sleep 100" in out
+    child.sendline("fg")
+    child.expect("sleep 100")
+    child.expect(pexpect.TIMEOUT, timeout=1)  # let it own the (emulated) terminal
+    child.sendcontrol("z")
+    child.expect("Stopped")
+    child.sendline("fg")
+    child.expect("sleep 100")
+    child.expect(pexpect.TIMEOUT, timeout=1)
+    child.sendintr()  # Ctrl-C: the work dies, the shell and the box live on
+    out = check(child, "echo last=$?; jobs; echo still-here", "L")
+    assert "last=130" in out and "still-here" in out and "Stopped" not in out.split("L$((1+1))")[-1]
+    assert child.isalive()
+    child.sendline("trap 'echo GOT-WINCH' WINCH; sleep 5 & wait")
+    child.expect("wait")
+    child.expect(pexpect.TIMEOUT, timeout=1)
+    child.setwinsize(40, 132)
+    child.expect("GOT-WINCH")
+    assert "40 132" in check(child, "stty size", "R")
+    # TIOCSTI into the caller's own terminal (fd 0; this host allows it: dev.tty.legacy_tiocsti=1):
+    # our filter refuses it in the Sentry; ordinary tty ioctls on it still work.
+    inject = ("import fcntl, termios, errno, os\\n"
+              "try:\\n fcntl.ioctl(0, termios.TIOCSTI, b\\\"X\\\"); print(\\\"INJ\\\" \\\"ECTED\\\")\\n"
+              "except OSError as e: print(\\\"STI\\\", errno.errorcode[e.errno])\\n"
+              "print(\\\"ROWS\\\", os.get_terminal_size(0).lines)")
+    out = check(child, f'{PY} -c "$(printf \'{inject}\')"', "I")
+    assert "STI EPERM" in out and "INJECTED" not in out and "ROWS 40" in out
+    child.sendline("exit 5")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 5
+
+
+def test_nothing_is_left_behind(gv: Sandbox) -> None:
+    """The run dir (bundle, runsc state, proxy socket, filter) goes with the janitor; no runsc stays."""
+    ok(box(gv, "true"))
+    runs = [p for p in Path(gv.env["XDG_RUNTIME_DIR"]).glob("hive-relay-*")]
+    assert not runs, runs
+    mine = subprocess.run(["pgrep", "-f", f"runsc.*{gv.env['XDG_RUNTIME_DIR']}"], capture_output=True, text=True)
+    assert not mine.stdout.strip(), mine.stdout
+
+
+def test_require_box_for_the_twin() -> None:
+    """The supervised tier stays what auto picks: gvisor only when asked."""
+    require_box()
+    from relay.model.host_facts import HostFacts
+    from relay.policy.tiers import auto_pick
+
+    facts = HostFacts(uid=1000, gid=1000, home="/h", user="u", shell="/bin/sh", tty=False, bwrap="/usr/bin/bwrap",
+                      seccomp=True, runsc="/usr/bin/runsc", runsc_error=None)
+    assert auto_pick(facts) == "agent at supervised"
+
+
+def test_user_config_isolation_gvisor_is_the_default_and_the_flag_wins(gv: Sandbox) -> None:
+    cfg = gv.home / ".config" / "hive-relay" / "config.yaml"
+    cfg.write_text(cfg.read_text() + "isolation: gvisor\n")
+    out = ok(gv.box("uname -r"))
+    assert out.strip() != os.uname().release  # the Sentry: the config asked for gvisor
+    flag = ok(gv.box("uname -r", "shell", "--isolation", "supervised"))
+    assert flag.strip() == os.uname().release  # an explicit --isolation wins over the config
+
+
+def test_config_isolations_are_the_tiers_words() -> None:
+    from relay.config.load import CONFIG_ISOLATIONS
+    from relay.policy.tiers import ISOLATIONS
+
+    assert CONFIG_ISOLATIONS == ISOLATIONS
+
+
+def test_a_repo_config_cannot_pick_the_tier(sandbox: Sandbox) -> None:
+    (sandbox.workdir / ".hive-relay.yaml").write_text("isolation: process\n")
+    proc = sandbox.relay("shell", "local", "--dry-run", "--json")
+    assert proc.returncode != 0 and "isolation" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["claude", "codex"])
+def test_a_real_cli_turn_with_the_key_injected(gv: Sandbox, ca, tls_api, backend: str) -> None:  # noqa: ANN001
+    """The real CLI (node, from npm) in the Sentry completes a turn against the fake API through the proxy,
+    which adds the key: the box sees only the placeholder (tests/test_credential_turns.py's checks)."""
+    import re
+
+    from . import fake_api
+    from .test_agents import TOOLS
+    from .test_credential_turns import BACKENDS, PLACEHOLDER, REAL, files_holding, setup_home
+
+    host_var, name, box_var = BACKENDS[backend]
+    setup_home(gv, backend, box_var)
+    tls_api.tool_command = "sh probe-creds.sh"
+    tls_api.tool_name = "Bash"
+    port = tls_api.server_address[1]
+    proc = gv.relay(backend, "local", *GV, "--prompt", "say the answer", "--allow-host", f"{name}:443=127.0.0.1:{port}",
+                    "--timeout", "240", timeout=300,
+                    extra_env={host_var: REAL, "SSL_CERT_FILE": str(ca[0]), "HIVE_RELAY_TOOLS": TOOLS})
+    assert proc.returncode == 0 and fake_api.ANSWER in proc.stdout, (proc.stdout[-1500:], proc.stderr[-3000:])
+    assert f"{backend} · local · gvisor · " in proc.stderr
+    keys = [v for h in tls_api.headers_seen for k, v in h.items() if k in ("x-api-key", "authorization")]
+    assert keys and all(REAL in v for v in keys), keys
+    bodies = "\n".join(r["body"] for r in tls_api.requests)
+    assert REAL not in bodies
+    probe = dict(re.findall(r"probe-(env|proc|seen|home)=([\w-]*)", bodies))
+    probe.pop("seen", None)
+    assert probe == {"env": PLACEHOLDER, "proc": "0", "home": "0"}, (probe, bodies[-2000:])
+    assert REAL not in proc.stdout + proc.stderr
+    assert files_holding(gv.home, REAL.encode()) == [] and files_holding(gv.workdir, REAL.encode()) == []
+
+
+def _runsc_of(s: Sandbox) -> list[str]:
+    """runsc, its sandbox and gofer processes of this sandbox's runs (their --root is in its run dirs)."""
+    from .test_box import _cmdlines
+
+    return [c for c in _cmdlines() if "runsc" in c.split(" ")[0] and s.env["XDG_RUNTIME_DIR"] in c]
+
+
+def test_kill_9_of_the_launcher_leaves_no_runsc_and_no_run_dir(gv: Sandbox) -> None:
+    """The janitor knows runsc's process group; runsc's sandbox and gofer die with it (attached)."""
+    import time
+
+    from .test_box import _eventually
+
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "--quiet", *GV, "--prompt", "sleep 301; true"],
+                                cwd=gv.workdir, env=gv.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # the run's own sandbox, not the verification run's (`RUN-verify`, over in a moment)
+        assert _eventually(lambda: any(" boot " in c and "-verify" not in c for c in _runsc_of(gv)), 60), \
+            "the gvisor box never started"
+        time.sleep(1)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert _eventually(lambda: not _runsc_of(gv) and not list(Path(gv.env["XDG_RUNTIME_DIR"]).iterdir()), 20), \
+        (_runsc_of(gv), list(Path(gv.env["XDG_RUNTIME_DIR"]).iterdir()))
+
+
+def test_selftest_probes_the_gvisor_box(gv: Sandbox) -> None:
+    """`selftest --isolation gvisor`: the real escape probes in the runsc box, with the supervised tier's
+    expected results (secrets, writes outside, AF_UNIX, TIOCSTI, host pids, egress)."""
+    proc = gv.relay("selftest", "-b", "shell", "--isolation", "gvisor", "--json", timeout=300)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rows = json.loads(proc.stdout)
+    assert rows and all(r["tier"] == "gvisor" and r["ok"] for r in rows), rows
+    assert {"AF_UNIX socket()", "TIOCSTI injection", "direct connect skipping the proxy", "read ~/.ssh"} <= \
+        {r["probe"] for r in rows}
