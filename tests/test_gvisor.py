@@ -91,6 +91,32 @@ def test_git_hooks_cannot_be_planted_but_git_works(gv: Sandbox) -> None:
     assert not (gv.workdir / ".git" / "hooks" / "pre-commit").exists()
 
 
+TRUNCATE = r'''
+import os, sys
+for p in sys.argv[1:]:
+    for flags in (os.O_RDONLY | os.O_TRUNC, os.O_WRONLY | os.O_TRUNC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
+        try:
+            os.close(os.open(p, flags, 0o600))
+            print("OPENED", p)
+        except OSError as err:
+            print("REFUSED", p, err.errno)
+'''
+
+
+def test_a_file_in_a_read_only_directory_bind_is_never_truncated(gv: Sandbox) -> None:
+    """runsc's directfs truncated a file inside a read-only directory bind on open(O_TRUNC), then
+    answered EROFS: a box could empty a sample hook or our own memos. The run uses the gofer
+    (--directfs=false), which checks the mount first. Twin: a workdir file truncates as usual."""
+    subprocess.run(["git", "init", "-q", str(gv.workdir)], check=True)
+    hook = gv.workdir / ".git" / "hooks" / "pre-commit.sample"
+    before = hook.read_bytes()
+    (gv.workdir / "mine.txt").write_text("box may empty this\n")
+    out = ok(box(gv, f"{PY} -c '{TRUNCATE}' .git/hooks/pre-commit.sample mine.txt"))
+    assert out.count("REFUSED .git/hooks/pre-commit.sample 30") == 3, out
+    assert hook.read_bytes() == before and before
+    assert "OPENED mine.txt" in out and (gv.workdir / "mine.txt").read_bytes() == b""
+
+
 SOCKETS = r'''
 import socket, errno
 try:

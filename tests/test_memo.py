@@ -107,7 +107,8 @@ def test_a_filter_memo_of_the_wrong_shape_is_compiled_again(tmp_path: Path, fres
         assert compile_bpf(policy, env=env) == real
 
 
-def test_no_box_can_write_the_memo_store_even_as_its_workdir(box_sandbox: Sandbox) -> None:
+@pytest.mark.parametrize("isolation", ["supervised", "gvisor"])
+def test_no_box_can_write_the_memo_store_even_as_its_workdir(box_sandbox: Sandbox, isolation: str) -> None:
     """The attack: a live box whose workdir is ~/.cache plants a filter where the next launch looks.
     ~/.cache/hive-relay is one of our own paths, bound read-only over any workdir or grant. The twin:
     the same box writes the rest of ~/.cache, and the next launch still runs with the real filter."""
@@ -120,12 +121,13 @@ def test_no_box_can_write_the_memo_store_even_as_its_workdir(box_sandbox: Sandbo
     target = stored[0].relative_to(cache)
     script = (f"printf 'ALLOW' > {target} 2>/dev/null && echo PLANTED; rm -f {target} 2>/dev/null && echo REMOVED; "
               "echo twin > other.txt && echo TWIN-OK")
-    proc = s.relay("shell", "local", "--quiet", "--live", "--workdir", str(cache), "--prompt", script)
+    proc = s.relay("shell", "local", "--quiet", "--isolation", isolation, "--live", "--workdir", str(cache),
+                   "--prompt", script)
     assert proc.returncode == 0, proc.stderr
     assert "PLANTED" not in proc.stdout and "REMOVED" not in proc.stdout
     assert {p: p.read_bytes() for p in stored} == before
     assert "TWIN-OK" in proc.stdout and (cache / "other.txt").read_text() == "twin\n"
-    probe = s.relay("shell", "local", "--quiet", "--prompt",
+    probe = s.relay("shell", "local", "--quiet", "--isolation", isolation, "--prompt",
                     "/usr/bin/python3 -c 'import socket; socket.socket(socket.AF_UNIX)' 2>&1 | tail -1")
     assert "PermissionError" in probe.stdout, "the next box still has the real filter"
 

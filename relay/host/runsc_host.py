@@ -86,8 +86,8 @@ def base_flags(platform_name: str, rootless: bool) -> list[str]:
     """The flags every runsc call of a run shares (the probe's too): its platform, no network of its
     own (gVisor's netstack with a loopback only), no cgroup setup (the launcher places runsc in the
     run's cgroup itself), host unix sockets reachable only where a mount shows one (the proxy's)."""
-    return [f"--platform={platform_name}", "--network=none", "--ignore-cgroups", "--host-uds=open",
-            *(["--rootless"] if rootless else [])]
+    return [f"--platform={platform_name}", "--directfs=false", "--network=none", "--ignore-cgroups",
+            "--host-uds=open", *(["--rootless"] if rootless else [])]  # directfs: see render/gvisor_oci.py
 
 
 def probe_run(path: str, platform_name: str, rootless: bool) -> str | None:

@@ -64,8 +64,11 @@ class GvisorRun:
 
     def argv(self) -> list[str]:
         """`runsc ... run --bundle DIR ID`: the part of the plan's command before the box's own argv."""
-        flags = [f"--platform={self.platform}", "--network=none", "--ignore-cgroups", "--host-uds=open",
-                 *(["--rootless"] if self.rootless else [])]
+        # --directfs=false: with directfs, runsc 20240729 truncates a file inside a read-only directory
+        # bind (our own paths, .git/hooks) on open(O_TRUNC) and only then answers EROFS
+        # (tests/test_memo.py); through the gofer the mount's ro is checked first.
+        flags = [f"--platform={self.platform}", "--directfs=false", "--network=none", "--ignore-cgroups",
+                 "--host-uds=open", *(["--rootless"] if self.rootless else [])]
         return [self.runsc, "--root", self.state_root, *flags, "run", "--bundle", self.bundle, self.container_id]
 
     def init_argv(self, listen: str | None) -> list[str]:
