@@ -16,6 +16,8 @@ wires the parts that do the I/O around it, each in a module of its own with one 
 - relay/egress/forward.py: connect, the CONNECT splice, one absolute-URI request and its answer;
 - relay/egress/routes.py: credential routes (the real key added on the host, TLS re-originated),
   relay/egress/redact.py scrubbing it from the answer;
+- relay/egress/secret_scan.py: the host's real secrets searched for in what the box sends in clear,
+  and the decoded view (chunks, gzip) of a body that the scrub and the scan both read;
 - relay/egress/answers.py: every refusal the proxy writes, one shape, one way to send it;
 - relay/egress/decision_log.py, relay/egress/watch.py: the decision log and the stuck-host watch.
 
@@ -32,11 +34,12 @@ from collections.abc import Callable, Mapping
 from relay.egress import tlspeek
 from relay.egress.answers import new_reply, policy, refuse, reply_begins, reply_begun, unanswered
 from relay.egress.decision_log import DecisionLog
-from relay.egress.forward import connect, forward, splice
+from relay.egress.forward import connect, forward, refuse_scanned, request_scan, splice
 from relay.egress.http_head import HEAD_TIMEOUT, Body, RequestError, parse_head
 from relay.egress.reactor import MAX_CONNECTIONS, Reactor
 from relay.egress.routes import Routes
 from relay.egress.rulebook import Resolver, RuleBook, decide, system_resolver, tls_required, within_rule
+from relay.egress.secret_scan import HostSecrets, SecretFound, Unscannable
 from relay.egress.watch import UpstreamWatch
 from relay.model import refusal as denial
 from relay.model.allow_rules import HostRule, find_rule, fmt_hostport
@@ -86,12 +89,15 @@ class EgressProxy:
         run_id: str = "",
         control: socket.socket | None = None,
         ask: bool = False,
+        secrets: HostSecrets | None = None,
     ) -> None:
         self.log = log
         self.notify = notify
         self.watch = watch or UpstreamWatch(notify)
         self.book = RuleBook(rules, log, resolver, origins, run_id, ask, notify, hint)
-        self.router = Routes(routes, dict(keys or {}), self.book, log, self.watch, tls)
+        # The host's real secrets, searched for in every request the box sends in clear (secret_scan.py).
+        self.secrets = secrets if secrets is not None else HostSecrets()
+        self.router = Routes(routes, dict(keys or {}), self.book, log, self.watch, tls, self.secrets)
         self.keys = self.router.keys  # the caller may add a login's store once `open_tls` can serve it
         self.reactor = Reactor(listener, log, self._serve, control, self.book.serve_control, max_connections,
                                head_timeout)
@@ -152,7 +158,7 @@ class EgressProxy:
                 return
             if req.origin:
                 assert body is not None
-                upstream = self.router.serve(client, req, body, first)
+                upstream = self.router.serve(client, req, body, first, head)
                 return
             book = self.book
             host, port, method = req.host, req.port, req.method
@@ -167,6 +173,13 @@ class EgressProxy:
             rule = find_rule(book.rules, host, port) if decision.allowed else None
             if rule is not None:  # the rule's own limits (httprules), judged before any connect
                 decision = within_rule(rule, req, decision)
+            scan = None
+            if decision.allowed and body is not None:  # before the connect: a secret in the head goes nowhere
+                try:
+                    scan = request_scan(self.secrets, req, head)
+                except (SecretFound, Unscannable) as err:
+                    refuse_scanned(self.log, client, req, host, port, err, book.extras(decision, rule))
+                    return
             if decision.allowed:
                 upstream, cause, detail = connect(decision)
                 if upstream is None:
@@ -194,7 +207,7 @@ class EgressProxy:
                 splice(client, upstream)
                 return
             assert req.head is not None
-            forward(self.log, client, upstream, req, body, first)
+            forward(self.log, client, upstream, req, body, first, scan=scan)
         except Exception as err:  # noqa: BLE001 - one failed request must not leave its client unanswered
             if not reply_begun():  # whatever failed, the client sent a whole request and is owed an answer
                 detail = getattr(err, "strerror", None) or str(err) or type(err).__name__
