@@ -32,7 +32,6 @@ from relay.egress.secret_scan import (
     Unscannable,
     codings,
 )
-from relay.model import refusal as denial
 from relay.model.allow_rules import fmt_hostport
 from relay.policy.egress import Decision
 
@@ -132,7 +131,7 @@ def splice(client: socket.socket, upstream: socket.socket) -> None:
 MAX_HELD = 8 << 20  # a compressed request body is held (and its decoded stream scanned) up to this before it goes on
 
 
-class _ScannedBody:
+class ScannedBody:
     """A request body on its way upstream through the secret scan (relay/egress/secret_scan.py): the
     payload searched as the upstream will read it, and only what is cleared sent on. Identity bodies
     stream, all but a tail that could begin a secret (a Content-Length body keeps its length; a chunked
@@ -166,21 +165,25 @@ class _ScannedBody:
         return (b"%x\r\n%s\r\n" % (len(cleared), cleared) if cleared else b"") + (b"0\r\n\r\n" if self.body.done else b"")
 
 
-def request_scan(secrets: HostSecrets | None, req: Request, said: bytes) -> RequestScan | None:
-    """The scan of one request the box sent (None: no host secret to look for). Its head (`said`: the
-    request line and headers as the box sent them, before any placeholder is swapped) is searched at
-    once: SecretFound, or Unscannable for a body in an encoding the proxy cannot decode."""
+def request_scan(secrets: HostSecrets | None, req: Request, said: bytes, body: Body,
+                 first: bytes) -> tuple[ScannedBody | None, bytes]:
+    """The scan of one request the box sent (None: no host secret to look for), and what of the body's
+    first bytes may go on. Its head (`said`: the request line and headers as the box sent them, before
+    any placeholder is swapped) and what came of the body with it are searched at once, before the
+    upstream is connected or a key read: SecretFound, or Unscannable for a body in an encoding the
+    proxy cannot decode."""
     if not secrets:
-        return None
-    coded = [c for line in req.kept if line.partition(":")[0].strip().lower() == "content-encoding"
-             for c in codings(line.partition(":")[2])]
+        return None, first
+    coded = [c for line in said.decode("latin-1").split("\r\n")[1:]
+             if line.partition(":")[0].strip().lower() == "content-encoding" for c in codings(line.partition(":")[2])]
     try:
         scan = RequestScan(secrets, coded if req.framing != "none" else ())
     except FramingError as err:
         raise Unscannable(f"a request body in an encoding the proxy cannot scan for host secrets: {err}",
                           "send it uncompressed, or gzip/deflate", "415 Unsupported Media Type") from None
     scan.head(said)
-    return scan
+    scanned = ScannedBody(scan, req, body)
+    return scanned, scanned.out(first)
 
 
 def refuse_scanned(log: DecisionLog, client: socket.socket, req: Request, host: str, port: int,
@@ -189,11 +192,11 @@ def refuse_scanned(log: DecisionLog, client: socket.socket, req: Request, host: 
     its value), and the agent told why in one line."""
     if isinstance(err, SecretFound):
         reason = f"the request carries a secret of the host ({err.name})"
-        status, fix = "403 Forbidden", denial.rule_fix("send the placeholder the box holds; the proxy adds the real "
-                                                       "credential on its pinned upstream only")
-        label = "secret"
+        status, label = "403 Forbidden", "secret"
+        fix = ("the box holds a placeholder for it: send that, and the proxy adds the real value on its pinned "
+               "upstream only; a live `allow` does not lift this")
     else:
-        reason, status, fix, label = err.reason, err.status, denial.rule_fix(err.fix), "unscannable"
+        reason, status, fix, label = err.reason, err.status, f"to send it: {err.fix}", "unscannable"
     log.record(Decision(False, host, port, reason, label=label), req.method, {**(extra or {}), "secret_scan": True})
     refuse(client, policy(status, host, port, reason, "secret-scan", fix))
     return int(status.split(" ", 1)[0])
@@ -201,19 +204,14 @@ def refuse_scanned(log: DecisionLog, client: socket.socket, req: Request, host: 
 
 def forward(log: DecisionLog, client: socket.socket, upstream: socket.socket, req: Request, body: Body,
             first: bytes, relay: Callable[[socket.socket, socket.socket], int] | None = None,
-            scan: RequestScan | None = None) -> int:
+            scanned: ScannedBody | None = None) -> int:
     """Send the one request upstream (its body re-framed as it arrives), then relay the response and
     close. Whatever the client sent after the body (a pipelined request) is never forwarded: the
     upstream gets exactly one request, and a pipelining client retries the rest after our close.
-    With `scan`, the body passes the secret scan first (`_ScannedBody`): a host secret in it stops
-    the request (the upstream reset, so it never sees a complete request; the box told why)."""
+    With `scanned` (`request_scan`, which already cleared `first`), the rest of the body passes the
+    secret scan: a host secret in it stops the request (the upstream reset, so it never sees a
+    complete request; the box told why)."""
     assert req.head is not None
-    scanned = _ScannedBody(scan, req, body) if scan is not None else None
-    if scanned is not None:
-        try:
-            first = scanned.out(first)
-        except (SecretFound, Unscannable) as err:
-            return refuse_scanned(log, client, req, req.host, req.port, err)
     reply_begins()  # from here on the answer is the upstream's (or a 400/502 sent below)
     try:
         upstream.sendall(req.head + first)

@@ -173,10 +173,10 @@ class EgressProxy:
             rule = find_rule(book.rules, host, port) if decision.allowed else None
             if rule is not None:  # the rule's own limits (httprules), judged before any connect
                 decision = within_rule(rule, req, decision)
-            scan = None
+            scanned = None
             if decision.allowed and body is not None:  # before the connect: a secret in the head goes nowhere
                 try:
-                    scan = request_scan(self.secrets, req, head)
+                    scanned, first = request_scan(self.secrets, req, head, body, first)
                 except (SecretFound, Unscannable) as err:
                     refuse_scanned(self.log, client, req, host, port, err, book.extras(decision, rule))
                     return
@@ -207,7 +207,7 @@ class EgressProxy:
                 splice(client, upstream)
                 return
             assert req.head is not None
-            forward(self.log, client, upstream, req, body, first, scan=scan)
+            forward(self.log, client, upstream, req, body, first, scanned=scanned)
         except Exception as err:  # noqa: BLE001 - one failed request must not leave its client unanswered
             if not reply_begun():  # whatever failed, the client sent a whole request and is owed an answer
                 detail = getattr(err, "strerror", None) or str(err) or type(err).__name__

@@ -91,7 +91,7 @@ class Routes:
                                                   "methods/paths (or push: true) in your user config")))
             return None
         try:
-            scan = request_scan(self.secrets, req, said)
+            scanned, first = request_scan(self.secrets, req, said, body, first)
         except (SecretFound, Unscannable) as err:
             refuse_scanned(self.log, client, req, host, port, err, extra)
             return None
@@ -120,7 +120,7 @@ class Routes:
         try:
             status = forward(self.log, client, upstream, routed, body, first,
                              relay=lambda up, down: relay_response(up, down, redact, req.method, req.version),
-                             scan=scan)
+                             scanned=scanned)
         finally:
             self.book.untrack(tracked)
         extra["status"] = status

@@ -106,6 +106,7 @@ class Inflate:
             if coding not in DECODABLE:
                 raise FramingError(f"content encoding {coding!r} has no decoder here")
         self.steps: list[zlib._Decompress | None] = [None] * len(self.codings)
+        self.start = [b""] * len(self.codings)
 
     def pieces(self, data: bytes) -> Iterable[bytes]:
         """What `data` decodes to, STEP bytes or fewer at a time (never all of a bomb in memory)."""
@@ -118,9 +119,13 @@ class Inflate:
             return
         d = self.steps[i]
         if d is None:
+            data, self.start[i] = self.start[i] + data, b""
+            gz = self.codings[i] in ("gzip", "x-gzip")
+            if len(data) < 2 and not gz:  # zlib's or raw deflate: told apart by the first two bytes
+                self.start[i] = data
+                return
             if not data:
                 return
-            gz = self.codings[i] in ("gzip", "x-gzip")
             raw = not gz and not (len(data) > 1 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0)
             d = self.steps[i] = zlib.decompressobj(16 + zlib.MAX_WBITS if gz else -zlib.MAX_WBITS if raw else zlib.MAX_WBITS)
         while data and not d.eof:
