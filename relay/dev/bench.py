@@ -379,6 +379,7 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
     try:
         tls_port = start(str(BENCH / "tlsserver.py"), cert, key, str(blob_mb))
         proxy_port = start(str(BENCH / "credproxy.py"), ca, str(tls_port))
+        noscan_port = start(str(BENCH / "credproxy.py"), ca, str(tls_port), "noscan")
         ctx = ssl.create_default_context(cafile=ca)
 
         def direct(path: str) -> tuple[float, int, float]:
@@ -388,9 +389,9 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
                                                     f"x-api-key: sk-bench\r\nConnection: close\r\n\r\n".encode(), start_t)
             return first, n, time.perf_counter() - start_t
 
-        def route(path: str) -> tuple[float, int, float]:
+        def route(path: str, port: int = proxy_port) -> tuple[float, int, float]:
             start_t = time.perf_counter()
-            with socket.create_connection(("127.0.0.1", proxy_port)) as s:
+            with socket.create_connection(("127.0.0.1", port)) as s:
                 first, n = _first_event_and_rest(s, f"GET /bench{path} HTTP/1.1\r\nHost: 127.0.0.1:3128\r\n"
                                                     f"x-api-key: hive-relay-placeholder\r\n\r\n".encode(), start_t)
             return first, n, time.perf_counter() - start_t
@@ -405,6 +406,15 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
             for name, fetch in ((("direct", direct), ("route", route)) if i % 2 else (("route", route), ("direct", direct))):
                 _, n, took = fetch("/big")
                 tp[name].append(n / took / MB)
+        # The outbound secret scan's cost (relay/egress/secret_scan.py): the same route with and without it,
+        # on the one-byte blob and on SSE text, rounds alternating.
+        scan: dict[str, list[float]] = {f"{kind} {w}": [] for kind in ("blob", "text") for w in ("scan", "no scan")}
+        for i in range(4 if quick else 8):
+            for kind, path in (("blob", "/big"), ("text", "/text")):
+                pair = (("scan", proxy_port), ("no scan", noscan_port))
+                for w, port in pair if i % 2 else pair[::-1]:
+                    _, n, took = route(path, port)
+                    scan[f"{kind} {w}"].append(n / took / MB)
     finally:
         for proc in procs:
             proc.kill()
@@ -420,6 +430,9 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
         "sse_ratio": statistics.median(r / d for r, d in zip(sse["route"], sse["direct"], strict=True)),
         "throughput_MBps": {"direct TLS": statistics.median(tp["direct"]), "route": statistics.median(tp["route"])},
         "throughput_ratio": statistics.median(r / d for r, d in zip(tp["route"], tp["direct"], strict=True)),
+        "scan_MBps": {k: statistics.median(v) for k, v in scan.items()},
+        "scan_ratio": {kind: statistics.median(a / b for a, b in zip(scan[f"{kind} scan"], scan[f"{kind} no scan"], strict=True))
+                       for kind in ("blob", "text")},
         "blob_mb": blob_mb,
     }
 
@@ -532,6 +545,9 @@ def report(r: dict) -> int:
         targets["credential route: added SSE first-event p50 < 2 ms"] = (f"{added:.2f} ms", added < 2)
         targets["credential route throughput ≥ 0.8× direct TLS"] = (f"{cr['throughput_ratio']:.2f}×",
                                                                    cr["throughput_ratio"] >= 0.8)
+        if "scan_ratio" in cr:
+            worst = min(cr["scan_ratio"].values())
+            targets["secret scan adds < 5% to route throughput"] = (f"{(1 / worst - 1) * 100:+.1f}%", worst > 1 / 1.05)
     lines = ["| measure | value | ratio / note |", "|---|---|---|", *lines]
     if r.get("tunnel_checks"):
         from relay.dev import bench_tunnels
@@ -553,6 +569,10 @@ def report(r: dict) -> int:
         for name, v in cr["throughput_MBps"].items():
             note = "baseline" if name == "direct TLS" else f"{cr['throughput_ratio']:.2f}× direct TLS (paired rounds)"
             lines.append(f"| credential route throughput ({cr['blob_mb']} MB): {name} | {v:.0f} MB/s | {note} |")
+        for kind, v in cr.get("scan_ratio", {}).items():
+            got = cr["scan_MBps"]
+            lines.append(f"| credential route with the secret scan ({kind}) | {got[f'{kind} scan']:.0f} MB/s against "
+                         f"{got[f'{kind} no scan']:.0f} MB/s without | {v:.3f}× (paired rounds; {(1 / v - 1) * 100:+.1f}% time) |")
     one = r["tunnels"]["1"]["aggregate_MBps"]
     for n, v in r["tunnels"].items():
         lines.append(f"| {n} concurrent tunnels | {v['aggregate_MBps']:.0f} MB/s aggregate | {v['aggregate_MBps'] / one:.2f}× one tunnel, {v['errors']} errors |")

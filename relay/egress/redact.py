@@ -26,12 +26,12 @@ class Redactor:
 
     Every piece is looked for in the head and in a non-2xx answer (redirects and error pages, where
     URLs are echoed). A 2xx body (a large download, a stream) is searched (`full` False) for the first
-    and last piece of each spelling, which find any run of MIN_RUN bytes at the key's start or end,
-    and for its middle in pieces of up to MID_BLOCK bytes, which find any run of 2*MID_BLOCK-1 bytes
-    anywhere, and the key minus its two ends in any case (pieces of at most (len-1)//2). Measured
-    (docs/credentials.md): `bytes.find` runs at ~4 GB/s for an 8-byte piece and ~13 GB/s for a
-    16-byte one, so the middle in 16-byte pieces costs a 108-byte key about what its two ends do,
-    where every 8-byte piece would cost six times that.
+    and last MIN_RUN bytes of each spelling, which find any run of MIN_RUN bytes at the key's start or
+    end, and for its middle in pieces of up to MID_BLOCK bytes (at most (len-1)//2), which find any
+    run of 2*MID_BLOCK-1 bytes anywhere and the key minus its two ends in any case. Measured on SSE
+    text (docs/credentials.md): one `bytes.find` of 15 to 32 bytes costs ~0.2 ms per MiB, one of 8
+    bytes twice that, and the route itself ~6.7 ms per MiB; every 8-byte piece of a 108-byte key
+    would add a fifth to the route's time, these four cost what its two 8-byte ends did.
 
     A stream is scrubbed as it flows: only a tail that could continue into a key run in the next read
     is held back until then (an SSE event ends in a blank line, which no key holds, so events are
@@ -39,7 +39,7 @@ class Redactor:
 
     BLOCK = 8
     MIN_RUN = 2 * BLOCK - 1
-    MID_BLOCK = 16
+    MID_BLOCK = 32
 
     def __init__(self, forms: Sequence[str], least: Sequence[int] | None = None) -> None:
         runs = least if least is not None else [self.MIN_RUN] * len(forms)
@@ -54,12 +54,14 @@ class Redactor:
             if run > self.MIN_RUN:  # a whole-line secret: its pieces are few already
                 ends += self._pieces(form, run, (run + 1) // 2)
                 continue
-            size = min(self.BLOCK, len(form))
-            ends += [(form, 0, form[:size], run), (form, len(form) - size, form[-size:], run)]
-            mid = max(size, min(self.MID_BLOCK, (len(form) - 1) // 2))
-            if len(form) - 2 * size > 0:
-                mids += [b for b in self._pieces(form, run, mid) if b[1] > 0 and b[1] + len(b[2]) < len(form)]
+            # A run of `run` bytes or more that starts (ends) where the key does holds its first (last) `run` bytes.
+            ends += [(form, 0, form[:run], run), (form, len(form) - run, form[-run:], run)]
+            mid = max(self.BLOCK, min(self.MID_BLOCK, (len(form) - 1) // 2))
+            mids += [b for b in self._pieces(form, run, mid) if b[1] > 0 and b[1] + len(b[2]) < len(form)]
         self.ends = list(dict.fromkeys(ends + mids))
+        # A run cut by a read's end is found whole if what lies before the cut is held (up to the
+        # shortest run counted, less one) or holds a whole piece (twice the longest piece, less two).
+        self.hold = max([self.least - 1] + [2 * len(b[2]) - 2 for b in self.blocks + self.ends])
         self.full = True
         self.held = b""
         self.count = 0
@@ -108,12 +110,13 @@ class Redactor:
         return held
 
     def _tail(self, data: bytes) -> int:
-        """The longest tail of `data` (shorter than the longest shortest run) that is a run of some
-        spelling which the next read could continue (a complete spelling at the end was scrubbed already)."""
+        """The longest tail of `data` that is a run of some spelling which the next read could continue
+        (a complete spelling at the end was scrubbed already), up to `hold` bytes: enough that a run
+        cut by the read's end is either held whole or held a whole piece on this side. Grown from one
+        byte up, and stopped at the first length that is no run (a longer tail holds that one)."""
         if not self.forms or not data or not any(data[-1:] in form for form in self.forms):
             return 0
-        for n in range(min(self.least - 1, len(data)), 0, -1):
-            tail = data[-n:]
-            if any(tail in form[:-1] for form in self.forms):
-                return n
-        return 0
+        n = 0
+        while n < min(self.hold, len(data)) and any(data[-(n + 1):] in form[:-1] for form in self.forms):
+            n += 1
+        return n
