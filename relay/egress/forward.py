@@ -129,6 +129,9 @@ def splice(client: socket.socket, upstream: socket.socket) -> None:
 
 
 MAX_HELD = 8 << 20  # a compressed request body is held (and its decoded stream scanned) up to this before it goes on
+HELD_BUDGET = 32 << 20  # all compressed bodies held at once, across the proxy's connections
+_held = [0]
+_held_lock = threading.Lock()
 
 
 class ScannedBody:
@@ -136,26 +139,51 @@ class ScannedBody:
     payload searched as the upstream will read it, and only what is cleared sent on. Identity bodies
     stream, all but a tail that could begin a secret (a Content-Length body keeps its length; a chunked
     one is re-chunked as it clears). A compressed body cannot be cut at a decoded offset, so it is held
-    whole (up to MAX_HELD) while its decoded stream is searched, and sent once it ended clean."""
+    whole (up to MAX_HELD, and HELD_BUDGET across all connections) while its decoded stream is
+    searched, and sent once it ended clean."""
 
     def __init__(self, scan: RequestScan, req: Request, body: Body) -> None:
         self.scan, self.body = scan, body
         self.chunked = req.framing == "chunked"
         self.held: list[bytes] = []
-        self.size = 0
+        self.size = 0  # held bytes counted in the budget
+
+    def release(self) -> None:
+        """Give the held bytes back to the budget (sent on, refused, or the request ended otherwise:
+        also when the object goes, so no early return of a caller can leak the budget)."""
+        if self.size:
+            with _held_lock:
+                _held[0] -= self.size
+        self.held, self.size = [], 0
+
+    __del__ = release
 
     def out(self, wire: bytes) -> bytes:
+        try:
+            return self._out(wire)
+        except FramingError as err:  # a corrupt gzip body: refused, never passed unread
+            raise Unscannable(f"the request body cannot be decoded to scan it for host secrets: {err}",
+                              "send a well-formed body", "400 Bad Request") from None
+
+    def _out(self, wire: bytes) -> bytes:
         payload = self.body.take()
         if self.scan.inflate is not None:
             self.scan.body(payload)
+            with _held_lock:
+                over = self.size + len(wire) > MAX_HELD or _held[0] + len(wire) > HELD_BUDGET
+                if not over:
+                    _held[0] += len(wire)
+            if over:
+                self.release()
+                raise Unscannable(f"a compressed request body over {MAX_HELD >> 20} MiB (or over {HELD_BUDGET >> 20} MiB "
+                                  "held across connections) cannot be scanned for host secrets", "send it uncompressed",
+                                  "413 Content Too Large")
             self.held.append(wire)
             self.size += len(wire)
-            if self.size > MAX_HELD:
-                raise Unscannable(f"a compressed request body over {MAX_HELD >> 20} MiB cannot be scanned for host "
-                                  "secrets", "send it uncompressed", "413 Content Too Large")
             if not self.body.done:
                 return b""
-            out, self.held = b"".join(self.held), []
+            out = b"".join(self.held)
+            self.release()
             return out
         cleared = self.scan.body(payload)
         if self.body.done:

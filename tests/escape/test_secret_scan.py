@@ -29,6 +29,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relay.egress import forward as forward_mod
 from relay.egress.decision_log import DecisionLog
 from relay.egress.proxy import EgressProxy
 from relay.egress.redact import Redactor
@@ -333,9 +334,10 @@ def test_a_host_secret_in_a_plain_http_head_or_a_gzip_body_is_refused(plain_prox
     packed = gzip.compress(b"key=" + HOST_KEY.encode())
     gz = post(upstream.port, packed, "length", b"Content-Encoding: gzip\r\n")
     brotli = post(upstream.port, b"\x0b\x01\x80x", "length", b"Content-Encoding: br\r\n")
-    answers = [exchange(port, in_url), exchange(port, gz), exchange(port, brotli)]
+    corrupt = post(upstream.port, packed[:10] + b"\xff" * 20, "chunked", b"Content-Encoding: gzip\r\n")
+    answers = [exchange(port, in_url), exchange(port, gz), exchange(port, brotli), exchange(port, corrupt)]
     time.sleep(0.2)
-    blocked = [status_of(a) for a in answers] == [b"403", b"403", b"415"] and not any(upstream.got)
+    blocked = [status_of(a) for a in answers] == [b"403", b"403", b"415", b"400"] and not any(upstream.got)
     report.attack(blocked)
     assert blocked, (answers, upstream.got)
     fine = gzip.compress(b"key=placeholder")
@@ -344,6 +346,7 @@ def test_a_host_secret_in_a_plain_http_head_or_a_gzip_body_is_refused(plain_prox
     works = status_of(answer) == b"200" and upstream.got[-1].endswith(fine)
     report.legit(bool(works))
     assert works
+    assert forward_mod._held[0] == 0  # every held compressed body gave its bytes back to the budget
 
 
 @pytest.fixture(scope="module")
