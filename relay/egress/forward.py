@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 
 from relay.egress.answers import discard_pending, policy, refuse, reply_begins, response, unanswered
-from relay.egress.http_head import HEAD_TIMEOUT, MAX_HEAD, Body, Request, RequestError
+from relay.egress.http_head import HEAD_TIMEOUT, MAX_HEAD, Body, Request, RequestError, parse_head
 from relay.egress.redact import Redactor
 from relay.egress.secret_scan import (
     DECODABLE,
@@ -228,6 +228,95 @@ def refuse_scanned(log: DecisionLog, client: socket.socket, req: Request, host: 
     log.record(Decision(False, host, port, reason, label=label), req.method, {**(extra or {}), "secret_scan": True})
     refuse(client, policy(status, host, port, reason, "secret-scan", fix))
     return int(status.split(" ", 1)[0])
+
+
+def scanned_splice(log: DecisionLog, client: socket.socket, upstream: socket.socket, secrets: HostSecrets,
+                   host: str, port: int, first: bytes, notify: Callable[[str], None] | None = None) -> None:
+    """A CONNECT tunnel that carries plain HTTP (Node's fetch tunnels http:// so, relay/box/nodeproxy.py):
+    the answers spliced as in `splice`, the box's requests read one by one, each head and body through
+    the secret scan as on an absolute-URI request, then sent on (the head as the box sent it, the body
+    re-framed as `ScannedBody` clears it). After a request that asks for an Upgrade, the rest is searched
+    as one stream. A secret, or HTTP the strict parser refuses, ends the tunnel: the upstream is reset,
+    the box told why (a 403 where it waits for an answer) and the decision logged."""
+    refusing = threading.Event()
+
+    def answers() -> None:  # the upstream's answers, as `splice` passes them; the client's close is ours to send
+        pump(upstream, client, close=False)
+        if not refusing.is_set():  # the upstream is done: so is the tunnel, as with `splice`
+            try:
+                client.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    back = threading.Thread(target=answers, daemon=True)
+    back.start()
+    buf, raw = first, None
+    try:
+        while True:
+            if raw is not None:
+                data = buf or client.recv(65536)
+                buf = b""
+                if not data:
+                    upstream.sendall(raw.end())
+                    break
+                upstream.sendall(raw.body(data))
+                continue
+            while b"\r\n\r\n" not in buf:
+                if len(buf) > MAX_HEAD:
+                    raise RequestError("a request head over 32 KiB in the tunnel", host, port)
+                data = client.recv(65536)
+                if not data:
+                    if buf:
+                        raise RequestError("the tunnel closed inside a request head", host, port)
+                    return
+                buf += data
+            head, _, rest = buf.partition(b"\r\n\r\n")
+            req = parse_head(head)
+            if not req.origin:
+                raise RequestError("a request in a tunnel names its target as a path", host, port)
+            req = Request(req.method, host, port, b"", req.framing, req.length, req.expect_continue, True, req.path,
+                          req.version, req.kept)
+            body = Body(req)
+            scanned, out = request_scan(secrets, req, head, body, body.feed(rest))
+            upstream.sendall(head + b"\r\n\r\n" + out)
+            while not body.done:
+                data = client.recv(body.want())
+                if not data:
+                    raise RequestError("the tunnel closed inside a request body", host, port)
+                out = body.feed(data)
+                upstream.sendall(scanned.out(out) if scanned is not None else out)
+            buf, body.extra = body.extra, b""
+            if any(k.partition(":")[0].strip().lower() == "upgrade" for k in req.kept) or \
+                    b"\r\nupgrade:" in head.lower():
+                raw = RequestScan(secrets)  # a websocket's frames: searched as one stream from here on
+    except (SecretFound, Unscannable, RequestError) as err:
+        refusing.set()
+        upstream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        try:
+            upstream.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        back.join(5)
+        stop = Request("CONNECT", host, port, b"")
+        if isinstance(err, RequestError):
+            err = Unscannable(f"the tunnel's plain HTTP cannot be read to scan it: {err}", "send one well-formed "
+                              "request at a time", "400 Bad Request")
+        if notify is not None:
+            notify(f"hive-relay: refused {fmt_hostport(host, port)}: "
+                   f"{err.reason if isinstance(err, Unscannable) else 'a request carried a secret of the host'}")
+        try:
+            refuse_scanned(log, client, stop, host, port, err, {"tunnel": True})
+        except OSError:
+            pass
+        return
+    except OSError:
+        pass
+    finally:
+        try:
+            upstream.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    back.join()
 
 
 def forward(log: DecisionLog, client: socket.socket, upstream: socket.socket, req: Request, body: Body,

