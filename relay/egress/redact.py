@@ -22,7 +22,8 @@ class Redactor:
 
     A spelling may ask for a longer shortest run (`least`, one per form): an SSH key's line is a
     secret only as a whole, a shorter run of it is shared by every key of its type. Its pieces are
-    then (least+1)//2 bytes, so a run of `least` still holds one.
+    then (least+1)//2 bytes, so a run of `least` still holds one; one that counts only whole is
+    found by one piece of MID_BLOCK bytes from its middle.
 
     Every piece is looked for in the head and in a non-2xx answer (redirects and error pages, where
     URLs are echoed). A 2xx body (a large download, a stream) is searched (`full` False) for the first
@@ -47,12 +48,19 @@ class Redactor:
         self.forms = [form for form, _ in pairs]
         self.least = max((min(n, len(form)) for form, n in pairs), default=0)
         # (spelling, where its piece starts, the piece, the shortest run scrubbed)
-        self.blocks = [b for form, n in pairs for b in self._pieces(form, min(n, len(form)), (min(n, len(form)) + 1) // 2)]
+        self.blocks = [b for form, n in pairs for b in self._pieces(form, min(n, len(form)), (min(n, len(form)) + 1) // 2)
+                       if n < len(form) or len(form) <= self.MID_BLOCK]
+        # A spelling that counts only whole (an SSH key's line): any one piece of it finds it, so one,
+        # from its middle, is searched for (a request to a box with several keys would otherwise pay
+        # for two or three pieces of every line).
+        self.blocks += [(form, (len(form) - self.MID_BLOCK) // 2,
+                         form[(len(form) - self.MID_BLOCK) // 2:(len(form) + self.MID_BLOCK) // 2], len(form))
+                        for form, n in pairs if n >= len(form) > self.MID_BLOCK]
         ends, mids = [], []
         for form, n in pairs:
             run = min(n, len(form))
             if run > self.MIN_RUN:  # a whole-line secret: its pieces are few already
-                ends += self._pieces(form, run, (run + 1) // 2)
+                ends += [b for b in self.blocks if b[0] == form]
                 continue
             # A run of `run` bytes or more that starts (ends) where the key does holds its first (last) `run` bytes.
             ends += [(form, 0, form[:run], run), (form, len(form) - run, form[-run:], run)]
