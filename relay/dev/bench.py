@@ -361,7 +361,11 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
     re-originates TLS to the pinned upstream) against the same request made directly over TLS from
     the host to the same local TLS server: time to the first SSE event, and throughput of a large
     response. Rounds alternate direct and route, and ratios are taken round by round. The server and
-    the proxy each run in a process of their own (bench/tlsserver.py, bench/credproxy.py)."""
+    the proxy each run in a process of their own (bench/tlsserver.py, bench/credproxy.py). The outbound
+    secret scan's cost: a second proxy without it (`noscan`: no request scan, a 2xx body searched for
+    the key's ends only), the same route through both in alternating rounds, on a one-byte blob and on
+    SSE text, as throughput and as the proxy's CPU per MiB (the steadier of the two when the machine
+    is shared)."""
     import socket
     import ssl
 
