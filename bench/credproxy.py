@@ -2,11 +2,17 @@
 `/bench` sends `x-api-key` to bench.test:443, pinned to the local TLS server, verified against the
 benchmark's throwaway CA. Its own process, as in a real run (the launcher holds it, not the client).
 
-    credproxy.py CAFILE UPSTREAM_PORT   (prints its port, then serves until killed)
+    credproxy.py CAFILE UPSTREAM_PORT [noscan]   (prints its port, then serves until killed)
+
+With `noscan`, the proxy as it was before the outbound secret scan (relay/egress/secret_scan.py): no
+host secrets searched for in requests, and a 2xx body searched for the key's two ends only, not
+its middle. The benchmark runs both in the same run, for the scan's cost as a ratio.
 """
 
+import random
 import socket
 import ssl
+import string
 import sys
 import time
 
@@ -17,13 +23,33 @@ from relay.model.backend import CredentialRoute
 
 def main() -> None:
     cafile, upstream = sys.argv[1], int(sys.argv[2])
+    scan = sys.argv[3:] != ["noscan"]
+    # Shaped as a real key (an Anthropic key is 108 characters): the scrub's cost grows with its length.
+    key = "sk-ant-api03-" + "".join(random.Random(29).choice(string.ascii_letters + string.digits + "-_") for _ in range(95))
+    secrets = None
+    if scan:  # the route's key, and a deny-listed SSH key's lines, as a real run holds them
+        import base64
+
+        from relay.egress.secret_scan import HostSecrets, Secret, secret_forms
+
+        lines = tuple(base64.b64encode(random.Random(i).randbytes(54)).decode()[:70] for i in range(5))
+        secrets = HostSecrets([secret_forms("the bench route's key", key), Secret("an SSH key", lines, tuple(70 for _ in lines))])
+    else:
+        from relay.egress import redact, routes
+
+        class EndsOnly(redact.Redactor):
+            def __init__(self, forms, least=None) -> None:  # noqa: ANN001
+                super().__init__(forms, least)
+                self.ends = [b for b in self.ends if b[1] == 0 or b[1] + len(b[2]) == len(b[0])]
+
+        routes.Redactor = EndsOnly
     route = CredentialRoute("bench", ("BENCH_KEY",), "bench.test", 443, "x-api-key")
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
     proxy = EgressProxy(listener, (parse_rule(f"bench.test:443=127.0.0.1:{upstream}"),), DecisionLog(None, "bench"),
-                        routes=(route,), keys={"bench": "sk-bench-" + "k" * 40},
-                        tls=ssl.create_default_context(cafile=cafile), notify=None)
+                        routes=(route,), keys={"bench": key},
+                        tls=ssl.create_default_context(cafile=cafile), notify=None, secrets=secrets)
     proxy.start()
     print(listener.getsockname()[1], flush=True)
     while True:

@@ -1,5 +1,5 @@
 """A TLS upstream for the credential-route benchmark, standing in for an API: `GET /sse` answers an
-SSE head and its first event at once (then two more), `GET /big` streams N MB. Runs in its own
+SSE head and its first event at once (then two more), `GET /big` streams N MB (of one byte; `GET /text` of SSE text). Runs in its own
 process so the proxy under test does not share its GIL.
 
     tlsserver.py CERT KEY MEGABYTES   (prints its port, then serves until killed)
@@ -11,6 +11,23 @@ import sys
 import threading
 
 CHUNK = b"x" * (1 << 20)
+
+
+def _text_chunk() -> bytes:
+    """1 MiB of what an API streams (SSE events of JSON with words), the same every run: the scan's
+    `bytes.find` skips through a run of one byte far faster than through text, so both are measured."""
+    import random
+
+    rng = random.Random(29)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(500)]
+    out = bytearray()
+    while len(out) < 1 << 20:
+        text = " ".join(rng.choice(words) for _ in range(12))
+        out += b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"%s"}}\n\n' % text.encode()
+    return bytes(out[:1 << 20])
+
+
+TEXT = _text_chunk()
 
 
 def serve(conn: socket.socket, ctx: ssl.SSLContext, megabytes: int) -> None:
@@ -29,8 +46,9 @@ def serve(conn: socket.socket, ctx: ssl.SSLContext, megabytes: int) -> None:
                     tls.sendall(b"event: content_block_delta\ndata: {\"text\": \"hi\"}\n\n")
                 return
             tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (megabytes << 20))
+            chunk = TEXT if head.split(b" ")[1].endswith(b"/text") else CHUNK
             for _ in range(megabytes):
-                tls.sendall(CHUNK)
+                tls.sendall(chunk)
     except OSError:
         pass
 

@@ -358,12 +358,22 @@ def _first_event_and_rest(sock, request: bytes, start: float) -> tuple[float, in
     return first, total
 
 
+def _cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far (/proc/PID/stat), all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick: bool) -> dict:
     """A credential route as a box's CLI uses it (plain HTTP to the proxy, which adds the key and
     re-originates TLS to the pinned upstream) against the same request made directly over TLS from
     the host to the same local TLS server: time to the first SSE event, and throughput of a large
     response. Rounds alternate direct and route, and ratios are taken round by round. The server and
-    the proxy each run in a process of their own (bench/tlsserver.py, bench/credproxy.py)."""
+    the proxy each run in a process of their own (bench/tlsserver.py, bench/credproxy.py). The outbound
+    secret scan's cost: a second proxy without it (`noscan`: no request scan, a 2xx body searched for
+    the key's ends only), the same route through both in alternating rounds, on a one-byte blob and on
+    SSE text, as throughput and as the proxy's CPU per MiB (the steadier of the two when the machine
+    is shared)."""
     import socket
     import ssl
 
@@ -387,6 +397,7 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
     try:
         tls_port = start(str(BENCH / "tlsserver.py"), cert, key, str(blob_mb))
         proxy_port = start(str(BENCH / "credproxy.py"), ca, str(tls_port))
+        noscan_port = start(str(BENCH / "credproxy.py"), ca, str(tls_port), "noscan")
         ctx = ssl.create_default_context(cafile=ca)
 
         def direct(path: str) -> tuple[float, int, float]:
@@ -396,9 +407,9 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
                                                     f"x-api-key: sk-bench\r\nConnection: close\r\n\r\n".encode(), start_t)
             return first, n, time.perf_counter() - start_t
 
-        def route(path: str) -> tuple[float, int, float]:
+        def route(path: str, port: int = proxy_port) -> tuple[float, int, float]:
             start_t = time.perf_counter()
-            with socket.create_connection(("127.0.0.1", proxy_port)) as s:
+            with socket.create_connection(("127.0.0.1", port)) as s:
                 first, n = _first_event_and_rest(s, f"GET /bench{path} HTTP/1.1\r\nHost: 127.0.0.1:3128\r\n"
                                                     f"x-api-key: hive-relay-placeholder\r\n\r\n".encode(), start_t)
             return first, n, time.perf_counter() - start_t
@@ -413,6 +424,22 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
             for name, fetch in ((("direct", direct), ("route", route)) if i % 2 else (("route", route), ("direct", direct))):
                 _, n, took = fetch("/big")
                 tp[name].append(n / took / MB)
+        # The outbound secret scan's cost (relay/egress/secret_scan.py): the same route with and without it,
+        # on the one-byte blob and on SSE text, rounds alternating.
+        # Wall-clock rounds swing by ±10% on a shared machine, so the proxy's own CPU time per MiB (from
+        # /proc, summed over all rounds) is taken too: the route is bound by the proxy's CPU.
+        scan: dict[str, list[float]] = {f"{kind} {w}": [] for kind in ("blob", "text") for w in ("scan", "no scan")}
+        cpu: dict[str, list[float]] = {k: [0.0, 0.0] for k in scan}  # [CPU seconds, MiB]
+        pids = {proxy_port: procs[1].pid, noscan_port: procs[2].pid}
+        for i in range(6 if quick else 16):
+            for kind, path in (("blob", "/big"), ("text", "/text")):
+                pair = (("scan", proxy_port), ("no scan", noscan_port))
+                for w, port in pair if i % 2 else pair[::-1]:
+                    before = _cpu_seconds(pids[port])
+                    _, n, took = route(path, port)
+                    cpu[f"{kind} {w}"][0] += _cpu_seconds(pids[port]) - before
+                    cpu[f"{kind} {w}"][1] += n / MB
+                    scan[f"{kind} {w}"].append(n / took / MB)
     finally:
         for proc in procs:
             proc.kill()
@@ -428,6 +455,12 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
         "sse_ratio": statistics.median(r / d for r, d in zip(sse["route"], sse["direct"], strict=True)),
         "throughput_MBps": {"direct TLS": statistics.median(tp["direct"]), "route": statistics.median(tp["route"])},
         "throughput_ratio": statistics.median(r / d for r, d in zip(tp["route"], tp["direct"], strict=True)),
+        "scan_MBps": {k: statistics.median(v) for k, v in scan.items()},
+        "scan_cpu_ms_per_MiB": {k: c / m * 1000 for k, (c, m) in cpu.items()},
+        "scan_cpu_ratio": {kind: (cpu[f"{kind} scan"][0] / cpu[f"{kind} scan"][1])
+                           / (cpu[f"{kind} no scan"][0] / cpu[f"{kind} no scan"][1]) for kind in ("blob", "text")},
+        "scan_ratio": {kind: statistics.median(a / b for a, b in zip(scan[f"{kind} scan"], scan[f"{kind} no scan"], strict=True))
+                       for kind in ("blob", "text")},
         "blob_mb": blob_mb,
     }
 
@@ -540,6 +573,9 @@ def report(r: dict) -> int:
         targets["credential route: added SSE first-event p50 < 2 ms"] = (f"{added:.2f} ms", added < 2)
         targets["credential route throughput ≥ 0.8× direct TLS"] = (f"{cr['throughput_ratio']:.2f}×",
                                                                    cr["throughput_ratio"] >= 0.8)
+        if "scan_cpu_ratio" in cr:  # the proxy's CPU per MiB: steadier than wall-clock rounds on a shared machine
+            worst = max(cr["scan_cpu_ratio"].values())
+            targets["secret scan adds < 5% to the route's proxy CPU per MiB"] = (f"{(worst - 1) * 100:+.1f}%", worst < 1.05)
     lines = ["| measure | value | ratio / note |", "|---|---|---|", *lines]
     if r.get("tunnel_checks"):
         from relay.dev import bench_tunnels
@@ -561,6 +597,12 @@ def report(r: dict) -> int:
         for name, v in cr["throughput_MBps"].items():
             note = "baseline" if name == "direct TLS" else f"{cr['throughput_ratio']:.2f}× direct TLS (paired rounds)"
             lines.append(f"| credential route throughput ({cr['blob_mb']} MB): {name} | {v:.0f} MB/s | {note} |")
+        for kind, v in cr.get("scan_ratio", {}).items():
+            got, ms = cr["scan_MBps"], cr["scan_cpu_ms_per_MiB"]
+            lines.append(f"| credential route with the secret scan ({kind}) | {got[f'{kind} scan']:.0f} MB/s against "
+                         f"{got[f'{kind} no scan']:.0f} MB/s without | {v:.3f}× (paired rounds) |")
+            lines.append(f"| credential route with the secret scan ({kind}): proxy CPU | {ms[f'{kind} scan']:.2f} ms/MiB "
+                         f"against {ms[f'{kind} no scan']:.2f} ms/MiB without | {cr['scan_cpu_ratio'][kind]:.3f}× |")
     one = r["tunnels"]["1"]["aggregate_MBps"]
     for n, v in r["tunnels"].items():
         lines.append(f"| {n} concurrent tunnels | {v['aggregate_MBps']:.0f} MB/s aggregate | {v['aggregate_MBps'] / one:.2f}× one tunnel, {v['errors']} errors |")

@@ -173,9 +173,15 @@ class Body:
         self.left = req.length
         self.done = not self.chunked and self.left == 0
         self.extra = b""
+        self.payload: list[bytes] = []  # the body's bytes as the upstream reads them, since the last take()
         self._buf = b""
         self._state = "size"
         self._trailers = 0
+
+    def take(self) -> bytes:
+        """The payload (chunked framing undone) fed since the last take: what the secret scan reads."""
+        out, self.payload = b"".join(self.payload), []
+        return out
 
     def want(self) -> int:
         """How much to recv next: never past a Content-Length body's end."""
@@ -193,6 +199,7 @@ class Body:
             return b""
         if not self.chunked:
             out, self.extra = data[: self.left], data[self.left :]
+            self.payload.append(out)
             self.left -= len(out)
             self.done = self.left == 0
             return out
@@ -204,6 +211,7 @@ class Body:
                     break
                 piece, self._buf = self._buf[: self.left], self._buf[self.left :]
                 out.append(piece)
+                self.payload.append(piece)
                 self.left -= len(piece)
                 if self.left == 0:
                     self._state = "crlf"

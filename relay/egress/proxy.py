@@ -16,6 +16,8 @@ wires the parts that do the I/O around it, each in a module of its own with one 
 - relay/egress/forward.py: connect, the CONNECT splice, one absolute-URI request and its answer;
 - relay/egress/routes.py: credential routes (the real key added on the host, TLS re-originated),
   relay/egress/redact.py scrubbing it from the answer;
+- relay/egress/secret_scan.py: the host's real secrets searched for in what the box sends in clear,
+  and the decoded view (chunks, gzip) of a body that the scrub and the scan both read;
 - relay/egress/answers.py: every refusal the proxy writes, one shape, one way to send it;
 - relay/egress/decision_log.py, relay/egress/watch.py: the decision log and the stuck-host watch.
 
@@ -32,11 +34,12 @@ from collections.abc import Callable, Mapping
 from relay.egress import tlspeek
 from relay.egress.answers import new_reply, policy, refuse, reply_begins, reply_begun, unanswered
 from relay.egress.decision_log import DecisionLog
-from relay.egress.forward import connect, forward, splice
+from relay.egress.forward import connect, forward, refuse_scanned, request_scan, scanned_splice, splice
 from relay.egress.http_head import HEAD_TIMEOUT, Body, RequestError, parse_head
 from relay.egress.reactor import MAX_CONNECTIONS, Reactor
 from relay.egress.routes import Routes
 from relay.egress.rulebook import Resolver, RuleBook, decide, system_resolver, tls_required, within_rule
+from relay.egress.secret_scan import HostSecrets, SecretFound, Unscannable
 from relay.egress.watch import UpstreamWatch
 from relay.model import refusal as denial
 from relay.model.allow_rules import HostRule, find_rule, fmt_hostport
@@ -86,12 +89,15 @@ class EgressProxy:
         run_id: str = "",
         control: socket.socket | None = None,
         ask: bool = False,
+        secrets: HostSecrets | None = None,
     ) -> None:
         self.log = log
         self.notify = notify
         self.watch = watch or UpstreamWatch(notify)
         self.book = RuleBook(rules, log, resolver, origins, run_id, ask, notify, hint)
-        self.router = Routes(routes, dict(keys or {}), self.book, log, self.watch, tls)
+        # The host's real secrets, searched for in every request the box sends in clear (secret_scan.py).
+        self.secrets = secrets if secrets is not None else HostSecrets()
+        self.router = Routes(routes, dict(keys or {}), self.book, log, self.watch, tls, self.secrets)
         self.keys = self.router.keys  # the caller may add a login's store once `open_tls` can serve it
         self.reactor = Reactor(listener, log, self._serve, control, self.book.serve_control, max_connections,
                                head_timeout)
@@ -152,7 +158,7 @@ class EgressProxy:
                 return
             if req.origin:
                 assert body is not None
-                upstream = self.router.serve(client, req, body, first)
+                upstream = self.router.serve(client, req, body, first, head)
                 return
             book = self.book
             host, port, method = req.host, req.port, req.method
@@ -167,6 +173,13 @@ class EgressProxy:
             rule = find_rule(book.rules, host, port) if decision.allowed else None
             if rule is not None:  # the rule's own limits (httprules), judged before any connect
                 decision = within_rule(rule, req, decision)
+            scanned = None
+            if decision.allowed and body is not None:  # before the connect: a secret in the head goes nowhere
+                try:
+                    scanned, first = request_scan(self.secrets, req, head, body, first)
+                except (SecretFound, Unscannable) as err:
+                    refuse_scanned(self.log, client, req, host, port, err, book.extras(decision, rule))
+                    return
             if decision.allowed:
                 upstream, cause, detail = connect(decision)
                 if upstream is None:
@@ -184,17 +197,22 @@ class EgressProxy:
             if body is None:
                 reply_begins()
                 client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                plain = False
                 if peek:
                     assert rule is not None
-                    first = self._first_flight(client, first, decision, rule)
-                    if first is None:
+                    flight = self._first_flight(client, first, decision, rule)
+                    if flight is None:
                         return
+                    first, plain = flight
+                if plain and self.secrets:  # plain HTTP in the tunnel: the box's requests pass the secret scan
+                    scanned_splice(self.log, client, upstream, self.secrets, host, port, first, self.notify)
+                    return
                 if first:
                     upstream.sendall(first)
                 splice(client, upstream)
                 return
             assert req.head is not None
-            forward(self.log, client, upstream, req, body, first)
+            forward(self.log, client, upstream, req, body, first, scanned=scanned)
         except Exception as err:  # noqa: BLE001 - one failed request must not leave its client unanswered
             if not reply_begun():  # whatever failed, the client sent a whole request and is owed an answer
                 detail = getattr(err, "strerror", None) or str(err) or type(err).__name__
@@ -207,10 +225,12 @@ class EgressProxy:
             self.book.untrack(tracked)
             self.reactor.close(client, upstream)
 
-    def _first_flight(self, client: socket.socket, first: bytes, decision: Decision, rule: HostRule) -> bytes | None:
+    def _first_flight(self, client: socket.socket, first: bytes, decision: Decision,
+                      rule: HostRule) -> tuple[bytes, bool] | None:
         """Read the tunnel's first TLS record (relay/egress/tlspeek.py, bounded in time and size) and judge it:
-        the bytes to forward unchanged, or None when the tunnel was refused (`sni-mismatch`, or
-        `opaque-tunnel` for bytes that are not TLS at all; the client told why, as far as it can hear)."""
+        the bytes to forward unchanged and whether they are plain HTTP, or None when the tunnel was refused
+        (`sni-mismatch`, or `opaque-tunnel` for bytes that are not TLS at all; the client told why, as far
+        as it can hear)."""
         host, port = decision.host, decision.port
         data, hello = tlspeek.read_client_hello(client, first)
         if not data and hello.kind == "bad":  # closed before its first byte: nothing to judge or forward
@@ -222,10 +242,10 @@ class EgressProxy:
             # what an absolute-URI request could send, but for its Host header, which this proxy
             # rewrites there and cannot here (the README says so). TLS's port 443 never takes it.
             self.log.record(decision, "CONNECT", self.book.extras(decision, rule, sni="-", inner="plain HTTP"))
-            return data
+            return data, True
         if not problem:
             self.log.record(decision, "CONNECT", self.book.extras(decision, rule, sni=hello.sni or "-"))
-            return data
+            return data, False
         label = "opaque-tunnel" if hello.kind == "opaque" else "sni-mismatch"
         refused = Decision(False, host, port, problem, label=label)
         self.log.record(refused, "CONNECT", {**(self.book.extras(refused, rule) or {}), "rule": rule.render()})

@@ -17,6 +17,7 @@ import threading
 
 from relay.egress.decision_log import DecisionLog
 from relay.egress.proxy import EgressProxy
+from relay.egress.secret_scan import HostSecrets, secret_forms
 from relay.model.backend import CredentialRoute
 from relay.policy.egress import parse_entries, route_key
 
@@ -68,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         import ssl
 
         tls = ssl.create_default_context()
+    # The pod holds the route keys only: they are the host secrets its outbound scan looks for.
+    secrets = HostSecrets([s for name, key in keys.items() if (s := secret_forms(f"the {name} route's key", key))])
     proxy = EgressProxy(listener, parse_entries(config.get("egress", ())), StdoutLog(config["backend"]),
-                        routes=routes, keys=keys, tls=tls, notify=lambda line: print(line, file=sys.stderr, flush=True))
+                        routes=routes, keys=keys, tls=tls, notify=lambda line: print(line, file=sys.stderr, flush=True),
+                        secrets=secrets)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     proxy.start()

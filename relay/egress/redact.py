@@ -1,45 +1,91 @@
-"""Scrubbing a credential route's key from what its upstream answers, before the box reads it.
+"""Scrubbing a credential route's key from what its upstream answers, before the box reads it, and
+finding a host secret in what the box sends (relay/egress/secret_scan.py builds on it).
 
 Its own module because it is the one defence against an upstream that echoes the request (the box
 would otherwise read back the key the proxy added): pure bytes in, bytes out, no sockets, tested on
-its own (tests/escape/test_credential_reflection.py).
+its own (tests/escape/test_credential_reflection.py, tests/escape/test_secret_scan.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class Redactor:
     """Scrubs a route's key (each spelling it was sent in, `egress.key_forms`) from the answer, byte for
-    byte in place (same length, so Content-Length and chunk sizes stay true): an upstream that echoes
-    the request (a redirect or 404 page repeating the URL with `?key=`, a debug endpoint, an error
-    quoting the header) must not hand the key to the box. A partial echo is scrubbed too: any run of
-    MIN_RUN or more bytes of a key spelling (an error page that cuts a long URL short would otherwise
-    give the box all of the key but its last characters). Found by the spelling's aligned BLOCK-byte
-    pieces (any run of 2*BLOCK-1 bytes holds one whole), each grown to the whole matching run.
+    byte in place (same length, so Content-Length stays true): an upstream that echoes the request (a
+    redirect or 404 page repeating the URL with `?key=`, a debug endpoint, an error quoting the header)
+    must not hand the key to the box. A partial echo is scrubbed too: any run of MIN_RUN or more bytes
+    of a key spelling (an error page that cuts a long URL short would otherwise give the box all of the
+    key but its last characters). Found by the spelling's aligned pieces of BLOCK bytes (any run of
+    2*BLOCK-1 bytes holds one whole), each grown to the whole matching run.
+
+    A spelling may ask for a longer shortest run (`least`, one per form): an SSH key's line is a
+    secret only as a whole, a shorter run of it is shared by every key of its type. Its pieces are
+    then (least+1)//2 bytes, so a run of `least` still holds one; one that counts only whole is
+    found by one piece of MID_BLOCK bytes from its middle.
 
     Every piece is looked for in the head and in a non-2xx answer (redirects and error pages, where
-    URLs are echoed); a 2xx body (a large download, a stream) is searched for the first and last piece
-    of each spelling only (`full` False): a whole key, and any echo cut at one end, are still found
-    (a run of MIN_RUN bytes at the key's start or end holds one of them), for a fraction of the cost.
+    URLs are echoed). A 2xx body (a large download, a stream) is searched (`full` False) for the first
+    and last MIN_RUN bytes of each spelling, which find any run of MIN_RUN bytes at the key's start or
+    end, and for its centre (MID_BLOCK bytes, at most (len-1)//2), which finds the key minus its two
+    ends and any echo that keeps the centre. Measured on SSE text (docs/credentials.md): one
+    `bytes.find` of 15 to 32 bytes costs ~0.2 ms per MiB, one of 8 bytes twice that, against ~3.5 ms
+    per MiB of the proxy's CPU for the route: all 14 8-byte pieces of a 108-byte key would more than
+    double the route's cost, and each further 32-byte middle piece add 2-4% while it narrows
+    what passes only from 68 to 62 bytes of the key's middle; so three pieces, the old cost.
 
     A stream is scrubbed as it flows: only a tail that could continue into a key run in the next read
     is held back until then (an SSE event ends in a blank line, which no key holds, so events are
-    never held); at the end it is let go, as it is at most MIN_RUN - 1 bytes of key."""
+    never held); at the end it is let go, as it is shorter than the shortest run scrubbed."""
 
     BLOCK = 8
     MIN_RUN = 2 * BLOCK - 1
+    MID_BLOCK = 32
 
-    def __init__(self, forms: tuple[str, ...]) -> None:
-        self.forms = [f.encode("latin-1") for f in forms if len(f) >= 6]
-        # (spelling, where its block starts, the block, the shortest run scrubbed)
-        self.blocks = [(form, at, form[at:at + min(self.BLOCK, len(form))], min(self.MIN_RUN, len(form)))
-                       for form in self.forms for at in range(0, len(form) - min(self.BLOCK, len(form)) + 1, self.BLOCK)]
-        self.ends = [b for b in self.blocks if b[1] == 0 or b[1] + len(b[2]) == len(b[0])]
-        self.ends += [(form, len(form) - self.BLOCK, form[-self.BLOCK:], self.MIN_RUN) for form in self.forms
-                      if len(form) > self.BLOCK and len(form) % self.BLOCK]  # the last piece, aligned to the end
+    def __init__(self, forms: Sequence[str], least: Sequence[int] | None = None) -> None:
+        runs = least if least is not None else [self.MIN_RUN] * len(forms)
+        pairs = list(dict.fromkeys((f.encode("latin-1"), n) for f, n in zip(forms, runs, strict=True) if len(f) >= 6))
+        self.forms = [form for form, _ in pairs]
+        self.least = max((min(n, len(form)) for form, n in pairs), default=0)
+        # (spelling, where its piece starts, the piece, the shortest run scrubbed)
+        self.blocks = [b for form, n in pairs for b in self._pieces(form, min(n, len(form)), (min(n, len(form)) + 1) // 2)
+                       if n < len(form) or len(form) <= self.MID_BLOCK]
+        # A spelling that counts only whole (an SSH key's line): any one piece of it finds it, so one,
+        # from its middle, is searched for (a request to a box with several keys would otherwise pay
+        # for two or three pieces of every line).
+        self.blocks += [(form, (len(form) - self.MID_BLOCK) // 2,
+                         form[(len(form) - self.MID_BLOCK) // 2:(len(form) + self.MID_BLOCK) // 2], len(form))
+                        for form, n in pairs if n >= len(form) > self.MID_BLOCK]
+        ends, mids = [], []
+        for form, n in pairs:
+            run = min(n, len(form))
+            if run > self.MIN_RUN:  # a whole-line secret: its pieces are few already
+                ends += [b for b in self.blocks if b[0] == form]
+                continue
+            # A run of `run` bytes or more that starts (ends) where the key does holds its first (last) `run` bytes.
+            ends += [(form, 0, form[:run], run), (form, len(form) - run, form[-run:], run)]
+            mid = max(self.BLOCK, min(self.MID_BLOCK, (len(form) - 1) // 2))
+            at = (len(form) - mid) // 2
+            if len(form) > run + 1 and at > 0 and at + mid < len(form):  # its centre: in the key minus its two ends
+                mids.append((form, at, form[at:at + mid], run))
+        self.ends = list(dict.fromkeys(ends + mids))
+        # A run cut by a read's end is found whole if what lies before the cut is held (up to the
+        # shortest run counted, less one) or holds a whole piece (twice the longest piece, less two).
+        self.hold = max([self.least - 1] + [2 * len(b[2]) - 2 for b in self.blocks + self.ends])
         self.full = True
         self.held = b""
         self.count = 0
+
+    @staticmethod
+    def _pieces(form: bytes, least: int, size: int) -> list[tuple[bytes, int, bytes, int]]:
+        """The aligned pieces of `size` bytes, and the last one aligned to the end: a run of 2*size-1
+        bytes of `form` holds one whole."""
+        size = max(1, min(size, len(form)))
+        out = [(form, at, form[at:at + size], least) for at in range(0, len(form) - size + 1, size)]
+        if len(form) % size:
+            out.append((form, len(form) - size, form[-size:], least))
+        return out
 
     def scrub(self, data: bytes, full: bool | None = None) -> bytes:
         runs = []
@@ -75,12 +121,13 @@ class Redactor:
         return held
 
     def _tail(self, data: bytes) -> int:
-        """The longest tail of `data` (under MIN_RUN bytes) that is a run of some spelling which the next
-        read could continue (a complete spelling at the very end was scrubbed already)."""
+        """The longest tail of `data` that is a run of some spelling which the next read could continue
+        (a complete spelling at the end was scrubbed already), up to `hold` bytes: enough that a run
+        cut by the read's end is either held whole or held a whole piece on this side. Grown from one
+        byte up, and stopped at the first length that is no run (a longer tail holds that one)."""
         if not self.forms or not data or not any(data[-1:] in form for form in self.forms):
             return 0
-        for n in range(min(self.MIN_RUN - 1, len(data)), 0, -1):
-            tail = data[-n:]
-            if any(tail in form[:-1] for form in self.forms):
-                return n
-        return 0
+        n = 0
+        while n < min(self.hold, len(data)) and any(data[-(n + 1):] in form[:-1] for form in self.forms):
+            n += 1
+        return n

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from relay.egress.answers import policy, refuse, response
-from relay.egress.forward import CONNECT_TIMEOUT, connect, forward, relay_response
+from relay.egress.forward import CONNECT_TIMEOUT, connect, forward, refuse_scanned, relay_response, request_scan
 from relay.egress.http_head import Body, Request, route_head
 from relay.egress.redact import Redactor
 from relay.egress.rulebook import RuleBook, decide
+from relay.egress.secret_scan import HostSecrets, SecretFound, Unscannable
 from relay.model import http_rules
 from relay.model import refusal as denial
 from relay.model.allow_rules import HostRule
@@ -40,13 +41,15 @@ class Routes:
     route's upstream head."""
 
     def __init__(self, routes: tuple[CredentialRoute, ...], keys: dict[str, str | Callable[[], str]],
-                 book: RuleBook, log: DecisionLog, watch: UpstreamWatch, tls: ssl.SSLContext | None = None) -> None:
+                 book: RuleBook, log: DecisionLog, watch: UpstreamWatch, tls: ssl.SSLContext | None = None,
+                 secrets: HostSecrets | None = None) -> None:
         self.routes = routes
         self.keys = keys  # route name -> its key; only ever written into that route's upstream head
         self.book = book
         self.log = log
         self.watch = watch
         self.tls = tls
+        self.secrets = secrets if secrets is not None else HostSecrets()
 
     def refuse_decision(self, client: socket.socket, decision: Decision) -> None:
         """Answer a request the policy denied (403) or could not serve (502/504): a plain request's or a
@@ -55,10 +58,12 @@ class Routes:
             self.watch.failed(decision.host, decision.port, decision.cause)
         refuse(client, self.book.refusal(decision))
 
-    def serve(self, client: socket.socket, req: Request, body: Body, first: bytes) -> socket.socket | None:
+    def serve(self, client: socket.socket, req: Request, body: Body, first: bytes, said: bytes = b"") -> socket.socket | None:
         """An origin-form request to `/<route>/...`: to the route's one upstream (as the egress policy
         pins it), over TLS verified for that name, with the client's credential headers replaced by the
-        real key; the response streamed back. Returns the upstream socket (closed by the caller)."""
+        real key; the response streamed back. Returns the upstream socket (closed by the caller).
+        What the box sent (`said`, the head as it came, and the body) passes the secret scan before the
+        key is read: the box's placeholder is fine to send, a real host secret is not."""
         match = egress.match_route(self.routes, req.path)
         if match.route is None:
             self.log.record(Decision(False, "-", 0, f"bad request: {match.reason}"), req.method)
@@ -85,6 +90,11 @@ class Routes:
                                   denial.rule_fix(f"widen {'auth' if route.grant else 'credentials'}.{route.name}'s "
                                                   "methods/paths (or push: true) in your user config")))
             return None
+        try:
+            scanned, first = request_scan(self.secrets, req, said, body, first)
+        except (SecretFound, Unscannable) as err:
+            refuse_scanned(self.log, client, req, host, port, err, extra)
+            return None
         key = self.keys.get(route.name)
         try:
             if callable(key):  # a login's token (logins.LoginStore): read, and refreshed, on the host
@@ -109,7 +119,8 @@ class Routes:
         tracked = self.book.track(client, upstream, host, port, req.method, route)
         try:
             status = forward(self.log, client, upstream, routed, body, first,
-                             relay=lambda up, down: relay_response(up, down, redact))
+                             relay=lambda up, down: relay_response(up, down, redact, req.method, req.version),
+                             scanned=scanned)
         finally:
             self.book.untrack(tracked)
         extra["status"] = status

@@ -1,5 +1,7 @@
 """Read the secrets the proxy injects, on the host, once per launch: from the launcher's environment,
-a host command (`gh auth token`) or a file (with a JSON path).
+a host command (`gh auth token`) or a file (with a JSON path); and the host's real secrets the
+outbound scan looks for (`host_secrets`: those values, the masked login files' tokens, the deny-listed
+SSH private keys).
 
 The plan names where each secret comes from (never its value); this module is the only place that
 reads one. A command runs with an argv list (never a shell), no stdin, a timeout and bounded output;
@@ -14,14 +16,19 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from relay.host import safefs
 from relay.model.backend import CredentialRoute
 from relay.model.errors import RefusedError
 from relay.policy import egress
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from relay.egress.secret_scan import HostSecrets
 
 COMMAND_TIMEOUT = 15.0
 EXITED_GRACE = 1.0  # how long the output of a command that exited may stay open (a child it left behind)
@@ -162,3 +169,84 @@ def _from_file(route: CredentialRoute, env: Mapping[str, str]) -> str:
     if not isinstance(value, str):
         raise _fail(route, f"{route.secret_file} has no string at {route.secret_json}", "check the JSON path")
     return value
+
+
+MAX_KEY_FILE = 64 * 1024  # an SSH private key is a few KiB
+MAX_KEY_FILES = 64  # files looked at in one denied .ssh dir
+
+
+def host_secrets(keys: Mapping[str, object], login_files: Iterable[tuple[str, tuple[str, ...]]],
+                 denied: Iterable[str], home: str) -> HostSecrets:
+    """The host's real secrets for the outbound scan (relay/egress/secret_scan.py), read here once (the
+    login files again whenever they change): the value of every route and grant (`keys`; a login's
+    store is left out, its file is in `login_files`), the tokens of each masked login file (host path,
+    its JSON paths), and the private key lines of every SSH key the deny list hides (a denied `.ssh`
+    dir's key files, a denied key file such as /etc/ssh/ssh_host_ed25519_key), read through safefs,
+    bounded, and only when present and readable. Names only ever leave this function, never values."""
+    from relay.egress.secret_scan import HostSecrets, Secret, secret_forms, ssh_key_lines
+
+    def shown(path: str) -> str:
+        return "~/" + os.path.relpath(path, home) if path.startswith(home.rstrip("/") + "/") else path
+
+    fixed: list[Secret | None] = [secret_forms(f"the {name} route's key", key)
+                                  for name, key in keys.items() if isinstance(key, str)]
+    for path in _key_files(denied):
+        try:
+            data = safefs.read_file(path, MAX_KEY_FILE)
+            if data is None or b"PRIVATE KEY-----" not in data:
+                continue
+            pub = safefs.read_file(path + ".pub", MAX_KEY_FILE) if os.path.lexists(path + ".pub") else None
+        except OSError:  # root's host keys read as a user, a link: not this caller's to read
+            continue
+        lines = ssh_key_lines(data, pub)
+        if lines:
+            fixed.append(Secret(f"the SSH private key {shown(path)}", lines, tuple(len(ln) for ln in lines)))
+    sources = [_login_source(path, paths, shown(path)) for path, paths in login_files]
+    return HostSecrets([s for s in fixed if s is not None], sources)
+
+
+def _key_files(denied: Iterable[str]) -> list[str]:
+    """The files a denied path names that could be SSH private keys: a denied file itself, and the
+    regular files (not links) directly in a denied `.ssh` dir, at most MAX_KEY_FILES of them."""
+    out = []
+    for path in denied:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if os.path.basename(path) == ".ssh" and os.path.isdir(path) and not os.path.islink(path):
+            try:
+                with os.scandir(path) as it:
+                    names = sorted(e.path for e in it if e.is_file(follow_symlinks=False)
+                                   and not e.name.endswith((".pub", "known_hosts", "known_hosts.old", "config",
+                                                            "authorized_keys")))
+            except OSError:
+                continue
+            out += names[:MAX_KEY_FILES]
+        elif "ssh" in path and stat.S_ISREG(st.st_mode):
+            out.append(path)
+    return out
+
+
+def _login_source(path: str, paths: tuple[str, ...], name: str) -> Callable[[], list]:
+    """A masked login file's real tokens, read again only when the file changed (its inode, size or
+    mtime: a refresh on the host rewrites it)."""
+    from relay.egress.secret_scan import secret_forms
+    from relay.model import credential_files
+
+    seen: list = [None, []]
+
+    def current() -> list:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return []
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if ident != seen[0]:
+            raw = safefs.read_file(path, credential_files.MAX_FILE + 1)
+            found = credential_files.found(credential_files.parse(raw), paths)
+            seen[:] = [ident, [s for at, value in found
+                               if (s := secret_forms(f"{name} {'.'.join(at)}", value)) is not None]]
+        return seen[1]
+
+    return current

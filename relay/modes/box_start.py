@@ -23,6 +23,7 @@ from relay.egress.proxy import EgressProxy
 from relay.host.paths import state_dir
 from relay.model.errors import RelayError
 from relay.model.refusal import ENTRY
+from relay.model.vocab import LoginHold
 from relay.plan.resolve import Plan
 
 HANDSHAKE_TIMEOUT = 30.0
@@ -115,9 +116,12 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
 
         # The system store, or the launcher's SSL_CERT_FILE (a corporate CA, a test CA): never unverified.
         tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
+    # The host's real secrets, searched for in what the box sends in clear (relay/egress/secret_scan.py).
+    secrets = secret_source.host_secrets(keys, [(u.file, u.paths) for u in plan.login_files if u.held == LoginHold.MASKED],
+                                         plan.denied, caller_env.get("HOME", "/"))
     proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
                         routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets),
-                        run_id=run_id(plan), control=_control(plan), ask=plan.ask)
+                        run_id=run_id(plan), control=_control(plan), ask=plan.ask, secrets=secrets)
     for route in plan.credentials:
         if route.login is not None:  # the file's token, read (and refreshed) on the host per request
             from relay.trust.logins import LoginStore
