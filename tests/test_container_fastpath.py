@@ -26,9 +26,10 @@ def _key(s: Sandbox, extra_env: dict[str, str] | None = None) -> str:
     """The memo key of the run the sandbox would start (its plan's engine and image)."""
     code = ("import os; from relay.config.load import get_backend, load_matrix; from relay.modes import image; "
             "from relay.modes.image import with_image; from relay.plan.resolve import Request, resolve; from relay.host.probe import probe; "
+            "from relay.host.fs_view import HostFs; "
             "env = dict(os.environ); m = load_matrix(env, workdir=None); "
             "req = Request('shell', mode='container', workdir=os.getcwd(), prompt='true'); "
-            "p = resolve(get_backend(m, 'shell'), m, req, with_image(probe(env), m, req, env), env); "
+            "p = resolve(get_backend(m, 'shell'), m, req, with_image(probe(env), m, req, env), env, fs=HostFs()); "
             "print(image._ready_key(p.container))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=s.workdir, env={**s.env, **(extra_env or {})},
                           capture_output=True, text=True, timeout=120)
