@@ -600,7 +600,7 @@ def read_yaml(path: Path, kind: str = SHIPPED, required: bool = True, env: Mappi
         raise ConfigError(f"{path}: cannot read: not UTF-8 text; fix: save it as UTF-8") from None
     if env is None:
         return _parse_yaml(path, text)
-    key = memo.key_of("yaml", _parser_identity(), raw)
+    key = memo.key_of("yaml", memo.module_identity("yaml") or "none", raw)
     cached = memo.get(env, memo.MemoKind.PARSED_CONFIG, key, 4 * MAX_CONFIG_BYTES)
     if cached is not None:
         try:
@@ -615,21 +615,6 @@ def read_yaml(path: Path, kind: str = SHIPPED, required: bool = True, env: Mappi
     if json.loads(encoded) == data:  # keys that were not strings would come back changed
         memo.put(env, memo.MemoKind.PARSED_CONFIG, key, encoded.encode())
     return data
-
-
-def _parser_identity() -> str:
-    """Which PyYAML would parse: its file's path, size and mtime, found without importing it."""
-    from importlib.machinery import PathFinder
-
-    spec = PathFinder.find_spec("yaml")
-    origin = spec.origin if spec is not None else None
-    if not origin:
-        return "none"
-    try:
-        st = os.stat(origin)
-    except OSError:
-        return origin
-    return f"{origin}:{st.st_size}:{st.st_mtime_ns}"
 
 
 # Quoted runs in PyYAML/libyaml messages are file content (aliases, tags, characters); Python repr

@@ -45,6 +45,24 @@ def key_of(*parts: bytes | str) -> str:
     return digest.hexdigest()
 
 
+def file_identity(path: str) -> str | None:
+    """What a memo key holds of a file it depends on: its real path, inode, size and ctime (a
+    replaced or rewritten file is another identity; ctime cannot be set back without root)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{os.path.realpath(path)}:{st.st_ino}:{st.st_size}:{st.st_ctime_ns}"
+
+
+def module_identity(name: str) -> str | None:
+    """`file_identity` of the top-level module NAME would load, found without importing it."""
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec(name)
+    return file_identity(spec.origin) if spec is not None and spec.origin else None
+
+
 def _path(env: Mapping[str, str], kind: MemoKind, key: str) -> str:
     return os.path.join(str(cache_dir(env)), "memo", kind.value, key)
 

@@ -33,6 +33,11 @@ def _package_root() -> tuple[Path, bool]:
 PACKAGE_ROOT, IN_CHECKOUT = _package_root()
 
 
+# Where the distributions put libseccomp (the probe's check, the filter memo's key).
+LIBSECCOMP_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64",
+                   "/usr/lib", "/lib64")
+
+
 def config_home(env: Mapping[str, str]) -> str:
     return env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", "/"), ".config")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from relay import __version__
 from relay.host import safefs
-from relay.host.paths import cache_dir
+from relay.host.paths import LIBSECCOMP_DIRS, cache_dir
 from relay.model.host_facts import HostFacts
 
 CACHE_VERSION = 3
@@ -74,9 +74,7 @@ def _seccomp() -> tuple[bool, str | None]:
 
     if find_spec("pyseccomp") is None:
         return False, "pyseccomp is not installed; fix: run ./bin/contribute-hive (it installs the pinned deps)"
-    if not any(os.path.exists(f"{d}/libseccomp.so.2") for d in
-               ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64",
-                "/usr/lib", "/lib64")):
+    if not any(os.path.exists(f"{d}/libseccomp.so.2") for d in LIBSECCOMP_DIRS):
         return False, "libseccomp is not installed; fix: apt-get install libseccomp2"
     if "Seccomp:" not in (_read("/proc/self/status") or ""):
         return False, "this kernel has no seccomp support"

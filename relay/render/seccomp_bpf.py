@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from relay.host import memo
+from relay.host.paths import LIBSECCOMP_DIRS
 
 AF_UNIX = 1
 AF_INET = 2
@@ -217,27 +218,13 @@ def compile_bpf(policy: SeccompPolicy, cache: str | None = None, env: Mapping[st
 
 
 MAX_BPF_BYTES = 8 * 4096  # the kernel's BPF_MAXINSNS instructions of 8 bytes
-# Where Debian and the other distributions put libseccomp; the loader's cache finds it there too.
-_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
-             "/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib", "/lib")
-
-
-def _identity(path: str) -> str | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return f"{os.path.realpath(path)}:{st.st_ino}:{st.st_size}:{st.st_ctime_ns}"
 
 
 def _memo_key(policy: SeccompPolicy) -> str | None:
     """The memo's name, or None when the compiler cannot be identified without loading it (then
     every launch compiles)."""
-    from importlib.machinery import PathFinder
-
-    spec = PathFinder.find_spec("pyseccomp")
-    module = _identity(spec.origin) if spec is not None and spec.origin else None
-    library = next((i for d in _LIB_DIRS if (i := _identity(os.path.join(d, "libseccomp.so.2")))), None)
+    module = memo.module_identity("pyseccomp")
+    library = next((i for d in LIBSECCOMP_DIRS if (i := memo.file_identity(os.path.join(d, "libseccomp.so.2")))), None)
     if module is None or library is None:
         return None
     return memo.key_of("seccomp-bpf", repr(policy), os.uname().machine, module, library)
