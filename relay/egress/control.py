@@ -61,10 +61,8 @@ def listen(run_dir: str) -> socket.socket:
         st = os.fstat(fd)
         if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
             raise RelayError(f"the run dir {run_dir} is not private to you; not listening for `invoke allow`")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = safefs.bind_unix(fd, SOCKET_NAME, 8)  # listening before anyone can see it listed as live
         try:
-            sock.bind(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
-            sock.listen(8)  # before anyone can see it listed as live (live_runs looks for the socket)
             os.chmod(SOCKET_NAME, 0o600, dir_fd=fd)
         except OSError:
             sock.close()

@@ -326,3 +326,19 @@ def unlink_beneath(dirfd: int, rel: str, only_if=None) -> bool:  # noqa: ANN001 
             return True
     except (FileNotFoundError, NotADirectoryError):
         return False
+
+
+def bind_unix(dirfd: int, name: str, backlog: int):  # -> socket.socket
+    """A listening AF_UNIX socket at NAME in the directory fd: bound through /proc/self/fd, so no
+    component of the directory's path is resolved again (a link swapped in on the way is not
+    followed); closed again if the bind or listen fails."""
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind(f"/proc/self/fd/{dirfd}/{name}")
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock

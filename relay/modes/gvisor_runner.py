@@ -28,7 +28,7 @@ from relay.box import jobctl, overlay
 from relay.box import resource_limits as limits
 from relay.box.landlock import die_with_parent
 from relay.egress.proxy import EgressProxy
-from relay.host import procs
+from relay.host import procs, safefs
 from relay.host.phase_marks import mark
 from relay.model.errors import RelayError
 from relay.model.vocab import MountKind
@@ -54,13 +54,7 @@ def _listen(path: str) -> socket.socket:
     108 bytes of a socket address)."""
     fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.bind(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
-            sock.listen(1024)
-        except OSError:
-            sock.close()
-            raise
+        sock = safefs.bind_unix(fd, os.path.basename(path), 1024)
     finally:
         os.close(fd)
     return sock
