@@ -46,6 +46,19 @@ py_list() { PYTHONPATH="$ROOT" "$PY" -m relay.commands.denylist_cli "$@"; }
   [[ "$output" == *"deny-listed path readable in the container:"*"/.ssh"* ]]
 }
 
+@test "the container entrypoint finds a leak the builtins must see: dotfiles only, an unsearchable dir, a HOME with a space" {
+  # In the local box (not root there), so a 0444 directory cannot be searched: its names still leak.
+  work="$(mktemp -d)"
+  cp "$ROOT/bin/container-entrypoint" "$ROOT/bin/denylist.sh" "$work/"
+  run "$ROOT/bin/contribute-hive" shell local --live --quiet --workdir "$work" --prompt \
+    'mkdir -p "h x/.gnupg" "h x/.aws" "h x/.kube"; touch "h x/.gnupg/k" "h x/.aws/.c"; chmod 0444 "h x/.gnupg"; HOME="$PWD/h x" ./container-entrypoint echo started; rc=$?; chmod 0755 "h x/.gnupg"; rm -rf "h x"; exit $rc'
+  rm -rf "$work"
+  [ "$status" -eq 3 ]
+  [[ "$output" == *"in the container: "*"/h x/.gnupg "*"/h x/.aws;"* ]]
+  [[ "$output" != *".kube"* ]]
+  [[ "$output" != *"started"* ]]
+}
+
 @test "the container entrypoint starts the agent when nothing denied is readable" {
   # Where the deny list is masked, as in our box (the host itself shows /etc/shadow to root). Live:
   # the test reads the last lines, and a staged run adds its exit line (and keeps the FIFO in a layer).
