@@ -38,6 +38,8 @@ STRAY_SYNC_LOCK = ".hive-relay-sync.lock"
 
 @dataclass
 class Item:
+    """One thing `clean` found: what it is, where, its size, and why it was kept when it was."""
+
     what: str
     path: str
     size: int | None

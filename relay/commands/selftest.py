@@ -39,6 +39,8 @@ ALLOWED_NAME = "selftest.hive-relay.test"
 
 @dataclass
 class Row:
+    """One escape probe's result in one tier and profile: the table row selftest prints and --json gives."""
+
     backend: str
     tier: str
     profile: str

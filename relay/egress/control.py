@@ -146,6 +146,8 @@ def apply(rules: tuple[HostRule, ...], op: str, entry: str) -> tuple[tuple[HostR
 
 @dataclass(frozen=True)
 class Run:
+    """A live run's control socket, found by scanning run dirs: its run id and the socket's path."""
+
     run_id: str
     path: str
 

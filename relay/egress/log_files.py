@@ -34,6 +34,8 @@ LIST_FIX = f"`{ENTRY} logs` lists the runs"
 
 @dataclass(frozen=True)
 class LogFile:
+    """One decision log on disk, named by stamp, backend and run, so `logs` can list and prune without opening it."""
+
     name: str
     stamp: str
     backend: str

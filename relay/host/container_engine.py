@@ -18,6 +18,8 @@ def engine_kind(path: str) -> str:
 
 @dataclass(frozen=True)
 class EngineInfo:
+    """What the container engine on PATH is (podman or docker, rootless or not, its storage) or why none works."""
+
     path: str
     kind: str
     version: str | None

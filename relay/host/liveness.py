@@ -57,6 +57,8 @@ def _wall_start(pid: int) -> float | None:
 
 @dataclass(frozen=True)
 class Owner:
+    """Who owns a run dir: a pid with its start time and boot id, so a reused pid is never taken for the live owner."""
+
     pid: int
     start: int | None = None  # None: a record from before start times were kept
     boot: str | None = None

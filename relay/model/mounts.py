@@ -23,5 +23,7 @@ class Mount:
 
 @dataclass(frozen=True)
 class Grant:
+    """A path of the host the user or profile lets into the box, read-only or writable."""
+
     path: str
     writable: bool

@@ -122,6 +122,8 @@ MAX_REVIEW_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class Flag:
+    """Why a path the box wrote runs later on the host (its class and the reason shown to the user)."""
+
     cls: RunsLater
     why: str
 

@@ -42,6 +42,8 @@ class CanaryProbe:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The canary's answer: the exit code (0 or refused) and the lines that say why."""
+
     exit_code: int  # 0 or errors.EXIT_REFUSED
     lines: tuple[str, ...]
 

@@ -19,6 +19,9 @@ from relay.policy import passwd
 
 @dataclass(frozen=True)
 class Step:
+    """One step the host takes before the box starts, with what it does and how it is undone (listed in --dry-run
+    --json)."""
+
     step: HostStep
     does: str
     undo: str

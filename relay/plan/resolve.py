@@ -1121,6 +1121,8 @@ def _unsandboxed_plan(
 
 @dataclass(frozen=True)
 class _ContainerChoice:
+    """The container run rendered for this plan and how its limits are enforced (the engine's or none)."""
+
     run: ContainerRun
     limit_method: str
 

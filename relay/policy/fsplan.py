@@ -28,6 +28,9 @@ from relay.model.vocab import MountKind
 
 @dataclass(frozen=True)
 class FsPlan:
+    """The box's whole filesystem as a pure plan: mounts in order, placeholders to create, and what is denied or
+    protected."""
+
     mounts: tuple[Mount, ...]
     placeholders: tuple[str, ...]
     denied: tuple[str, ...]

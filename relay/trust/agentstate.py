@@ -356,6 +356,8 @@ def _mask_logins(state: AgentState, bfd: int) -> None:
 
 @dataclass
 class _Change:
+    """One file of the box's private agent state, compared with the host's: what sync-back does with it and why."""
+
     rel: str
     kind: str  # "file" or "link"
     link: str | None = None

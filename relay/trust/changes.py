@@ -75,6 +75,8 @@ class Entry:
 
 @dataclass
 class Review:
+    """What a staged run changed, read from its upper layer: the entries the user reviews before anything lands."""
+
     run: staged.Run
     entries: list[Entry]
     git: int = 0  # entries under .git (objects, refs): staged, applied by a later version

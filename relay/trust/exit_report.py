@@ -65,6 +65,8 @@ def _kind_of(rel: str) -> str | None:
 
 @dataclass
 class Walk:
+    """One bounded walk of the workdir: directory times, names and watched files, to tell what the box added."""
+
     dirs: dict[str, int] = field(default_factory=dict)  # rel dir -> ctime_ns
     names: dict[str, frozenset[str]] = field(default_factory=dict)  # rel dir -> its entry names
     watched: dict[str, tuple[str, Sig]] = field(default_factory=dict)  # rel file -> (kind, signature)
@@ -80,6 +82,8 @@ class Walk:
 
 @dataclass
 class Watch:
+    """The workdir as it was when the box started, to compare against at exit (live runs)."""
+
     root: str
     started_ns: int
     before: Walk
@@ -276,6 +280,8 @@ def _lifecycle(root_fd: int, rel: str) -> str | None:
 
 @dataclass
 class Findings:
+    """What the exit check found the box left in a live workdir that could run later, and what was moved aside."""
+
     files: list[tuple[str, str]]  # (rel path, why it matters)
     partial: bool
     ms_start: float

@@ -449,6 +449,8 @@ def validate(name: str, data: bytes) -> str | None:
 
 @dataclass
 class SyncResult:
+    """What syncing the private .git back did: refs synced, what was kept aside, and the lines to print."""
+
     synced: list[str] = field(default_factory=list)
     aside: list[str] = field(default_factory=list)  # host-style names of what was kept aside
     messages: list[str] = field(default_factory=list)

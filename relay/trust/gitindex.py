@@ -75,6 +75,8 @@ class BadIndex(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
+    """One entry of git's index, as stored: its stat fields, mode, object id, flags and path."""
+
     ctime_s: int
     ctime_ns: int
     mtime_s: int
@@ -105,6 +107,8 @@ class Entry:
 
 @dataclass(frozen=True)
 class Index:
+    """A parsed git index: its version, hash length, entries and the extensions kept."""
+
     version: int
     hash_len: int  # 20: SHA-1, 32: SHA-256
     entries: tuple[Entry, ...]
@@ -311,6 +315,8 @@ def content_ids(content: bytes, hash_len: int) -> set[bytes]:
 
 @dataclass(frozen=True)
 class FileFacts:
+    """What lstat says about a work-tree path, the facts the index's lie rule compares against."""
+
     kind: str  # "file" | "link" | "dir" | "other"
     mode: int
     size: int
@@ -395,6 +401,9 @@ class Files(Protocol):
 
 @dataclass
 class Outcome:
+    """What checking the box's git index decided: the index to write back or why it is refused, and what was
+    cleared."""
+
     data: bytes | None = None  # the index to write back; None when refused
     refused: str | None = None  # why the index is refused (one clause)
     cleared: list[str] = field(default_factory=list)  # paths whose hiding bit the box had set

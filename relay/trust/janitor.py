@@ -29,6 +29,8 @@ from relay.trust.placeholders import Registry
 
 @dataclass
 class RunState:
+    """What the janitor must undo for one run: its run dir, synced files' hashes, placeholders, guards and owner."""
+
     run_dir: str | None
     home: str
     sync: dict[str, str | None] = field(default_factory=dict)  # host path -> sha256 at copy-in (None: absent)

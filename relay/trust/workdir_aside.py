@@ -42,6 +42,8 @@ def kept_dir(state_dir: str, run_id: str) -> str:
 
 @dataclass
 class Settled:
+    """How the workdir's protected paths were settled at exit: moved aside, restored, failed, or kept."""
+
     moved: list[tuple[str, str]] = field(default_factory=list)  # (rel, what the box did)
     restored: list[str] = field(default_factory=list)  # deleted by the box, put back
     failed: list[tuple[str, str]] = field(default_factory=list)  # (rel, why it could not be handled)

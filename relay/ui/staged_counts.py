@@ -12,6 +12,8 @@ from relay.trust import staged
 
 @dataclass(frozen=True)
 class Counts:
+    """The counts a staged run's exit line shows: changed, flagged, conflicting, refused and git files."""
+
     changed: int = 0
     flagged: int = 0
     conflicts: int = 0
