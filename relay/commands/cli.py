@@ -81,8 +81,17 @@ def contribute(
         facts = with_image(facts, matrix, request, env)
     if request.isolation == "vm":  # only then: opening /dev/kvm and creating a VM costs ~3 ms
         from relay.host import vm_host
+        from relay.policy.tiers import vm_accel
 
-        facts = replace(facts, vm_error=vm_host.vm_error(env))
+        if request.vm_accel is None and matrix.vm_accel:  # the user config's `vm: {accel: ...}` (--vm-accel wins)
+            request = replace(request, vm_accel=matrix.vm_accel)
+        accel = vm_accel(request)  # a bad word is a usage error before anything is probed
+        facts = replace(facts, vm_error=vm_host.vm_error(env, accel), vm_qemu=vm_host.qemu_path(env),
+                        vm_kernel=vm_host.guest_kernel(env))
+        if facts.vm_error is None:  # the guest's root is container mode's image (its tag hashes files)
+            from relay.modes.image import spec_from_env
+
+            facts = replace(facts, image=spec_from_env(matrix.backends, facts.uid, facts.gid, env).tag)
     if request.isolation == "gvisor":  # only then: the probe run starts a sandbox (memoized once it passed)
         from relay.host import runsc_host
 
@@ -680,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
             command=command, allow_sockets=tuple(ns.allow_socket), allow_ssh=tuple(ns.allow_ssh),
             allow_presets=tuple(ns.allow_preset), ask=ns.ask, no_grants=ns.no_grants, staged=ns.staged,
-            apply=ns.apply, live=ns.live, shared_live=ns.shared_live,
+            apply=ns.apply, live=ns.live, shared_live=ns.shared_live, vm_accel=ns.vm_accel,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet, count=count(ns.count, "--count"),
                           parallel=count(ns.parallel, "--parallel"))
