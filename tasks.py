@@ -443,14 +443,16 @@ def test(c: Context, args: str = "") -> None:
 
 @task(help={"backend": "only this backend (default: all)", "json": "print the results as JSON",
             "mode": "local (bubblewrap box, default) or container (podman/docker)",
-            "isolation": "local mode's tier to probe: supervised (default, as auto picks) or gvisor (runsc)"},
+            "isolation": "local mode's tier to probe: supervised (default, as auto picks), gvisor (runsc) or vm",
+            "vm_accel": "with --isolation vm: kvm (the default) or tcg (qemu's emulated CPU)"},
       iterable=["backend"])
 def selftest(c: Context, backend: list[str] | None = None, json: bool = False, mode: str = "local",
-             isolation: str | None = None) -> None:
+             isolation: str | None = None, vm_accel: str | None = None) -> None:
     """Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."""
     from relay.commands.selftest import selftest as run_selftest
 
-    _exit(guarded(run_selftest, list(backend or []) or None, as_json=json, mode=mode, isolation=isolation))
+    _exit(guarded(run_selftest, list(backend or []) or None, as_json=json, mode=mode, isolation=isolation,
+                   vm_accel=vm_accel))
 
 
 @task(help={"runs": "repetitions per timing (median is reported)",

@@ -196,3 +196,18 @@ def test_a_real_codex_turn_with_the_key_injected(vs: Sandbox, ca, tls_api) -> No
     assert REAL not in bodies and REAL not in proc.stdout + proc.stderr
     probe = dict(re.findall(r"probe-(env|proc|seen|home)=([\w-]*)", bodies))
     assert probe.get("env") == PLACEHOLDER, (probe, bodies[-2000:])
+
+
+def test_selftest_probes_the_guest_with_the_tiers_expectations(vs: Sandbox) -> None:
+    """`selftest --isolation vm --vm-accel tcg`: the real escape probes in the guest; AF_UNIX, TIOCSTI and
+    the pid list are the guest kernel's own there, so those attacks are "a host socket reached", "the
+    caller's terminal injected" and "the launcher seen"; the rest as in the supervised box."""
+    proc = vs.relay("selftest", "-b", "shell", "--isolation", "vm", "--vm-accel", "tcg", "--json", timeout=BOOT)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    rows = json.loads(proc.stdout)
+    assert rows and all(r["tier"] == "vm" and r["ok"] for r in rows), rows
+    assert {"AF_UNIX reaches a host socket", "TIOCSTI into the caller's terminal", "see host pids", "read ~/.ssh",
+            "connect to a non-allowed host", "connect to an allowed host", "direct connect skipping the proxy",
+            "write outside the workdir"} <= {r["probe"] for r in rows}
+    bad = vs.relay("selftest", "-b", "shell", "--vm-accel", "tcg")
+    assert bad.returncode == 2 and "--vm-accel applies to --isolation vm only" in bad.stderr

@@ -595,7 +595,8 @@ DOCTOR_HELP = {"json": "print the report as JSON",
 DOCTOR_DOC = "Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."
 SELFTEST_HELP = {"backend": "only this backend (default: all); repeatable", "json": "print the results as JSON",
                  "mode": "local (bubblewrap box, default) or container (podman/docker)",
-                 "isolation": "local mode's tier to probe: supervised (default, as auto picks) or gvisor (runsc)"}
+                 "isolation": "local mode's tier to probe: supervised (default, as auto picks), gvisor (runsc) or vm",
+                 "vm_accel": "with --isolation vm: kvm (the default) or tcg (qemu's emulated CPU)"}
 SELFTEST_DOC = "Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."
 BENCH_HELP = {"runs": "repetitions per timing (median is reported)",
               "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
@@ -630,8 +631,9 @@ def _selftest_main(argv: Sequence[str]) -> int:
     parser.add_argument("-j", "--json", action="store_true", help=SELFTEST_HELP["json"])
     parser.add_argument("-m", "--mode", metavar="MODE", default="local", help=SELFTEST_HELP["mode"])
     parser.add_argument("-i", "--isolation", metavar="ISOLATION", default=None, help=SELFTEST_HELP["isolation"])
+    parser.add_argument("-V", "--vm-accel", metavar="ACCEL", default=None, help=SELFTEST_HELP["vm_accel"])
     ns = parser.parse_args(argv)
-    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode, isolation=ns.isolation)
+    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode, isolation=ns.isolation, vm_accel=ns.vm_accel)
 
 
 def _bench_main(argv: Sequence[str]) -> int:
