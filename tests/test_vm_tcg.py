@@ -29,8 +29,10 @@ BOOT = 600  # seconds a launch may take here: a boot is 16-37 s idle, several ti
 
 @pytest.fixture(scope="module")
 def vm_cache(image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One XDG cache for the module's sandboxes, holding the guest's root image (container mode's image
-    as ext4, 9 s to make) and initramfs, made once here instead of by each test's first launch."""
+    """One XDG cache for the module's sandboxes whose VM dir is the real user's (as tests/test_vm.py's
+    guest_parts uses): the guest's root image (container mode's image as ext4, 1.5 GB, 9 s to make)
+    and initramfs, made once per user instead of by each sandbox's first launch."""
+    from relay.host.paths import cache_dir
     from relay.modes import vm_boot
 
     env = dict(os.environ)
@@ -38,7 +40,9 @@ def vm_cache(image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (kernel and qemu):
         pytest.fail("the vm tests need .ci/run's VM step: qemu-system-x86 and the guest kernel in the VM cache")
     base = tmp_path_factory.mktemp("vmcache")
-    cache = base / "hive-relay" / "vm"
+    cache = cache_dir(env) / "vm"
+    (base / "hive-relay").mkdir()
+    (base / "hive-relay" / "vm").symlink_to(cache)
     saved = dict(os.environ)
     os.environ.update(podman_env())
     try:

@@ -32,7 +32,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from relay.model.errors import RelayError
+from relay.model.errors import RefusedError, RelayError
 from relay.modes import vm_initrd
 
 GUEST_PORT_OFFSET = 1
@@ -140,7 +140,7 @@ def guest_layout(mounts: Sequence[tuple[str, str, str | None, int | None]], is_d
         if kind in ("dev", "proc") or (kind == "ro-bind" and dst == "/"):
             continue
         if any(c.isspace() for c in dst):
-            raise RelayError(f"the vm tier cannot mount {dst!r} (white space in a path); fix: --isolation supervised")
+            raise RefusedError(f"the vm tier cannot mount {dst!r} (white space in a path); fix: --isolation supervised")
         if kind in ("ro-bind", "bind", "private-bind"):
             found = is_dir(src or dst)
             if found is None:
@@ -153,7 +153,7 @@ def guest_layout(mounts: Sequence[tuple[str, str, str | None, int | None]], is_d
                 files.append((str(len(files)), src or dst))
                 lines.append(f"file {len(files) - 1} {dst}")
             else:
-                raise RelayError(f"the vm tier cannot share the single writable file {dst} with its guest yet; "
+                raise RefusedError(f"the vm tier cannot share the single writable file {dst} with its guest yet; "
                                  "fix: --isolation supervised")
         elif kind == "tmpfs":
             lines.append(f"tmpfs {size or 64 << 20} {'1777' if dst != '/run' else '755'} {dst}")
@@ -162,9 +162,9 @@ def guest_layout(mounts: Sequence[tuple[str, str, str | None, int | None]], is_d
         elif kind == "mask-file":
             lines.append(f"maskfile {dst}")
         else:
-            raise RelayError(f"the vm tier has no guest form for a {kind} mount at {dst}")
+            raise RefusedError(f"the vm tier has no guest form for a {kind} mount at {dst}")
     if len(shares) > MAX_SHARES:
-        raise RelayError(f"the plan shares {len(shares)} directories with the guest, more than microvm's "
+        raise RefusedError(f"the plan shares {len(shares)} directories with the guest, more than microvm's "
                          f"{MAX_SHARES} virtio slots; fix: --isolation supervised, or fewer grants")
     return tuple(shares), lines, files
 
