@@ -49,6 +49,7 @@ from relay.render.container_argv import ContainerRun
 from relay.render.gvisor_oci import GvisorRun
 from relay.render.native_permissions import render as render_native
 from relay.render.seccomp_bpf import SeccompPolicy, policy_for
+from relay.render.vm_run import VmRun
 from relay.trust import rundirs
 from relay.trust.gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from relay.trust.staged import StagedLayer
@@ -59,10 +60,6 @@ PROXY_LISTEN = "127.0.0.1:3128"
 VM_SECCOMP = ("none in the guest: its own kernel answers the agent's system calls (the boundary is the VM)",)
 BOX_UID_FOR_ROOT = 1000
 SECCOMP_FD = 3
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from relay.modes.vm_boot import VmRun
-
 INFO_FD = 4
 BLOCK_FD = 5
 # --allow-socket in the supervised tier: the i-th socket reaches bwrap as an O_PATH fd at SOCKET_FD + i
@@ -1039,7 +1036,6 @@ def _vm_tier(d: _Draft) -> None:
     plan decides it (the shares and the control dir's contents follow from the mounts at launch),
     then the agent's argv, which the guest init runs as the caller's uid with no capabilities."""
     from relay.host.paths import cache_dir
-    from relay.modes.vm_boot import VmRun
     from relay.policy.tiers import vm_accel
 
     assert d.facts.vm_qemu and d.facts.vm_kernel, "a vm plan without its probed qemu and kernel"
