@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pexpect
@@ -156,8 +157,15 @@ def test_a_terminal_session_prompt_a_command_ctrl_c_and_exit(vs: Sandbox) -> Non
     child = pexpect.spawn(sys.executable, ["-m", "relay", "shell", "local", "--quiet", *TCG], cwd=str(vs.workdir),
                           env=vs.env, encoding="utf-8", timeout=BOOT, dimensions=(30, 100))
     try:
-        child.sendline("echo READY$((40+2))")
-        child.expect("READY42")
+        # Keys typed while the guest boots can be lost (the UART's FIFO overruns before its driver and the
+        # shell read it), so ask again every 10 s until the shell answers.
+        deadline = time.monotonic() + BOOT
+        while True:
+            child.sendline("echo READY$((40+2))")
+            if child.expect(["READY42", pexpect.TIMEOUT], timeout=10) == 0:
+                break
+            assert time.monotonic() < deadline, "the guest's shell never answered"
+        child.expect(pexpect.TIMEOUT, timeout=2)  # let the repeated asks drain before the next one
         child.timeout = 120
         child.sendline("test -t 0 && echo tty-ok; stty size; echo D$((1+1))")
         child.expect("D2")

@@ -75,6 +75,7 @@ $B mount -t proc proc /root/proc && $B mount -t devtmpfs dev /root/dev && $B mkd
   && $B mount -t devpts -o newinstance,ptmxmode=0666 devpts /root/dev/pts && $B ln -sf pts/ptmx /root/dev/ptmx \
   || fail "no /proc or /dev"
 $B mount -t tmpfs -o size=64m,mode=1777 shm /root/dev/shm 2>/dev/null
+$B hostname hive-relay
 $B ip link set lo up
 if [ -e /sys/class/net/eth0 ]; then $B ip link set eth0 up && $B ip addr add 10.0.2.15/24 dev eth0; fi
 # The box's proxy address (127.0.0.1:3128, as in every tier) relays to qemu's one guestfwd, which
