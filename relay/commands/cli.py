@@ -83,7 +83,8 @@ def contribute(
         from relay.host import vm_host
 
         facts = replace(facts, vm_error=vm_host.vm_error(env))
-    if request.isolation == "gvisor":  # only then: the probe run starts a sandbox (memoized once it passed)
+    # Only then: the probe run starts a sandbox (memoized once it passed). Not kube: the cluster runs runsc.
+    if request.isolation == "gvisor" and request.mode != "kube":
         from relay.host import runsc_host
 
         facts = replace(facts, **runsc_host.facts(env))

@@ -949,16 +949,24 @@ def _container_tier(d: _Draft) -> None:
         d.limits = replace(d.limits, method="kubernetes (pod resources.limits)")
         d.command = list(d.argv)
         return
-    choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir)
+    choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir,
+                            network=d.profile.network)
     d.container, d.limits = choice.run, replace(d.limits, method=choice.limit_method)
     if d.staged is not None:
         _refuse_staged_container(d, choice.run, d.staged)
-    if choice.run.ctl_dir:
+    if choice.run.ctl_dir and not choice.run.runtime:  # gvisor: the proxy serves before the box starts
         d.env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
+    if choice.run.runtime:
+        if d.sockets:
+            raise RefusedError("--allow-socket cannot be enforced with --isolation gvisor yet (its agent gets no "
+                               "AF_UNIX socket()); fix: drop --isolation gvisor, or drop --allow-socket")
+        d.notes.append(f"gvisor: the container runs on runsc ({d.facts.runsc_version or d.facts.runsc}, platform "
+                       f"{d.facts.runsc_platform}): the agent's kernel is gVisor's Sentry, not the host's")
     d.command = container_argv.build(
         run=choice.run, backend=d.backend.name, workdir=d.workdir, home=d.home, mounts=d.fsplan.mounts,
         env_set=d.env_set, env_pass=d.env_pass, interactive=d.interactive, tty=d.facts.tty, argv=d.argv,
         staged=(d.staged.upper, d.staged.work) if d.staged else None,
+        listen=PROXY_LISTEN if d.profile.network else None,
     )
 
 
@@ -1059,6 +1067,8 @@ def _plan(d: _Draft) -> Plan:
         policy["credentials"] = [route_json(r) for r in d.routes]
     if d.sockets:
         policy["sockets"] = [asdict(s) for s in d.sockets]
+    if d.container is not None and d.container.runtime:
+        policy["runtime"] = "runsc"  # --isolation gvisor in container mode
     if d.staged:
         policy["workdir"] = "staged"
         # Staged: bwrap makes the mount targets of the workdir's masks inside the overlay, so they land
@@ -1128,7 +1138,7 @@ class _ContainerChoice:
 
 
 def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: HostFacts, caller_env: dict[str, str],
-                   limits: Limits, run_dir: str | None) -> _ContainerChoice:
+                   limits: Limits, run_dir: str | None, network: bool = True) -> _ContainerChoice:
     from relay.host.container_engine import engine_kind
 
     engine = choose_engine(facts, caller_env)
@@ -1136,13 +1146,28 @@ def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: Ho
     rootless = kind == "podman" and facts.uid != 0
     if facts.image is None:
         raise UsageError("internal: container mode needs the image identity in the host facts (relay.modes.image.with_image)")
-    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, facts.nofile)
+    gvisor = request.isolation == "gvisor"
+    if gvisor and kind != "podman":
+        raise RefusedError(f"--isolation gvisor in container mode runs on podman (`podman --runtime runsc`), and "
+                           f"{engine} is {kind}; fix: HIVE_RELAY_ENGINE=podman, or --mode local")
+    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, facts.nofile, gvisor)
+    ctl_dir = os.path.join(run_dir, "ctl") if run_dir else None
+    extra: dict = {}
+    if gvisor:
+        # The init's files: the filter and the proxy's socket in the control dir (owner-only: bound in one
+        # by one, never the dir), the init from our package; the OCI profile is not used (see container_argv).
+        box = ctl_dir or "/RUN-DIR/ctl"
+        extra = {"runtime": facts.runsc or "runsc",
+                 "runtime_flags": container_argv.runsc_flags(facts.runsc_platform or "systrap", rootless),
+                 "init_script": os.path.join(str(PACKAGE_ROOT), "relay", "box", "gvisor_init.py"),
+                 "seccomp_bpf": os.path.join(box, "seccomp.bpf"),
+                 "proxy_socket": os.path.join(box, "proxy.sock") if network else None}
     run = ContainerRun(
         engine=engine, kind=kind, rootless=rootless, name=f"hive-relay-{request.run_id or 'dry-run'}",
         image=facts.image, user="0:0" if facts.uid == 0 else f"{facts.uid}:{facts.gid}",
         pidfile=os.path.join(run_dir, "pid") if run_dir and kind == "podman" else None,
-        ctl_dir=os.path.join(run_dir, "ctl") if run_dir else None,
-        seccomp_profile=os.path.join(run_dir, "seccomp.json") if run_dir else None,
-        limit_flags=flags,
+        ctl_dir=ctl_dir,
+        seccomp_profile=os.path.join(run_dir, "seccomp.json") if run_dir and not gvisor else None,
+        limit_flags=flags, **extra,
     )
     return _ContainerChoice(run, method)
