@@ -88,7 +88,8 @@ def cases() -> Iterator[tuple[str, HostFacts, Request, dict[str, str]]]:
     yield "local/supervised-host/agent-prompt", SUPERVISED, Request("", prompt="fix the bug", timeout=60), ENV
     yield "container/prompt", SUPERVISED, Request("", mode="container", prompt="fix the bug"), ENV
     yield "container/live", SUPERVISED, Request("", mode="container", live=True), ENV
-    yield "container/gvisor", GVISOR, Request("", mode="container", isolation="gvisor"), ENV
+    yield "container/gvisor", GVISOR, Request("", mode="container", isolation="gvisor", live=True), ENV
+    yield "container/gvisor-staged", GVISOR, Request("", mode="container", isolation="gvisor"), ENV
     yield "container/gvisor-no-runsc", NO_RUNSC, Request("", mode="container", isolation="gvisor"), ENV
     yield "local/process-host/opted-in", PROCESS, Request("", live=True), {**ENV, "HIVE_RELAY_UNSANDBOXED_ALL": "1"}
     sockets = {"allow_sockets": ("ssh-agent",), "allow_ssh": ("git.test",)}
@@ -115,6 +116,8 @@ SAME = {
     "shell/local-process-host-opted-in": "shell/local-process-host-auto",
     # No runsc: container mode's gvisor is refused before anything of the backend counts.
     **{f"{b}/container-gvisor-no-runsc": "claude/container-gvisor-no-runsc" for b in BACKENDS[1:]},
+    # Staged on runsc: podman's overlay volume cannot be mounted there, refused alike for every backend.
+    **{f"{b}/container-gvisor-staged": "claude/container-gvisor-staged" for b in BACKENDS[1:]},
     # --allow-socket at the process tier is refused before anything of the backend counts.
     **{f"{b}/local-supervised-host-process-sockets": "claude/local-supervised-host-process-sockets"
        for b in BACKENDS[1:]},

@@ -978,6 +978,12 @@ def _refuse_staged_container(d: _Draft, run: ContainerRun, layer: StagedLayer) -
     if run.kind != "podman":
         raise RefusedError(f"{asked}: {run.kind} has no overlay volume with an upper dir of our own; fix: use podman "
                            f"(HIVE_RELAY_ENGINE=podman) or --mode local{live_fix}")
+    if run.runtime:
+        # podman hands an overlay volume to the runtime as an OCI `overlay` mount, which runsc 20240729
+        # does not implement: the box would see no workdir at all (checked), and its writes would go nowhere.
+        raise RefusedError(f"{asked}: with --isolation gvisor, podman hands its overlay volume to runsc, which cannot "
+                           "mount it; fix: --live to let the box write the checkout directly, or --mode local "
+                           "--isolation gvisor (which stages)")
     if unsafe_path(layer.root):
         raise RefusedError(f"{asked}: the staged layer's path {layer.root} holds {unsafe_path(layer.root)!r}, which "
                            f"a podman volume cannot name; fix: set XDG_STATE_HOME to a plain path{live_fix}")
