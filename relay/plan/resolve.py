@@ -55,6 +55,7 @@ from relay.trust.staged import StagedLayer
 from relay.trust.staged import for_run as staged_for_run
 
 PROXY_LISTEN = "127.0.0.1:3128"
+GVISOR_RUNTIME_CLASS = "gvisor"  # kube mode: the RuntimeClass a gVisor node offers (GKE Sandbox, gVisor docs)
 BOX_UID_FOR_ROOT = 1000
 SECCOMP_FD = 3
 INFO_FD = 4
@@ -144,6 +145,8 @@ class Plan:
     unsandboxed: bool = False
     container: ContainerRun | None = None
     gvisor: GvisorRun | None = None  # the gvisor tier's runsc run (relay/render/gvisor_oci.py)
+    # kube mode with --isolation gvisor: the box pods' runtimeClassName (the canary proves the cluster has it).
+    runtime_class: str | None = None
     git: GitPlan | None = None  # the workdir's git dir by allowlist (relay/trust/gitdir.py)
     notes: tuple[str, ...] = field(default=())
     rules: tuple[HostRule, ...] = ()  # egress.allowed_rules: handed to the proxy as is; `egress` is their text
@@ -176,6 +179,8 @@ class Plan:
         data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
         if self.gvisor is None:
             data.pop("gvisor")
+        if self.runtime_class is None:
+            data.pop("runtime_class")
         data["command_line"] = shlex.join(self.command)
         data["egress_rules"] = explain(self.rules)
         data["credentials"] = [route_json(r) for r in self.credentials]
@@ -327,6 +332,7 @@ class _Draft:
     fs_rules: tuple[tuple[str, str], ...] = ()
     container: ContainerRun | None = None
     gvisor: GvisorRun | None = None
+    runtime_class: str | None = None
     sockets: tuple[BoxSocket, ...] = ()
     staged: StagedLayer | None = None
     workdir_mode: WorkdirMode = WorkdirMode.LIVE
@@ -948,6 +954,10 @@ def _container_tier(d: _Draft) -> None:
     if d.request.mode == "kube":  # rendered as Kubernetes objects by relay/modes/kube_objects.py, not run here
         d.limits = replace(d.limits, method="kubernetes (pod resources.limits)")
         d.command = list(d.argv)
+        if d.request.isolation == "gvisor":
+            d.runtime_class = GVISOR_RUNTIME_CLASS
+            d.notes.append(f"gvisor: the box pods ask for runtimeClassName {GVISOR_RUNTIME_CLASS} (GKE Sandbox's name; "
+                           "`invoke doctor --mode kube --isolation gvisor` proves the cluster runs them on gVisor)")
         return
     choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir,
                             network=d.profile.network)
@@ -1073,8 +1083,8 @@ def _plan(d: _Draft) -> Plan:
         policy["credentials"] = [route_json(r) for r in d.routes]
     if d.sockets:
         policy["sockets"] = [asdict(s) for s in d.sockets]
-    if d.container is not None and d.container.runtime:
-        policy["runtime"] = "runsc"  # --isolation gvisor in container mode
+    if (d.container is not None and d.container.runtime) or d.runtime_class:
+        policy["runtime"] = "runsc"  # --isolation gvisor in container or kube mode
     if d.staged:
         policy["workdir"] = "staged"
         # Staged: bwrap makes the mount targets of the workdir's masks inside the overlay, so they land
@@ -1097,6 +1107,7 @@ def _plan(d: _Draft) -> Plan:
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, gvisor=d.gvisor, git=d.git,
+        runtime_class=d.runtime_class,
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
         ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
