@@ -106,40 +106,6 @@ def test_the_canary_under_podman_kube_play(tmp_path: Path, image: str, network: 
     assert on_runc.gvisor is False and decide(on_runc, "claude", backend.opt_in, True).exit_code == EXIT_REFUSED
 
 
-def test_the_gvisor_canary_under_podman_kube_play_on_runsc(tmp_path: Path, image: str) -> None:
-    """`doctor --mode kube --isolation gvisor`'s canary, its pod played on runsc: it names gVisor's kernel and
-    the verdict passes (the runc twin, refused, is in the test above)."""
-    from relay.host import runsc_host
-
-    got = runsc_host.facts(os.environ)
-    if got["runsc_error"] is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the gvisor tests, but: {got['runsc_error']}")
-        pytest.skip(f"LOUD SKIP: no working runsc here: {got['runsc_error']}")
-    srv, target = _public_stand_in()
-    work = tmp_path / "w"
-    work.mkdir()
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run(["git", "-C", str(work), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q",
-                    "--allow-empty", "-m", "i"], check=True)
-    env = podman_env()
-    req = Request("claude", mode="kube", workdir=str(work), run_id=f"canary-gv-{os.getpid()}-{os.urandom(3).hex()}",
-                  prompt="x", argv_override=("/bin/bash", "-c", kube_canary.canary_script(target)), isolation="gvisor")
-    matrix = load_matrix(env, workdir=None)
-    plan = resolve(get_backend(matrix, "claude"), matrix, req, with_image(probe(env), matrix, req, env), env,
-                   fs=HostFs())
-    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
-    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
-    try:
-        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=180,
-                                  runsc=(got["runsc"], got["runsc_platform"]))
-    finally:
-        srv.close()
-    seen = parse(played.logs[0], seccomp_profile=True, runtime_class=True, gvisor=True)
-    assert seen.gvisor is True and seen.proxy_reachable is True and seen.direct_egress is False, played.logs[0]
-    assert decide(seen, "claude", "X", opted_in=False).exit_code == 0
-
-
 def test_decide_refuses_a_cluster_that_does_not_run_the_box_on_gvisor() -> None:
     """--isolation gvisor: a missing RuntimeClass refuses, and so does a class whose box ran on another
     kernel (a `gvisor` class with a runc handler): never silently weaker. The twin: gVisor's kernel passes."""

@@ -9,13 +9,13 @@ pod's port. The pod's hostAliases entry names the proxy 127.0.0.1, so the same J
 The proxy pod runs on the host's network (rootless podman here cannot create a bridge: no
 /dev/net/tun), on a free port in place of 3128; its JSON decision log is its stdout.
 
-A plan with a runtime class (`kube --isolation gvisor`) plays its box pods on runsc: `podman kube play`
-4.3 has no per-pod runtime and reads no `runtimeClassName`, but podman's global `--runtime` applies to
-every container a command creates, so the box pods' play and start get it (the proxy pod stays on
-runc: it is ours, as on a cluster). runsc runs there with `network=host`: its Sentry then uses the
-kernel's sockets in the pod's network namespace (only `lo`), where the launcher's spliced listeners
-are; gVisor's own stack (`network=none`, as container mode runs it) would not see them. That is this
-proof's one difference from a cluster's runsc, whose netstack serves the pod's own interface.
+A plan with a runtime class (`kube --isolation gvisor`, or HIVE_RELAY_KUBE_RUNTIME_CLASS) is refused
+here, never played on runc: podman 4.3's `kube play` reads no `runtimeClassName`, and its global
+`--runtime runsc` does not get a pod running on this host (checked with runsc 20240729): runsc's gofer
+cannot join the pod's shared user namespace (`hostUsers: false`: "error setting namespace of type
+user": EINVAL), and without it podman's cri-o sandbox annotation makes each container a sub-container
+of the infra's sandbox, whose set-up fails ("mounting submounts: mount cgroup /sys/fs/cgroup: file
+exists"). A cluster's gVisor is proven by the canary (relay/modes/kube_canary.py) instead.
 """
 
 from __future__ import annotations
@@ -365,17 +365,23 @@ class PlayResult:
 
 def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: str,
          timeout: float = 600.0, box_network: str = "none", secret_values: Mapping[str, str] | None = None,
-         proxy_ca: str | None = None, runsc: tuple[str, str] | None = None) -> PlayResult:
+         proxy_ca: str | None = None) -> PlayResult:
     """Play the run's pods (at most `run.parallel` at once), wait for every box, collect.
     `secret_values`: the proxy Secret's values (relay/modes/kube_secrets.py), given to the proxy pod as
     its envFrom would; `proxy_ca`: a CA file the proxy pod trusts (SSL_CERT_FILE), as a cluster's
-    proxy image would carry a corporate CA; the tests' TLS upstreams use one. `runsc`: (runsc's path,
-    its platform) for a plan with a runtime class: the box pods on gVisor (the module's docstring).
+    proxy image would carry a corporate CA; the tests' TLS upstreams use one.
     `box_network` other than none is for doctor's tests only: a cluster whose CNI ignores
     NetworkPolicy, simulated by a box pod with a network of its own; `host` works rootless too
     (a rootless bridge needs slirp4netns, which needs /dev/net/tun)."""
     from relay.host.netns import listen_in
 
+    if run.runtime_class:
+        from relay.model.errors import RefusedError
+
+        raise RefusedError(f"runtimeClassName {run.runtime_class}: podman kube play cannot run a pod on runsc here "
+                           "(see relay/modes/kube_podman.py), and playing it on runc would be weaker than asked; fix: "
+                           "a cluster with gVisor (check it: invoke doctor --mode kube --isolation gvisor), or drop "
+                           "--isolation gvisor")
     podman = ["podman", "--log-level=error"]
     prefix = pod_prefix(run.run_id)
     run = replace(run, proxy_ip="127.0.0.1")
@@ -395,7 +401,6 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         pods.append(pod)
         box_volumes += volumes
     p = Played(work=work, env=podman_env(env, work), podman=podman)
-    boxes = [*podman, *box_runtime(run, runsc, rootless)]
     profile = seccomp_profile(plan)
     root = os.path.join(work, "seccomp")
     os.makedirs(root, exist_ok=True)
@@ -430,12 +435,12 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
                 file = os.path.join(work, f"{name}.yaml")
                 with open(file, "w") as fh:
                     fh.write(to_yaml([pod]))
-                created = subprocess.run([*boxes, "kube", "play", "--start=false", "--network", box_network,
+                created = subprocess.run([*podman, "kube", "play", "--start=false", "--network", box_network,
                                           "--seccomp-profile-root", root, file], capture_output=True, text=True, env=p.env)
                 if created.returncode != 0:
                     raise RuntimeError(f"podman kube play {name} failed: {created.stderr[-500:]}")
                 pidfile = _infra_pidfile(p, name)
-                proc = subprocess.Popen([*boxes, "pod", "start", name], stdout=subprocess.DEVNULL,
+                proc = subprocess.Popen([*podman, "pod", "start", name], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, env=p.env)
                 if box_network != "host":
                     pid = _infra_pid(pidfile, name, deadline, proc)
@@ -474,22 +479,6 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
         return PlayResult(sorted(results, key=lambda r: r.index), logs, proxy_log)
     finally:
         p.down()
-
-
-def box_runtime(run: KubeRun, runsc: tuple[str, str] | None, rootless: bool) -> list[str]:
-    """podman's global flags for the box pods: none without a runtime class; runsc with one (refused
-    without a runsc: a pod asked to run on gVisor never runs on runc instead)."""
-    if not run.runtime_class:
-        return []
-    if runsc is None:
-        from relay.model.errors import RefusedError
-
-        raise RefusedError(f"runtimeClassName {run.runtime_class}: podman kube play runs it on runsc, and no runsc "
-                           "was given; fix: install runsc (see docs/isolation.md), or drop --isolation gvisor")
-    # oci-seccomp: the pods' Localhost profile, enforced by the Sentry (runsc ignores it otherwise).
-    flags = [f"platform={runsc[1]}", "directfs=false", "network=host", "oci-seccomp",
-             *(["ignore-cgroups"] if rootless else [])]
-    return ["--runtime", runsc[0], *(x for f in flags for x in ("--runtime-flag", f))]
 
 
 def _upload_bundle(p: Played, container: str, run: KubeRun, bundle: bytes) -> None:
