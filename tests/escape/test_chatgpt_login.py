@@ -253,7 +253,7 @@ tr -d '\n' < "$HOME/.codex/auth.json"; echo
 TOKEN=$(sed 's/.*"access_token": *"\([^"]*\)".*/\1/' "$HOME/.codex/auth.json")
 curl -s -H "Authorization: Bearer $TOKEN" -H 'chatgpt-account-id: d9a4c6f0-1b2c-4d5e-8f90-123456789abc' \
      -H 'content-type: application/json' -d '{"model": "m", "stream": true, "input": []}' \
-     http://127.0.0.1:3128/chatgpt-login/backend-api/codex/responses | grep -c response.completed
+     http://127.0.0.1:3128/chatgpt-login/backend-api/codex/responses | grep -c '^event: response.completed'
 curl -sk -o /dev/null -w 'other=%{http_code}\n' -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' \
      -d '{"model": "m", "input": []}' https://api.openai.com/v1/responses
 """
@@ -360,7 +360,7 @@ def test_real_codex_turn_with_a_chatgpt_login_refreshed_on_the_host(mode_box: Sa
     paths = {r["path"].partition("?")[0] for r in api.requests if r["host"] == "chatgpt.com"}
     assert "/backend-api/codex/responses" in paths, paths
     # The box saw only placeholders (and did see them): the probe's answer came back in the next request.
-    bodies = "\n".join(r["body"] for r in api.requests)
+    bodies = "\n".join(r["body"] for r in api.requests if r["host"] == "chatgpt.com")  # not the host's refresh
     found = dict(re.findall(r"probe-(proc|home|seen)=(\d+)", bodies))
     blocked = found.get("proc") == "0" and found.get("home") == "0" and int(found.get("seen", "0")) >= 1
     report.attack(blocked)
