@@ -389,7 +389,7 @@ def _login(value: Any, where: _Where, key: str) -> LoginFile:
     strictly; or just `{file, token}`: a static key in a login file (codex's `auth.json` API key),
     read per request and never refreshed."""
     data = _section(value, where, key, LOGIN_KEYS)
-    if set(data) <= {"file", "token"}:  # a static key: nothing to refresh
+    if set(data) == {"file", "token"}:  # a static key: nothing to refresh
         data = {**data, "refresh_token": "", "refresh_url": "", "client_id": ""}
     data = {**{k: "" for k in LOGIN_OPTIONAL_KEYS}, **data}
     missing = sorted(LOGIN_KEYS - set(data))
