@@ -557,6 +557,8 @@ def _credentials(d: _Draft) -> None:
         if login is not None and not route.login.refresh_url and any(
                 r.upstream_host == route.upstream_host for r in d.routes):
             continue  # a key in a login file beside a key a route already holds: the file is masked, that route carries
+        if login is not None and route.box_args and any(r.box_args for r in d.routes):
+            continue  # the CLI takes one provider (codex: an API key before its ChatGPT login); the file is masked
         url = f"http://{PROXY_LISTEN}/{route.name}"
         own = [n for n, _ in route.box_env if n not in route.secret_env and d.env.get(n) and n in passable]
         if own:
@@ -671,12 +673,13 @@ def _login_file(d: _Draft, route: CredentialRoute) -> str | None:
     path = expand(route.login.file, d.home, d.uid)
     if d.fs.lkind(path) != "file" or not _in_state_dirs(d, path):
         return None
-    if not route.login.refresh_url:  # a static key in a login file: a route only when the file holds one
-        try:
-            if not credential_files.secret_paths(d.fs.read_bounded(path, credential_files.MAX_FILE + 1), (route.login.token,)):
-                return None
-        except ValueError:
+    # A route only when the file holds its token: codex's auth.json holds an API key or a ChatGPT login,
+    # and each is its own route with its own flags.
+    try:
+        if not credential_files.secret_paths(d.fs.read_bounded(path, credential_files.MAX_FILE + 1), (route.login.token,)):
             return None
+    except ValueError:
+        return None
     return path
 
 
