@@ -288,12 +288,13 @@ contribute_hive = task(klass=_Task, positional=["backend", "mode"], iterable=lis
 
 
 @task(help={"json": "print the report as JSON",
-            "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce"})
-def doctor(c: Context, json: bool = False, mode: str | None = None) -> None:
+            "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce",
+            "isolation": "with --mode kube: gvisor also proves the canary box runs on gVisor (runtimeClassName gvisor)"})
+def doctor(c: Context, json: bool = False, mode: str | None = None, isolation: str | None = None) -> None:
     """Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."""
     from relay.commands.doctor import doctor as run_doctor
 
-    _exit(guarded(run_doctor, as_json=json, mode=mode))
+    _exit(guarded(run_doctor, as_json=json, mode=mode, isolation=isolation))
 
 
 @task(help={

@@ -15,7 +15,7 @@ from . import fake_api
 from .servers import make_ca
 
 # Every name a shared-CA test serves under: the agents' APIs and logins, and github.com for grants.
-API_NAMES = ("api.anthropic.com", "platform.claude.com", "api.openai.com", "chatgpt.com",
+API_NAMES = ("api.anthropic.com", "platform.claude.com", "api.openai.com", "chatgpt.com", "auth.openai.com",
              "generativelanguage.googleapis.com", "github.com")
 
 

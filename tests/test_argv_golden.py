@@ -13,6 +13,7 @@ import difflib
 import json
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,20 @@ def _container(kind: str, rootless: bool, interactive: bool) -> list[str]:
         argv=["claude", "--settings", "{}"] if interactive else ["claude", "-p", "fix the bug"])
 
 
+def _container_gvisor(rootless: bool, network: bool) -> list[str]:
+    """`podman --runtime runsc`: the same policy, runsc's flags, the init's binds and argv before the agent's."""
+    flags, _ = container_argv.limit_flags("podman", rootless, "v2", Limits(8 << 30, 512, "cgroup-v2"), 524288, True)
+    run = replace(_run("podman", rootless), limit_flags=flags, seccomp_profile=None, runtime="/usr/bin/runsc",
+                  runtime_flags=container_argv.runsc_flags("systrap", rootless),
+                  init_script="/opt/hive-relay/relay/box/gvisor_init.py", seccomp_bpf=f"{RUN_DIR}/ctl/seccomp.bpf",
+                  proxy_socket=f"{RUN_DIR}/ctl/proxy.sock" if network else None)
+    return container_argv.build(
+        run=run, backend="claude", workdir=WORKDIR, home=HOME, mounts=_fsplan().mounts[:6],
+        env_set={"HOME": HOME, "PATH": container_argv.IMAGE_PATH, "HIVE_RELAY": "1"},
+        env_pass=("ANTHROPIC_API_KEY",), interactive=True, tty=True, argv=["claude"],
+        listen="127.0.0.1:3128" if network else None)
+
+
 def _gvisor_run(rootless: bool, network: bool = True) -> GvisorRun:
     return GvisorRun(runsc="/usr/bin/runsc", platform="systrap", rootless=rootless, container_id="hive-relay-1-golden",
                      bundle=f"{RUN_DIR}/gvisor", state_root=f"{RUN_DIR}/gvisor/state",
@@ -109,6 +124,8 @@ VECTORS: dict[str, Callable[[], object]] = {
         _fsplan(home_source=None).mounts, HOME, "docker"),
     "container_argv.build-podman-rootless": lambda: _container("podman", True, True),
     "container_argv.build-docker-rootful-prompt": lambda: _container("docker", False, False),
+    "container_argv.build-podman-gvisor-root": lambda: _container_gvisor(False, True),
+    "container_argv.build-podman-gvisor-rootless-no-network": lambda: _container_gvisor(True, False),
 }
 
 

@@ -213,7 +213,11 @@ def test_shipped_credential_routes() -> None:
     assert files["gemini"]["~/.gemini/oauth_creds.json"] == ("access_token", "refresh_token", "id_token")
     assert "mcpOAuth.*.clientSecret" in files["claude"]["~/.claude/.credentials.json"]
     assert "*.refresh" in files["opencode"]["~/.local/share/opencode/auth.json"]
-    codex, in_file = backends["codex"].credentials
+    codex, in_file, chatgpt = backends["codex"].credentials  # an API key before the ChatGPT login, as codex does
+    assert chatgpt.login is not None and (chatgpt.login.token, chatgpt.login.expires, chatgpt.login.id_token) == (
+        "tokens.access_token", "", "tokens.id_token")  # no expires: the access token's own JWT exp
+    assert (chatgpt.upstream_host, chatgpt.login.refresh_url) == ("chatgpt.com", "https://auth.openai.com/oauth/token")
+    assert "model_providers.hive-relay-chatgpt.base_url={url}/backend-api/codex" in chatgpt.box_args
     assert in_file.login is not None and (in_file.login.file, in_file.login.token, in_file.login.refresh_url) == (
         "~/.codex/auth.json", "OPENAI_API_KEY", "")
     assert codex.secret_env == ("CODEX_API_KEY", "OPENAI_API_KEY") and codex.send == "authorization-bearer"

@@ -101,3 +101,28 @@ def test_the_canary_under_podman_kube_play(tmp_path: Path, image: str, network: 
     assert verdict.exit_code == (0 if enforcing else EXIT_REFUSED), verdict.lines
     if not enforcing:
         assert decide(seen, "claude", backend.opt_in, opted_in=True).exit_code == 0
+    # Played on runc: had gVisor been asked for, this cluster would be refused (never silently weaker).
+    on_runc = parse(log, seccomp_profile=True, runtime_class=True, gvisor=True)
+    assert on_runc.gvisor is False and decide(on_runc, "claude", backend.opt_in, True).exit_code == EXIT_REFUSED
+
+
+def test_decide_refuses_a_cluster_that_does_not_run_the_box_on_gvisor() -> None:
+    """--isolation gvisor: a missing RuntimeClass refuses, and so does a class whose box ran on another
+    kernel (a `gvisor` class with a runc handler): never silently weaker. The twin: gVisor's kernel passes."""
+    good = parse("direct=fail\nproxy=ok\nkernel=gvisor\n", True, runtime_class=True, gvisor=True)
+    assert good.gvisor is True and decide(good, "claude", "X", False).exit_code == 0
+    assert any(line.startswith("ok   gvisor") for line in decide(good, "claude", "X", False).lines)
+    for log, runtime in (("direct=fail\nproxy=ok\nkernel=other\n", True), ("direct=fail\nproxy=ok\n", True),
+                         ("direct=fail\nproxy=ok\nkernel=gvisor\n", False)):
+        verdict = decide(parse(log, True, runtime_class=runtime, gvisor=True), "claude", "X", True)
+        assert verdict.exit_code == EXIT_REFUSED, (log, runtime, verdict.lines)
+        assert any(line.startswith("MISS") and "fix:" in line for line in verdict.lines)
+    # Not asked: the kernel line is not read.
+    assert parse("direct=fail\nproxy=ok\nkernel=other\n", True).gvisor is None
+
+
+def test_the_canary_names_the_kernel_that_answered_it() -> None:
+    """The canary script's kernel check, run here: the host's kernel is not gVisor's."""
+    script = kube_canary.canary_script("127.0.0.1:1", "127.0.0.1:1")
+    out = subprocess.run(["/bin/bash", "-c", script], capture_output=True, text=True, timeout=60).stdout
+    assert "kernel=other" in out and "kernel=gvisor" not in out

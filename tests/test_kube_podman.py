@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -360,3 +361,29 @@ def test_a_grant_and_a_login_route_work_from_a_pod_with_the_secret_only_in_the_p
     assert f"Bearer {grant}" in seen and f"Bearer {access}" in seen, seen
     assert "Bearer hive-relay-placeholder" in seen  # other.test is no route's upstream: no swap there
     assert access not in played.proxy_log and grant not in played.proxy_log
+
+
+
+def test_a_gvisor_plan_is_refused_by_the_kube_play_proof_never_played_on_runc(tmp_path: Path) -> None:
+    """podman kube play cannot run a pod on runsc here (relay/modes/kube_podman.py says why): a plan whose
+    box pods ask for runtimeClassName gvisor is refused before any pod exists, never played on runc. The
+    twin: the same plan without --isolation gvisor has no runtime class (the fan-out test plays those)."""
+    from relay.model.errors import RefusedError
+
+    work = _checkout(tmp_path)
+    env = podman_env()
+    req = Request("shell", mode="kube", workdir=str(work), run_id=f"kubegv-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", argv_override=("/bin/bash", "-c", "echo RAN"), isolation="gvisor")
+    matrix = load_matrix(env, workdir=None)
+    image = "localhost/hive-relay-contributor:0123456789ab-u1000"  # never pulled nor run: refused before
+    facts = replace(probe(env), image=image)
+    plan = resolve(get_backend(matrix, "shell"), matrix, req, facts, env, fs=HostFs())
+    run = kube_run_for(plan, req.run_id, 1, 1, {**env, "HIVE_RELAY_KUBE_IMAGE": image,
+                                                 "HIVE_RELAY_KUBE_PROXY_IMAGE": image})
+    assert run.runtime_class == "gvisor"
+    with pytest.raises(RefusedError, match="runtimeClassName gvisor: podman kube play cannot run a pod on runsc"):
+        kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=60)
+    assert not (tmp_path / "play").exists()
+    plain = resolve(get_backend(matrix, "shell"), matrix, replace(req, isolation=None), facts, env, fs=HostFs())
+    assert kube_run_for(plain, req.run_id, 1, 1, {**env, "HIVE_RELAY_KUBE_IMAGE": image,
+                                                   "HIVE_RELAY_KUBE_PROXY_IMAGE": image}).runtime_class is None

@@ -515,3 +515,49 @@ def test_a_codex_api_key_login_file_reaches_only_the_clusters_proxy(tmp_path: Pa
     plan = resolve(get_backend(matrix, "codex"), matrix,
                    Request("codex", mode="kube", workdir=str(work), run_id="1-x", prompt="hi"), probe(env), env, fs=HostFs())
     assert secret_values(plan, env) == {"HIVE_RELAY_KEY_0": real}  # read from the host file, for the Secret only
+
+
+def test_isolation_gvisor_asks_for_the_gvisor_runtime_class_on_the_box_pods_only(fake_checkout: None,
+                                                                                  fixed_seccomp: None) -> None:
+    """`kube --isolation gvisor`: the plan names the class, the Job's pods ask for it (golden), the proxy
+    pod does not (it is ours, not the agent's); HIVE_RELAY_KUBE_RUNTIME_CLASS may rename it. The twin:
+    without it, no runtimeClassName anywhere."""
+    from relay.modes.kube_run import kube_run_for
+
+    plan = kube_plan("claude", isolation="gvisor")
+    assert plan.runtime_class == "gvisor" and plan.to_json()["runtime_class"] == "gvisor"
+    run = replace(kube_run_for(plan, RUN.run_id, 3, 2, {"HIVE_RELAY_KUBE_IMAGE": RUN.image,
+                                                        "HIVE_RELAY_KUBE_PROXY_IMAGE": RUN.proxy_image}),
+                  proxy_ip="10.96.0.12")
+    assert run.runtime_class == "gvisor"
+    objs = render_objects(plan, run, b"bundle-bytes")
+    job = next(o for o in objs if o["kind"] == "Job")
+    box_spec = job["spec"]["template"]["spec"]
+    assert box_spec["runtimeClassName"] == "gvisor"
+    golden = GOLDEN / "claude-gvisor-box-pod.yaml"
+    text = to_yaml([box_spec])
+    if os.environ.get("HIVE_RELAY_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text(), f"{golden} differs: review, then regenerate with HIVE_RELAY_GOLDEN=1"
+    proxy = next(o for o in objs if o["kind"] == "Deployment")
+    assert "runtimeClassName" not in proxy["spec"]["template"]["spec"]
+    renamed = kube_run_for(plan, RUN.run_id, 1, 1, {"HIVE_RELAY_KUBE_IMAGE": RUN.image, "HIVE_RELAY_KUBE_PROXY_IMAGE":
+                                                    RUN.proxy_image, "HIVE_RELAY_KUBE_RUNTIME_CLASS": "runsc-sandbox"})
+    assert renamed.runtime_class == "runsc-sandbox"
+    plain = kube_plan("claude")
+    assert plain.runtime_class is None and "runtime_class" not in plain.to_json()
+    assert kube_run_for(plain, RUN.run_id, 1, 1, {"HIVE_RELAY_KUBE_IMAGE": RUN.image,
+                                                  "HIVE_RELAY_KUBE_PROXY_IMAGE": RUN.proxy_image}).runtime_class is None
+
+
+def test_kube_isolation_gvisor_needs_no_local_runsc(fake_checkout: None) -> None:
+    """The cluster runs runsc, not this host: a kube plan with --isolation gvisor resolves on a host without
+    runsc (SUPERVISED's runsc_error is "not probed"), while container mode refuses there."""
+    from relay.model.errors import RefusedError
+
+    assert kube_plan("shell", isolation="gvisor").runtime_class == "gvisor"
+    with pytest.raises(RefusedError, match="--isolation gvisor cannot be enforced in container mode"):
+        backends = load_shipped()
+        matrix = Matrix(backends=backends, profiles={}, allow_unsandboxed=frozenset(), sources=())
+        req = Request("shell", mode="container", workdir=WORKDIR, run_id="1-golden", prompt="x", isolation="gvisor")
+        resolve(backends["shell"], matrix, req, SUPERVISED, dict(ENV), fs=fake_host(), now=0)

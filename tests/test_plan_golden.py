@@ -63,6 +63,9 @@ SUPERVISED = HostFacts(uid=1000, gid=1000, home=HOME, user="u", shell="/bin/bash
                        box_python="/usr/bin/python3", nofile=524288,
                        image="localhost/hive-relay-contributor:0123456789ab-u1000")
 PROCESS = replace(SUPERVISED, bwrap=None, bwrap_version=None, bwrap_error="bubblewrap is not installed", cgroup=None)
+GVISOR = replace(SUPERVISED, runsc="/usr/bin/runsc", runsc_version="runsc version 0.0~20240729.0",
+                 runsc_platform="systrap", runsc_error=None)
+NO_RUNSC = replace(SUPERVISED, runsc_error="runsc (gVisor) is not installed; fix: apt-get install runsc")
 
 MAX_LINE = 200  # no golden line is this long
 INLINE = 120  # a list or object whose JSON is no longer than this stays on one line
@@ -85,6 +88,9 @@ def cases() -> Iterator[tuple[str, HostFacts, Request, dict[str, str]]]:
     yield "local/supervised-host/agent-prompt", SUPERVISED, Request("", prompt="fix the bug", timeout=60), ENV
     yield "container/prompt", SUPERVISED, Request("", mode="container", prompt="fix the bug"), ENV
     yield "container/live", SUPERVISED, Request("", mode="container", live=True), ENV
+    yield "container/gvisor", GVISOR, Request("", mode="container", isolation="gvisor", live=True), ENV
+    yield "container/gvisor-staged", GVISOR, Request("", mode="container", isolation="gvisor"), ENV
+    yield "container/gvisor-no-runsc", NO_RUNSC, Request("", mode="container", isolation="gvisor"), ENV
     yield "local/process-host/opted-in", PROCESS, Request("", live=True), {**ENV, "HIVE_RELAY_UNSANDBOXED_ALL": "1"}
     sockets = {"allow_sockets": ("ssh-agent",), "allow_ssh": ("git.test",)}
     yield "local/supervised-host/sockets", SUPERVISED, Request("", **sockets), ENV
@@ -108,6 +114,10 @@ SAME = {
     **{f"{b}/local-process-host-staged-default": f"{b}/local-process-host-auto" for b in AGENTS},
     # The shell has no hosts: the process tier runs it as is, and the opt-in changes nothing.
     "shell/local-process-host-opted-in": "shell/local-process-host-auto",
+    # No runsc: container mode's gvisor is refused before anything of the backend counts.
+    **{f"{b}/container-gvisor-no-runsc": "claude/container-gvisor-no-runsc" for b in BACKENDS[1:]},
+    # Staged on runsc: podman's overlay volume cannot be mounted there, refused alike for every backend.
+    **{f"{b}/container-gvisor-staged": "claude/container-gvisor-staged" for b in BACKENDS[1:]},
     # --allow-socket at the process tier is refused before anything of the backend counts.
     **{f"{b}/local-supervised-host-process-sockets": "claude/local-supervised-host-process-sockets"
        for b in BACKENDS[1:]},
@@ -182,22 +192,27 @@ def resolve_all(backend: str) -> tuple[dict[str, object], dict[str, object], lis
     plans: dict[str, object] = {}
     forms: dict[str, object] = {}
     rendered: list[str] = []
-    with no_host_io() as attempted:
-        for name, facts, request, env in cases():
-            request = replace(request, backend=backend, workdir=WORKDIR, run_id="1-golden")
-            key = case_id(backend, name)
-            try:
-                plan = resolve(backends[backend], matrix, request, facts, _opt_in(dict(env), backend), fs=fs, now=0)
-            except RelayError as err:
-                plans[key] = forms[key] = {"refused": type(err).__name__, "exit": err.exit_code,
-                                           "message": err.message}
-                continue
-            plans[key] = plan.to_json()
-            form = dict(plans[key])
-            if form.pop("command_line") != shlex.join(plan.command):
-                form["command_line"] = "not shlex.join(command)"  # shows in the diff
-            form["command"] = compact_command(plan, rendered)
-            forms[key] = form
+    # The entry point's path is where this checkout lies (relay/model/refusal.py): one name in the goldens.
+    entry, planner.ENTRY = planner.ENTRY, "contribute-hive"
+    try:
+        with no_host_io() as attempted:
+            for name, facts, request, env in cases():
+                request = replace(request, backend=backend, workdir=WORKDIR, run_id="1-golden")
+                key = case_id(backend, name)
+                try:
+                    plan = resolve(backends[backend], matrix, request, facts, _opt_in(dict(env), backend), fs=fs, now=0)
+                except RelayError as err:
+                    plans[key] = forms[key] = {"refused": type(err).__name__, "exit": err.exit_code,
+                                               "message": err.message}
+                    continue
+                plans[key] = plan.to_json()
+                form = dict(plans[key])
+                if form.pop("command_line") != shlex.join(plan.command):
+                    form["command_line"] = "not shlex.join(command)"  # shows in the diff
+                form["command"] = compact_command(plan, rendered)
+                forms[key] = form
+    finally:
+        planner.ENTRY = entry
     return plans, forms, attempted, shapes(rendered)
 
 

@@ -92,7 +92,8 @@ def contribute(
             from relay.modes.image import spec_from_env
 
             facts = replace(facts, image=spec_from_env(matrix.backends, facts.uid, facts.gid, env).tag)
-    if request.isolation == "gvisor":  # only then: the probe run starts a sandbox (memoized once it passed)
+    # Only then: the probe run starts a sandbox (memoized once it passed). Not kube: the cluster runs runsc.
+    if request.isolation == "gvisor" and request.mode != "kube":
         from relay.host import runsc_host
 
         facts = replace(facts, **runsc_host.facts(env))
@@ -591,7 +592,8 @@ def _staged_main(op: str, argv: Sequence[str]) -> int:
 
 # `doctor`, `selftest`, `bench`: the same tasks as `invoke doctor|selftest|bench`, from bin/contribute-hive.
 DOCTOR_HELP = {"json": "print the report as JSON",
-               "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce"}
+               "mode": "kube: run a canary box on the current kubectl context and refuse (exit 3) what it cannot enforce",
+               "isolation": "with --mode kube: gvisor also proves the canary box runs on gVisor (runtimeClassName gvisor)"}
 DOCTOR_DOC = "Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."
 SELFTEST_HELP = {"backend": "only this backend (default: all); repeatable", "json": "print the results as JSON",
                  "mode": "local (bubblewrap box, default) or container (podman/docker)",
@@ -619,8 +621,9 @@ def _doctor_main(argv: Sequence[str]) -> int:
     parser = _argument_parser(prog="contribute-hive doctor", description=DOCTOR_DOC)
     parser.add_argument("-j", "--json", action="store_true", help=DOCTOR_HELP["json"])
     parser.add_argument("-m", "--mode", metavar="MODE", help=DOCTOR_HELP["mode"])
+    parser.add_argument("-i", "--isolation", metavar="ISOLATION", default=None, help=DOCTOR_HELP["isolation"])
     ns = parser.parse_args(argv)
-    return doctor(as_json=ns.json, mode=ns.mode)
+    return doctor(as_json=ns.json, mode=ns.mode, isolation=ns.isolation)
 
 
 def _selftest_main(argv: Sequence[str]) -> int:

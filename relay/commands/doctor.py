@@ -156,12 +156,21 @@ def _container_state(facts: HostFacts, survey: EngineSurvey) -> str:
     return f"enforceable with {found.kind} ({'rootless' if found.rootless else 'rootful'}), {limits}"
 
 
-def doctor(as_json: bool = False, mode: str | None = None) -> int:
+def doctor(as_json: bool = False, mode: str | None = None, isolation: str | None = None) -> int:
+    """`isolation`: kube mode's canary with `gvisor` also proves the cluster runs the boxes on gVisor."""
     if mode == "kube":
         from relay.commands.guarded import guarded
         from relay.modes.kube_run import kube_doctor
 
-        return guarded(kube_doctor, dict(os.environ))
+        return guarded(kube_doctor, dict(os.environ), isolation=isolation)
+    if isolation not in (None, ""):
+        from relay.commands.guarded import guarded
+        from relay.model.errors import UsageError
+
+        def bad_isolation() -> int:
+            raise UsageError(f"doctor --isolation {isolation}: only with --mode kube (gvisor); local and container "
+                             "doctor report every tier")
+        return guarded(bad_isolation)
     if mode not in (None, "", "local", "container"):
         from relay.commands.guarded import guarded
         from relay.model.errors import UsageError

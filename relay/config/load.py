@@ -235,10 +235,10 @@ BACKEND_KEYS = {
     "login_command", "secret_files",
 }
 ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths"}
-LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id"}
+LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id", "id_token", "refreshed_at"}
+LOGIN_OPTIONAL_KEYS = {"expires", "id_token", "refreshed_at"}  # no expires: the token's own JWT `exp`
 _JSON_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _SECRET_PATH = re.compile(r"(\*|[A-Za-z_][A-Za-z0-9_]*)(\.(\*|[A-Za-z_][A-Za-z0-9_]*))*")
-LOGIN_REFRESH_KEYS = {"refresh_token", "expires", "refresh_url", "client_id"}
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 
 
@@ -384,21 +384,22 @@ def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
 
 
 def _login(value: Any, where: _Where, key: str) -> LoginFile:
-    """`login: {file, token, refresh_token, expires, refresh_url, client_id}`, strictly; or just
-    `{file, token}`: a static key in a login file (codex's `auth.json` API key), read per request and
-    never refreshed."""
+    """`login: {file, token, refresh_token, expires, refresh_url, client_id}` (and optionally
+    `id_token`, `refreshed_at`; `expires` left out when the token is a JWT whose `exp` says it),
+    strictly; or just `{file, token}`: a static key in a login file (codex's `auth.json` API key),
+    read per request and never refreshed."""
     data = _section(value, where, key, LOGIN_KEYS)
+    if set(data) == {"file", "token"}:  # a static key: nothing to refresh
+        data = {**data, "refresh_token": "", "refresh_url": "", "client_id": ""}
+    data = {**{k: "" for k in LOGIN_OPTIONAL_KEYS}, **data}
     missing = sorted(LOGIN_KEYS - set(data))
-    if set(missing) == LOGIN_REFRESH_KEYS:
-        data = {**data, "refresh_token": "", "expires": "", "refresh_url": "", "client_id": ""}
-        missing = []
     if missing:
         raise where.fail(f"{key}.{missing[0]}", "missing", f"add {missing[0]}")
     file = _paths([data["file"]], where, f"{key}.file")[0]
     if not file.startswith("~/"):
         raise where.fail(f"{key}.file", f"{file!r} is not under ~/", "write ~/dir/file (inside a home.rw dir)")
     paths = {}
-    for field in ("token", "refresh_token", "expires"):
+    for field in ("token", "refresh_token", "expires", "id_token", "refreshed_at"):
         paths[field] = _str(data[field], where, f"{key}.{field}") if data[field] != "" else ""
         if (paths[field] or field == "token") and not _JSON_PATH.fullmatch(paths[field]):
             raise where.fail(f"{key}.{field}", f"{paths[field]!r} is not a dotted JSON path", "write e.g. a.b.c")
@@ -406,7 +407,8 @@ def _login(value: Any, where: _Where, key: str) -> LoginFile:
     if url and not re.fullmatch(r"https://[a-z0-9.-]+(:[0-9]{1,5})?/[\x21-\x7e]*", url):
         raise where.fail(f"{key}.refresh_url", f"{url!r} is not an https:// URL", "write https://HOST/path")
     client_id = _str(data["client_id"], where, f"{key}.client_id") if data["client_id"] != "" else ""
-    return LoginFile(file, paths["token"], paths["refresh_token"], paths["expires"], url, client_id)
+    return LoginFile(file, paths["token"], paths["refresh_token"], paths["expires"], url, client_id,
+                     paths["id_token"], paths["refreshed_at"])
 
 
 def _secret_files(value: Any, where: _Where) -> tuple[tuple[str, tuple[str, ...]], ...]:

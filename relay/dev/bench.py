@@ -333,6 +333,8 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
         results["gvisor"] = bench_gvisor.measure(runs, env)
         if "skipped" not in results["gvisor"]:
             results["gvisor"]["throughput"] = bench_gvisor.measure_throughput(2 if quick else 5, blob_mb, env)
+            # Container mode on runsc against a bare `podman --runtime runsc run` of the same image.
+            results["gvisor"]["container"] = bench_gvisor.measure_container(runs, env)
 
         # 8. The vm tier under TCG: boot-to-prompt, a figure (relay/dev/bench_vm.py; one boot in --quick).
         from relay.dev import bench_vm

@@ -10,6 +10,9 @@ and against our supervised launch, paired round by round in the same run.
 Targets (issue 31): our overhead over bare runsc at most +60 ms, the median of the paired differences;
 a download through the proxy from a gvisor box (curl, plain HTTP from a loopback server) at least 0.5×
 the same download direct, the median of paired rounds.
+Container mode on gVisor (`measure_container`): our `shell container --live --isolation gvisor` launch
+against a bare `podman --runtime runsc run --rm IMAGE true` of the same image with the same runsc flags,
+and our container launch on runc, paired round by round; reported as ratios (no target: a figure).
 Run alone: `python -m relay.dev.bench_gvisor [--quick]` (prints the rows).
 """
 
@@ -64,6 +67,59 @@ def measure(runs: int, env: dict[str, str]) -> dict:
     if ok and not launch["supervised launch"]["failures"]:
         out["over_supervised_s"] = statistics.median(
             a - b for a, b in zip(launch["gvisor launch"]["times"], launch["supervised launch"]["times"], strict=True))
+    return out
+
+
+BARE_CONTAINER = "bare podman --runtime runsc run true"
+CONTAINER_GVISOR = "relay shell container --isolation gvisor true"
+CONTAINER_RUNC = "relay shell container true (runc)"
+
+
+def container_commands(engine: str, tag: str, runsc: str, platform: str, work: str) -> dict[str, list[str]]:
+    """The three launches of measure_container: the bare one is the engine's own run of our image on
+    runsc with the flags our plan passes (relay/render/container_argv.runsc_flags)."""
+    from relay.render.container_argv import runsc_flags
+
+    rootless = os.getuid() != 0
+    bare = [engine, "--log-level=error", "--runtime", runsc, *runsc_flags(platform, rootless), "run", "--rm",
+            "--pull=never", "--network", "none", "--read-only", "--ulimit", "nofile=1024:1024", "--ulimit",
+            "nproc=512:512", *(["--userns", "keep-id"] if rootless else []), tag, "true"]
+    box = ["shell", "container", "-q", "--live", "--workdir", work, "--prompt", "true"]
+    return {BARE_CONTAINER: bare, CONTAINER_GVISOR: _relay(*box[:2], "--isolation", "gvisor", *box[2:]),
+            CONTAINER_RUNC: _relay(*box)}
+
+
+def measure_container(runs: int, env: dict[str, str]) -> dict:
+    """Container mode on runsc against the bare engine run on runsc, same image, same run; or {"skipped": why}."""
+    import shutil
+    import subprocess
+
+    from relay.dev.measure import container_image, ratio
+
+    got = runsc_host.facts(env)
+    if got["runsc_error"] is not None or got["runsc"] is None:
+        return {"skipped": got["runsc_error"] or "no runsc"}
+    found = container_image(env)
+    if isinstance(found, str):
+        return {"skipped": found}
+    engine, tag = found
+    work = tempfile.mkdtemp(prefix="hive-relay-bench-gvisor-c-")
+    os.chmod(work, 0o755)
+    try:
+        cmds = container_commands(engine, tag, got["runsc"], got["runsc_platform"] or "systrap", work)
+        for name, argv in cmds.items():  # warm, and a command that cannot run is not timed
+            proc = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                  timeout=600)
+            if proc.returncode != 0:
+                return {"skipped": f"{name} exits {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        launch = paired(cmds, runs, env, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out: dict = {"launch": launch, "ratios": {CONTAINER_GVISOR: ratio(launch, CONTAINER_GVISOR, BARE_CONTAINER),
+                                              CONTAINER_RUNC: ratio(launch, CONTAINER_RUNC, BARE_CONTAINER)}}
+    if not launch[CONTAINER_GVISOR]["failures"] and not launch[BARE_CONTAINER]["failures"]:
+        out["over_bare_s"] = statistics.median(
+            a - b for a, b in zip(launch[CONTAINER_GVISOR]["times"], launch[BARE_CONTAINER]["times"], strict=True))
     return out
 
 
@@ -126,6 +182,21 @@ def rows(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
     if r.get("over_supervised_s") is not None:
         lines.append(f"| gvisor launch − supervised launch | +{r['over_supervised_s'] * 1000:.0f} ms | "
                      "median of paired differences |")
+    c = r.get("container")
+    if c and "skipped" in c:
+        lines.append(f"| gvisor container launch | not measured | {c['skipped']} |")
+    elif c:
+        for name, m in c["launch"].items():
+            if m["failures"]:
+                value = f"FAILED {m['failures']} of {len(m['exit_codes'])} runs"
+            else:
+                value = f"{m['median_s'] * 1000:.0f} ms"
+            got = c["ratios"].get(name)
+            note = "baseline" if name == BARE_CONTAINER else (f"{got:.2f}× bare runsc run (paired rounds)" if got else "")
+            lines.append(f"| gvisor container: {name} | {value} | {note} |")
+        if c.get("over_bare_s") is not None:
+            lines.append(f"| gvisor container launch − bare runsc run | +{c['over_bare_s'] * 1000:.0f} ms | "
+                         "median of paired differences |")
     tp = r.get("throughput")
     if tp:
         lines.append(f"| gvisor throughput ({tp['blob_mb']} MB, curl via the proxy) | {tp['gvisor_MBps']:.0f} MB/s | "
@@ -139,8 +210,9 @@ if __name__ == "__main__":
     result = measure(5 if quick else 15, dict(os.environ))
     if "skipped" not in result:
         result["throughput"] = measure_throughput(3 if quick else 5, 32 if quick else 200, dict(os.environ))
+        result["container"] = measure_container(5 if quick else 15, dict(os.environ))
     more, goals = rows(result)
     print("\n".join(more))
     for goal, (value, met) in goals.items():
         print(f"| {goal} | {value} | {'yes' if met else 'NO'} |")
-    print(json.dumps({k: v for k, v in result.items() if k != "launch"}))
+    print(json.dumps({k: v for k, v in result.items() if k != "launch"}, default=str))

@@ -51,7 +51,12 @@ class LoginFile:
     """A CLI's OAuth login file on the host (`file`, ~/…, inside one of the backend's home.rw dirs):
     the proxy reads the access token at `token` (a dotted JSON path), refreshes it on the host at
     `refresh_url` with the refresh token at `refresh_token` once `expires` (ms since the epoch) is
-    near, and the box's copy holds placeholders at `token` and `refresh_token`."""
+    near, and the box's copy holds placeholders at `token` and `refresh_token`.
+
+    `expires` empty: the token is a JWT and its own `exp` claim is the expiry (codex's ChatGPT login).
+    `id_token`: where the refresh's new id token goes (codex parses it for the account and plan).
+    `refreshed_at`: an ISO-8601 time the CLI keeps of its last refresh (codex's `last_refresh`): set on
+    a refresh on the host, and to the copy's time in the box, so the CLI there sees a fresh login."""
 
     file: str
     token: str
@@ -59,6 +64,8 @@ class LoginFile:
     expires: str
     refresh_url: str
     client_id: str
+    id_token: str = ""
+    refreshed_at: str = ""
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,17 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def jwt_claims(value: str) -> dict | None:
+    """A JWT's claims, decoded without verifying anything (only to read `exp`); None: not a JWT."""
+    if not _JWT.match(value):
+        return None
+    try:
+        claims = json.loads(_unb64(value.split(".")[1]))
+    except ValueError:
+        return None
+    return claims if isinstance(claims, dict) else None
+
+
 def shaped_jwt(value: str) -> str | None:
     """A JWT with the same header and claims (`exp` far ahead) and a random signature; None: no JWT."""
     if not _JWT.match(value):

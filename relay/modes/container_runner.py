@@ -4,6 +4,12 @@ launcher opens the egress listener inside the container's network namespace, the
 The container's entrypoint checks the deny list and then blocks on a FIFO in a read-only control
 dir; the launcher writes to it only once the proxy serves. No AF_UNIX socket crosses into the
 container and no code of ours runs in it besides the POSIX entrypoint.
+
+On runsc (`--isolation gvisor`) gVisor's network stack is not a kernel namespace the launcher could
+join, so the order is local gvisor's instead: the proxy's unix socket and the agent's seccomp
+program are made in the control dir, the proxy serves on the socket, and only then does the engine
+start; the box's init (relay/box/gvisor_init.py, bound in) relays its loopback port to the socket.
+No FIFO: the proxy already serves when the box's first request comes.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -71,6 +78,19 @@ class ContainerProcess:
 
 def remove(run: ContainerRun) -> None:
     subprocess.run(run.rm_argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def prepare_gvisor(plan: Plan) -> socket.socket | None:
+    """runsc: the agent's seccomp program and the proxy's listening unix socket in the control dir
+    (owner-only: each is bound into the box on its own); returns the socket (None: no network)."""
+    run = plan.container
+    assert run is not None and run.ctl_dir and run.seccomp_bpf and plan.seccomp_policy is not None
+    from relay.modes.gvisor_runner import listen_unix, write_private
+    from relay.render.seccomp_bpf import compile_bpf
+
+    os.makedirs(run.ctl_dir, mode=0o700)
+    write_private(run.seccomp_bpf, compile_bpf(plan.seccomp_policy))
+    return listen_unix(run.proxy_socket) if run.proxy_socket else None
 
 
 def prepare(plan: Plan) -> int:
@@ -137,6 +157,28 @@ def create_layer(plan: Plan) -> None:
             except FileExistsError:
                 pass
         os.mkdir(container_argv.staged_work(plan.staged.work, i), 0o700)
+
+
+def start_gvisor(plan: Plan, caller_env: Mapping[str, str], listener: socket.socket | None,
+                 lifeline: int) -> tuple[ContainerProcess, EgressProxy | None]:
+    """runsc: the proxy first, on the unix socket bound into the box, then the engine (see above)."""
+    run = plan.container
+    assert run is not None
+    if plan.staged is not None:
+        create_layer(plan)
+    from relay.modes.box_start import start_proxy
+
+    proxy = start_proxy(plan, listener, caller_env) if listener is not None else None
+    mark("proxy_started")
+    try:
+        popen = subprocess.Popen(list(plan.command), env=dict(caller_env), cwd=plan.workdir, close_fds=True)
+    except OSError as err:
+        if proxy is not None:
+            proxy.stop()
+        raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
+    janitor.tell(lifeline, "client", popen.pid)
+    mark("spawned")
+    return ContainerProcess(popen, run), proxy
 
 
 def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) -> tuple[ContainerProcess, EgressProxy | None]:

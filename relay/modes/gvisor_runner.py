@@ -39,7 +39,7 @@ from relay.render.seccomp_bpf import compile_bpf
 from relay.trust import janitor, staged
 
 
-def _write_private(path: str, data: bytes) -> None:
+def write_private(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
@@ -49,7 +49,7 @@ def _write_private(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def _listen(path: str) -> socket.socket:
+def listen_unix(path: str) -> socket.socket:
     """The proxy's unix socket at `path` (its dir reached by fd: a long run dir path would not fit the
     108 bytes of a socket address)."""
     fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -88,18 +88,18 @@ def prepare(plan: Plan, caller_env: Mapping[str, str], nofile: tuple[int, int], 
     assert run is not None and plan.seccomp_policy is not None, "a gvisor plan without its run or its filter"
     os.mkdir(run.bundle, 0o700)
     os.mkdir(run.state_root, 0o700)
-    _write_private(run.seccomp_file, compile_bpf(plan.seccomp_policy))
+    write_private(run.seccomp_file, compile_bpf(plan.seccomp_policy))
     head = len(run.argv())
     spec = gvisor_oci.spec(run, mounts=plan.mounts, home=dict(plan.env_set).get("HOME", "/"),
                            args=plan.command[head:], env=box_env(plan, caller_env), cwd=plan.workdir,
                            terminal=terminal, limits=plan.limits, nofile=min(nofile[1], 1 << 20),
                            moot=moot_masks(plan))
-    _write_private(os.path.join(run.bundle, "config.json"), json.dumps(spec).encode())
+    write_private(os.path.join(run.bundle, "config.json"), json.dumps(spec).encode())
     debug = caller_env.get("HIVE_RELAY_RUNSC_DEBUG")
     if debug:  # the spec as rendered, beside runsc's logs (it holds the box's environment: a debug aid only)
         with open(os.path.join(debug, f"{run.container_id}.json"), "w") as fh:
             json.dump(spec, fh, indent=1)
-    return _listen(run.socket) if run.socket else None
+    return listen_unix(run.socket) if run.socket else None
 
 
 def start(

@@ -6,6 +6,11 @@ policy allows the proxy only) and one to the proxy (must work). A CNI that ignor
 lets the first through; kube mode then refuses (exit 3) unless the backend's opt-in to run without
 our box is set, as everywhere else. The seccomp profile and the runtime class are checked too.
 
+`--isolation gvisor` (issue 31) asks for the `gvisor` RuntimeClass, and a class of that name is not
+proof: its handler could be runc. So the canary also says which kernel answered it: gVisor's Sentry
+has its own /proc/version (release 4.4.0, a fixed build date) and its own boot log in dmesg. A box
+that did not run on gVisor refuses the cluster (never silently weaker).
+
 The decision is a pure function of the probe results (decide()); the canary runs on the cluster
 (kube_run) or, in tests, under `podman kube play` (relay/modes/kube_podman.py).
 """
@@ -20,14 +25,23 @@ from relay.modes.kube_objects import PROXY_NAME, PROXY_PORT
 DEFAULT_TARGET = "198.41.0.4:443"
 
 
+# gVisor's Sentry: the build line its /proc/version always shows, and the first line of its boot log.
+GVISOR_VERSION = "#1 SMP Sun Jan 10 15:06:54 PST 2016"
+GVISOR_BOOT = "Starting gVisor"
+
+
 def canary_script(target: str = DEFAULT_TARGET, proxy: str = f"{PROXY_NAME}:{PROXY_PORT}") -> str:
-    """bash: `direct=ok|fail` and `proxy=ok|fail`, each a plain TCP connect with a 5 s limit."""
+    """bash: `direct=ok|fail` and `proxy=ok|fail`, each a plain TCP connect with a 5 s limit, and
+    `kernel=gvisor|other` (read by decide() only when gVisor was asked for)."""
     dhost, dport = target.rsplit(":", 1)
     phost, pport = proxy.rsplit(":", 1)
     return (f"if timeout 5 bash -c 'exec 3<>/dev/tcp/{dhost}/{dport}' 2>/dev/null; then echo direct=ok; "
             "else echo direct=fail; fi\n"
             f"if timeout 5 bash -c 'exec 3<>/dev/tcp/{phost}/{pport}' 2>/dev/null; then echo proxy=ok; "
-            "else echo proxy=fail; fi")
+            "else echo proxy=fail; fi\n"
+            f"if grep -qF '{GVISOR_VERSION}' /proc/version 2>/dev/null || "
+            f"dmesg 2>/dev/null | head -1 | grep -qF '{GVISOR_BOOT}'; then echo kernel=gvisor; "
+            "else echo kernel=other; fi")
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,7 @@ class CanaryProbe:
     proxy_reachable: bool | None
     seccomp_profile: bool
     runtime_class: bool | None = None  # None: no runtime class asked for
+    gvisor: bool | None = None  # the canary ran on gVisor's kernel; None: gVisor not asked for
 
 
 @dataclass(frozen=True)
@@ -48,14 +63,18 @@ class Verdict:
     lines: tuple[str, ...]
 
 
-def parse(log: str, seccomp_profile: bool, runtime_class: bool | None = None) -> CanaryProbe:
-    """The canary's log as probe results (the last word for each check wins; missing is None)."""
+def parse(log: str, seccomp_profile: bool, runtime_class: bool | None = None, gvisor: bool = False) -> CanaryProbe:
+    """The canary's log as probe results (the last word for each check wins; missing is None). With
+    `gvisor` asked, a kernel the canary did not name as gVisor's is not gVisor's."""
     found: dict[str, bool] = {}
     for line in log.splitlines():
         key, _, value = line.strip().partition("=")
         if key in ("direct", "proxy") and value in ("ok", "fail"):
             found[key] = value == "ok"
-    return CanaryProbe(found.get("direct"), found.get("proxy"), seccomp_profile, runtime_class)
+        elif key == "kernel" and value in ("gvisor", "other"):
+            found[key] = value == "gvisor"
+    return CanaryProbe(found.get("direct"), found.get("proxy"), seccomp_profile, runtime_class,
+                       found.get("kernel", False) if gvisor else None)
 
 
 def decide(probe: CanaryProbe, backend: str, opt_in: str, opted_in: bool) -> Verdict:
@@ -97,4 +116,11 @@ def decide(probe: CanaryProbe, backend: str, opt_in: str, opted_in: bool) -> Ver
         lines.append("MISS runtime class: not found; fix: create it, or unset HIVE_RELAY_KUBE_RUNTIME_CLASS")
     elif probe.runtime_class:
         lines.append("ok   runtime class: present")
+    if probe.gvisor is False:
+        refused = True
+        lines.append("MISS gvisor: the canary box did not run on gVisor's kernel (the runtime class is missing or its "
+                     "handler is not runsc); fix: install gVisor on the nodes and a RuntimeClass `gvisor` with handler "
+                     "runsc (https://gvisor.dev/docs/user_guide/containerd/quick_start/), or drop --isolation gvisor")
+    elif probe.gvisor:
+        lines.append("ok   gvisor: the canary box runs on gVisor's kernel")
     return Verdict(EXIT_REFUSED if refused else 0, tuple(lines))

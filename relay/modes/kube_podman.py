@@ -8,6 +8,14 @@ pod's port. The pod's hostAliases entry names the proxy 127.0.0.1, so the same J
 
 The proxy pod runs on the host's network (rootless podman here cannot create a bridge: no
 /dev/net/tun), on a free port in place of 3128; its JSON decision log is its stdout.
+
+A plan with a runtime class (`kube --isolation gvisor`, or HIVE_RELAY_KUBE_RUNTIME_CLASS) is refused
+here, never played on runc: podman 4.3's `kube play` reads no `runtimeClassName`, and its global
+`--runtime runsc` does not get a pod running on this host (checked with runsc 20240729): runsc's gofer
+cannot join the pod's shared user namespace (`hostUsers: false`: "error setting namespace of type
+user": EINVAL), and without it podman's cri-o sandbox annotation makes each container a sub-container
+of the infra's sandbox, whose set-up fails ("mounting submounts: mount cgroup /sys/fs/cgroup: file
+exists"). A cluster's gVisor is proven by the canary (relay/modes/kube_canary.py) instead.
 """
 
 from __future__ import annotations
@@ -367,6 +375,13 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
     (a rootless bridge needs slirp4netns, which needs /dev/net/tun)."""
     from relay.host.netns import listen_in
 
+    if run.runtime_class:
+        from relay.model.errors import RefusedError
+
+        raise RefusedError(f"runtimeClassName {run.runtime_class}: podman kube play cannot run a pod on runsc here "
+                           "(see relay/modes/kube_podman.py), and playing it on runc would be weaker than asked; fix: "
+                           "a cluster with gVisor (check it: invoke doctor --mode kube --isolation gvisor), or drop "
+                           "--isolation gvisor")
     podman = ["podman", "--log-level=error"]
     prefix = pod_prefix(run.run_id)
     run = replace(run, proxy_ip="127.0.0.1")

@@ -249,8 +249,11 @@ def kube_run_for(plan: Plan, run_id: str, count: int, parallel: int | None, env:
     if count < 1 or (parallel is not None and parallel < 1):
         raise UsageError("--count and --parallel must be at least 1")
     image = env.get("HIVE_RELAY_KUBE_IMAGE") or _plan_image(plan, env)
+    # --isolation gvisor asks for the `gvisor` class; HIVE_RELAY_KUBE_RUNTIME_CLASS may name the cluster's own
+    # (the canary then checks that its box really runs on gVisor, whatever the class is called).
+    runtime_class = env.get("HIVE_RELAY_KUBE_RUNTIME_CLASS") or plan.runtime_class
     return KubeRun(run_id=run_id, image=image, proxy_image=env.get("HIVE_RELAY_KUBE_PROXY_IMAGE") or proxy_image(image),
-                   count=count, parallel=parallel, runtime_class=env.get("HIVE_RELAY_KUBE_RUNTIME_CLASS") or None)
+                   count=count, parallel=parallel, runtime_class=runtime_class)
 
 
 def _plan_image(plan: Plan, env: Mapping[str, str]) -> str:
@@ -440,7 +443,7 @@ def _follow(kubectl: Kubectl, env: Mapping[str, str], ns: str, count: int,
 
 
 
-def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
+def kube_doctor(env: Mapping[str, str], backend_name: str = "claude", isolation: str | None = None) -> int:
     """`invoke doctor --mode kube`: a canary box under the boxes' NetworkPolicy on the current
     context; relay/modes/kube_canary.py decides. Its namespace is deleted whatever happens."""
     from relay.config.load import get_backend, load_matrix
@@ -464,7 +467,7 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
     subprocess.run(["git", "-C", here, "-c", "user.email=canary@hive-relay", "-c", "user.name=canary", "commit", "-q",
                     "--allow-empty", "-m", "canary"], check=True, capture_output=True)
     request = Request(backend_name, mode="kube", workdir=here, run_id=f"canary-{new_run_id()}", prompt="canary",
-                      argv_override=("/bin/bash", "-c", canary_script()))
+                      argv_override=("/bin/bash", "-c", canary_script()), isolation=isolation)
     plan = resolve(backend, matrix, request, with_image(probe(dict(env)), matrix, request, env), dict(env), fs=HostFs())
     run = kube_run_for(plan, request.run_id, 1, 1, env)
     ns = namespace(run.run_id)
@@ -493,7 +496,8 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude") -> int:
         events = subprocess.run(kubectl.argv("-n", ns, "get", "events", "-o", "json"), capture_output=True, text=True,
                                 env=dict(env)).stdout
         seccomp_ok = "seccomp" not in events.lower()  # a missing Localhost profile is a pod event naming it
-        verdict = decide(parse(log, seccomp_ok, runtime_ok), backend.name, backend.opt_in,
+        verdict = decide(parse(log, seccomp_ok, runtime_ok, gvisor=plan.runtime_class is not None and
+                               isolation == "gvisor"), backend.name, backend.opt_in,
                          opted_in(backend, matrix, env))
     finally:
         _delete_namespace(kubectl, env, ns, reaper)

@@ -25,6 +25,8 @@ from relay.ui.banner import banner_lines, emit, note_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the proxy's modules load only once a box needs them (a container: after its engine starts)
+    import socket
+
     from relay.egress.proxy import EgressProxy
     from relay.modes.box_start import BoxProcess
     from relay.modes.container_runner import ContainerProcess
@@ -301,6 +303,7 @@ class _Box:
 
     def __init__(self, plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
         self.plan, self.caller_env, self.state, self.go_fd = plan, caller_env, state, None
+        self.listener: socket.socket | None = None  # a gvisor container's proxy socket, made before the box
         self.use_rlimits = state.cgroup is None
         self.nofile = limits.raise_nofile()
         self.jpid, self.lifeline = janitor.spawn(state)
@@ -310,7 +313,10 @@ class _Box:
             from relay.modes import container_runner
 
             try:
-                self.go_fd = container_runner.prepare(plan)
+                if plan.container.runtime:
+                    self.listener = container_runner.prepare_gvisor(plan)
+                else:
+                    self.go_fd = container_runner.prepare(plan)
             except OSError as err:
                 janitor.finish(self.jpid, self.lifeline)
                 raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
@@ -343,6 +349,11 @@ class _Box:
 
                 self.proc, self.proxy = vm_runner.start(plan, self.caller_env, self.state, self.nofile,
                                                         self.lifeline, self.job)
+            elif plan.container is not None and plan.container.runtime:
+                from relay.modes import container_runner
+
+                self.proc, self.proxy = container_runner.start_gvisor(plan, self.caller_env, self.listener,
+                                                                      self.lifeline)
             elif plan.container is not None and self.go_fd is not None:
                 from relay.modes import container_runner
 
@@ -378,6 +389,8 @@ class _Box:
             self.proxy.stop()
         if self.go_fd is not None:
             os.close(self.go_fd)
+        if self.listener is not None and self.proxy is None:  # the proxy closes its own
+            self.listener.close()
         messages = janitor.finish(self.jpid, self.lifeline)
         mark("torn_down")
         if self.plan.log_path and os.path.lexists(self.plan.log_path):  # a run that logged nothing adds nothing

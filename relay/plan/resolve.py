@@ -58,6 +58,7 @@ from relay.trust.staged import for_run as staged_for_run
 PROXY_LISTEN = "127.0.0.1:3128"
 # The vm tier loads no seccomp filter: the agent's system calls reach only the guest's own kernel.
 VM_SECCOMP = ("none in the guest: its own kernel answers the agent's system calls (the boundary is the VM)",)
+GVISOR_RUNTIME_CLASS = "gvisor"  # kube mode: the RuntimeClass a gVisor node offers (GKE Sandbox, gVisor docs)
 BOX_UID_FOR_ROOT = 1000
 SECCOMP_FD = 3
 INFO_FD = 4
@@ -149,6 +150,8 @@ class Plan:
     container: ContainerRun | None = None
     gvisor: GvisorRun | None = None  # the gvisor tier's runsc run (relay/render/gvisor_oci.py)
     vm: VmRun | None = None  # the vm tier's guest (relay/modes/vm_boot.py)
+    # kube mode with --isolation gvisor: the box pods' runtimeClassName (the canary proves the cluster has it).
+    runtime_class: str | None = None
     git: GitPlan | None = None  # the workdir's git dir by allowlist (relay/trust/gitdir.py)
     notes: tuple[str, ...] = field(default=())
     rules: tuple[HostRule, ...] = ()  # egress.allowed_rules: handed to the proxy as is; `egress` is their text
@@ -183,6 +186,8 @@ class Plan:
             data.pop("gvisor")
         if self.vm is None:
             data.pop("vm")
+        if self.runtime_class is None:
+            data.pop("runtime_class")
         data["command_line"] = shlex.join(self.command)
         data["egress_rules"] = explain(self.rules)
         data["credentials"] = [route_json(r) for r in self.credentials]
@@ -335,6 +340,7 @@ class _Draft:
     container: ContainerRun | None = None
     gvisor: GvisorRun | None = None
     vm: VmRun | None = None
+    runtime_class: str | None = None
     sockets: tuple[BoxSocket, ...] = ()
     staged: StagedLayer | None = None
     workdir_mode: WorkdirMode = WorkdirMode.LIVE
@@ -559,6 +565,8 @@ def _credentials(d: _Draft) -> None:
         if login is not None and not route.login.refresh_url and any(
                 r.upstream_host == route.upstream_host for r in d.routes):
             continue  # a key in a login file beside a key a route already holds: the file is masked, that route carries
+        if login is not None and route.box_args and any(r.box_args for r in d.routes):
+            continue  # the CLI takes one provider (codex: an API key before its ChatGPT login); the file is masked
         url = f"http://{PROXY_LISTEN}/{route.name}"
         own = [n for n, _ in route.box_env if n not in route.secret_env and d.env.get(n) and n in passable]
         if own:
@@ -673,12 +681,13 @@ def _login_file(d: _Draft, route: CredentialRoute) -> str | None:
     path = expand(route.login.file, d.home, d.uid)
     if d.fs.lkind(path) != "file" or not _in_state_dirs(d, path):
         return None
-    if not route.login.refresh_url:  # a static key in a login file: a route only when the file holds one
-        try:
-            if not credential_files.secret_paths(d.fs.read_bounded(path, credential_files.MAX_FILE + 1), (route.login.token,)):
-                return None
-        except ValueError:
+    # A route only when the file holds its token: codex's auth.json holds an API key or a ChatGPT login,
+    # and each is its own route with its own flags.
+    try:
+        if not credential_files.secret_paths(d.fs.read_bounded(path, credential_files.MAX_FILE + 1), (route.login.token,)):
             return None
+    except ValueError:
+        return None
     return path
 
 
@@ -956,17 +965,29 @@ def _container_tier(d: _Draft) -> None:
     if d.request.mode == "kube":  # rendered as Kubernetes objects by relay/modes/kube_objects.py, not run here
         d.limits = replace(d.limits, method="kubernetes (pod resources.limits)")
         d.command = list(d.argv)
+        if d.request.isolation == "gvisor":
+            d.runtime_class = GVISOR_RUNTIME_CLASS
+            d.notes.append(f"gvisor: the box pods ask for runtimeClassName {GVISOR_RUNTIME_CLASS} (GKE Sandbox's name; "
+                           "`invoke doctor --mode kube --isolation gvisor` proves the cluster runs them on gVisor)")
         return
-    choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir)
+    choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir,
+                            network=d.profile.network)
     d.container, d.limits = choice.run, replace(d.limits, method=choice.limit_method)
     if d.staged is not None:
         _refuse_staged_container(d, choice.run, d.staged)
-    if choice.run.ctl_dir:
+    if choice.run.ctl_dir and not choice.run.runtime:  # gvisor: the proxy serves before the box starts
         d.env_set["HIVE_RELAY_GO"] = f"{container_argv.CTL_DIR}/go"
+    if choice.run.runtime:
+        if d.sockets:
+            raise RefusedError("--allow-socket cannot be enforced with --isolation gvisor yet (its agent gets no "
+                               "AF_UNIX socket()); fix: drop --isolation gvisor, or drop --allow-socket")
+        d.notes.append(f"gvisor: the container runs on runsc ({d.facts.runsc_version or d.facts.runsc}, platform "
+                       f"{d.facts.runsc_platform}): the agent's kernel is gVisor's Sentry, not the host's")
     d.command = container_argv.build(
         run=choice.run, backend=d.backend.name, workdir=d.workdir, home=d.home, mounts=d.fsplan.mounts,
         env_set=d.env_set, env_pass=d.env_pass, interactive=d.interactive, tty=d.facts.tty, argv=d.argv,
         staged=(d.staged.upper, d.staged.work) if d.staged else None,
+        listen=PROXY_LISTEN if d.profile.network else None,
     )
 
 
@@ -978,6 +999,12 @@ def _refuse_staged_container(d: _Draft, run: ContainerRun, layer: StagedLayer) -
     if run.kind != "podman":
         raise RefusedError(f"{asked}: {run.kind} has no overlay volume with an upper dir of our own; fix: use podman "
                            f"(HIVE_RELAY_ENGINE=podman) or --mode local{live_fix}")
+    if run.runtime:
+        # podman hands an overlay volume to the runtime as an OCI `overlay` mount, which runsc 20240729
+        # does not implement: the box would see no workdir at all (checked), and its writes would go nowhere.
+        raise RefusedError(f"{asked}: with --isolation gvisor, podman hands its overlay volume to runsc, which cannot "
+                           "mount it; fix: --live to let the box write the checkout directly, or --mode local "
+                           "--isolation gvisor (which stages)")
     if unsafe_path(layer.root):
         raise RefusedError(f"{asked}: the staged layer's path {layer.root} holds {unsafe_path(layer.root)!r}, which "
                            f"a podman volume cannot name; fix: set XDG_STATE_HOME to a plain path{live_fix}")
@@ -1091,6 +1118,8 @@ def _plan(d: _Draft) -> Plan:
         policy["credentials"] = [route_json(r) for r in d.routes]
     if d.sockets:
         policy["sockets"] = [asdict(s) for s in d.sockets]
+    if (d.container is not None and d.container.runtime) or d.runtime_class:
+        policy["runtime"] = "runsc"  # --isolation gvisor in container or kube mode
     if d.staged:
         policy["workdir"] = "staged"
         # Staged: bwrap makes the mount targets of the workdir's masks inside the overlay, so they land
@@ -1114,6 +1143,7 @@ def _plan(d: _Draft) -> Plan:
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
         log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, gvisor=d.gvisor, vm=d.vm, git=d.git,
+        runtime_class=d.runtime_class,
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
         ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
@@ -1161,7 +1191,7 @@ class _ContainerChoice:
 
 
 def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: HostFacts, caller_env: dict[str, str],
-                   limits: Limits, run_dir: str | None) -> _ContainerChoice:
+                   limits: Limits, run_dir: str | None, network: bool = True) -> _ContainerChoice:
     from relay.host.container_engine import engine_kind
 
     engine = choose_engine(facts, caller_env)
@@ -1169,13 +1199,28 @@ def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: Ho
     rootless = kind == "podman" and facts.uid != 0
     if facts.image is None:
         raise UsageError("internal: container mode needs the image identity in the host facts (relay.modes.image.with_image)")
-    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, facts.nofile)
+    gvisor = request.isolation == "gvisor"
+    if gvisor and kind != "podman":
+        raise RefusedError(f"--isolation gvisor in container mode runs on podman (`podman --runtime runsc`), and "
+                           f"{engine} is {kind}; fix: HIVE_RELAY_ENGINE=podman, or --mode local")
+    flags, method = container_argv.limit_flags(kind, rootless, facts.cgroup, limits, facts.nofile, gvisor)
+    ctl_dir = os.path.join(run_dir, "ctl") if run_dir else None
+    extra: dict = {}
+    if gvisor:
+        # The init's files: the filter and the proxy's socket in the control dir (owner-only: bound in one
+        # by one, never the dir), the init from our package; the OCI profile is not used (see container_argv).
+        box = ctl_dir or "/RUN-DIR/ctl"
+        extra = {"runtime": facts.runsc or "runsc",
+                 "runtime_flags": container_argv.runsc_flags(facts.runsc_platform or "systrap", rootless),
+                 "init_script": os.path.join(str(PACKAGE_ROOT), "relay", "box", "gvisor_init.py"),
+                 "seccomp_bpf": os.path.join(box, "seccomp.bpf"),
+                 "proxy_socket": os.path.join(box, "proxy.sock") if network else None}
     run = ContainerRun(
         engine=engine, kind=kind, rootless=rootless, name=f"hive-relay-{request.run_id or 'dry-run'}",
         image=facts.image, user="0:0" if facts.uid == 0 else f"{facts.uid}:{facts.gid}",
         pidfile=os.path.join(run_dir, "pid") if run_dir and kind == "podman" else None,
-        ctl_dir=os.path.join(run_dir, "ctl") if run_dir else None,
-        seccomp_profile=os.path.join(run_dir, "seccomp.json") if run_dir else None,
-        limit_flags=flags,
+        ctl_dir=ctl_dir,
+        seccomp_profile=os.path.join(run_dir, "seccomp.json") if run_dir and not gvisor else None,
+        limit_flags=flags, **extra,
     )
     return _ContainerChoice(run, method)

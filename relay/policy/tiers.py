@@ -112,7 +112,7 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
     if isolation != "vm":
         vm_accel(request)  # --vm-accel without --isolation vm: a usage error, never silently ignored
     if request.mode in ("container", "kube") or isolation == "container":
-        return _container(request, isolation)
+        return _container(request, isolation, facts)
     if isolation == "vm":
         return _vm(request, facts)
     if isolation == "gvisor":
@@ -124,14 +124,18 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
     return _without_box(request, isolation, facts, backend, matrix, caller_env)
 
 
-def _container(request: Request, isolation: str) -> TierChoice:
+def _container(request: Request, isolation: str, facts: HostFacts) -> TierChoice:
+    """The engine's tier. `--isolation gvisor` keeps it, on runsc (container mode: `podman --runtime
+    runsc`, which needs a runsc here that passed its probe, or it refuses; kube mode: the pods'
+    `runtimeClassName: gvisor`, which the cluster's canary checks, not this host)."""
     if request.mode == "local" and isolation == "container":
         raise UsageError("--isolation container needs --mode container")
-    if isolation in ("process", "supervised", "vm", "gvisor"):
-        if isolation == "gvisor":  # issue 31: `podman --runtime runsc` is the next step, not built yet
-            raise RefusedError(f"--isolation gvisor cannot be enforced in {request.mode} mode yet (local mode only); "
-                               "fix: use --mode local, or drop --isolation gvisor")
+    if isolation in ("process", "supervised", "vm"):
         raise UsageError(f"--isolation {isolation} is a local-mode tier; fix: drop it, or use --mode local")
+    if isolation == "gvisor" and request.mode == "container":
+        error = gvisor_error(facts)
+        if error is not None:
+            raise RefusedError(f"--isolation gvisor cannot be enforced in container mode: {error}")
     return TierChoice(Tier.CONTAINER, request.profile or "agent")
 
 

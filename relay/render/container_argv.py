@@ -5,6 +5,16 @@ host visible only through the plan's binds (workdir, home grants, protected path
 deny-listed paths masked), no capabilities, no network but the egress listener the launcher opens
 inside the container's namespace, the box's seccomp rules merged into the engine's default
 profile, and pids/memory limits.
+
+`--isolation gvisor` (issue 31) runs the same container on gVisor's runsc (`podman --runtime runsc`),
+so the agent's kernel is the Sentry, not the host's. What differs, and why (docs/isolation.md):
+runsc runs with `network=none` (gVisor's own stack, a loopback only: no listener of ours can be
+opened in it from the host), so the proxy's unix socket is bound in and the box's first process
+after the entrypoint is local mode's gvisor init (relay/box/gvisor_init.py, run by the image's
+python3), which binds the proxy port on that loopback, relays to the socket, and starts the agent
+under the plan's seccomp program (the Sentry enforces it). The OCI seccomp profile is not passed:
+runsc ignores it (without `--oci-seccomp`), and applied to the init it would refuse the relay's
+AF_UNIX socket.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from dataclasses import dataclass
 from relay.model.limits import Limits
 from relay.model.mounts import Mount
 from relay.model.vocab import MountKind
+from relay.render import gvisor_oci
 
 CTL_DIR = "/run/hive-relay/ctl"  # in the container: the go FIFO the entrypoint waits on
 ENTRYPOINT = "/opt/hive-relay/bin/container-entrypoint"
@@ -22,6 +33,7 @@ IMAGE_PATH = "/opt/hive-relay/npm/node_modules/.bin:/usr/local/bin:/usr/bin:/bin
 HOST_KINDS = (MountKind.BIND, MountKind.RO_BIND, MountKind.PRIVATE_BIND)
 # Binds the container does not get: the host root, and the kernel filesystems the engine provides.
 SKIPPED_KINDS = (MountKind.DEV, MountKind.PROC)
+BOX_PYTHON = "/usr/bin/python3"  # the image's (relay/modes/image.py BASE_PACKAGES): runs the gvisor init
 
 
 @dataclass(frozen=True)
@@ -38,26 +50,66 @@ class ContainerRun:
     ctl_dir: str | None
     seccomp_profile: str | None
     limit_flags: tuple[str, ...]
+    # --isolation gvisor: the OCI runtime (runsc's path) and its flags; None for the engine's default.
+    runtime: str | None = None
+    runtime_flags: tuple[str, ...] = ()
+    # --isolation gvisor: host paths bound into the box for its init (relay/box/gvisor_init.py): the init
+    # itself, the agent's seccomp program and the proxy's unix socket (None: a box without network).
+    init_script: str | None = None
+    seccomp_bpf: str | None = None
+    proxy_socket: str | None = None
 
     def rm_argv(self) -> list[str]:
         return [self.engine, "rm", "-f", "-t", "0", self.name] if self.kind == "podman" else \
             [self.engine, "rm", "-f", self.name]
 
 
-def uses_rlimits(kind: str, rootless: bool, cgroup: str | None) -> bool:
+def uses_rlimits(kind: str, rootless: bool, cgroup: str | None, gvisor: bool = False) -> bool:
     """Engines enforce pids/memory with cgroups; rootless podman cannot on cgroup v1 (it ignores
-    the flags with a warning), so there the same numbers become rlimits."""
-    return kind == "podman" and rootless and cgroup != "v2"
+    the flags with a warning), so there the same numbers become rlimits. Rootless runsc runs with
+    `ignore-cgroups` (it cannot set them up), so there too, on any cgroup version; the Sentry
+    enforces them on the processes it runs."""
+    return kind == "podman" and rootless and (cgroup != "v2" or gvisor)
 
 
-def limit_flags(kind: str, rootless: bool, cgroup: str | None, limits: Limits, nofile: int) -> tuple[tuple[str, ...], str]:
+def limit_flags(kind: str, rootless: bool, cgroup: str | None, limits: Limits, nofile: int,
+                gvisor: bool = False) -> tuple[tuple[str, ...], str]:
     """(flags, method): see uses_rlimits."""
     flags = ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={limits.pids}:{limits.pids}"]
-    if uses_rlimits(kind, rootless, cgroup):
+    if uses_rlimits(kind, rootless, cgroup, gvisor):
         flags += ["--ulimit", f"data={limits.memory}:{limits.memory}"]
         return tuple(flags), "rlimit (podman --ulimit)"
     flags += ["--pids-limit", str(limits.pids), "--memory", str(limits.memory), "--memory-swap", str(limits.memory)]
     return tuple(flags), f"cgroup ({kind})"
+
+
+def runsc_flags(platform: str, rootless: bool) -> tuple[str, ...]:
+    """podman's `--runtime-flag`s for runsc, local mode's choices (relay/host/runsc_host.base_flags):
+    the host's platform (systrap, else ptrace; never kvm), no directfs (it truncated a file in a
+    read-only bind before answering EROFS), gVisor's own network stack with a loopback only
+    (`network=none`: as root, runsc refuses podman's `--network none` otherwise, "cannot run with
+    network enabled in root network namespace"), host unix sockets reachable only where a mount
+    shows one (the proxy's), and rootless no cgroup setup (runsc cannot make them there)."""
+    flags = [f"platform={platform}", "directfs=false", "network=none", "host-uds=open"]
+    if rootless:
+        flags.append("ignore-cgroups")
+    return tuple(x for f in flags for x in ("--runtime-flag", f))
+
+
+def gvisor_volumes(run: ContainerRun) -> list[str]:
+    """The gvisor init's binds, at local mode's box paths (relay/render/gvisor_oci.py): read-only but
+    the socket (connect() needs write on it)."""
+    assert run.init_script and run.seccomp_bpf
+    args = ["--volume", f"{run.init_script}:{gvisor_oci.BOX_INIT}:ro", "--volume", f"{run.seccomp_bpf}:{gvisor_oci.BOX_SECCOMP}:ro"]
+    if run.proxy_socket:
+        args += ["--volume", f"{run.proxy_socket}:{gvisor_oci.BOX_SOCKET}:rw"]
+    return args
+
+
+def gvisor_init_argv(run: ContainerRun, listen: str | None) -> list[str]:
+    """What the entrypoint execs after its deny-list check: the init, then `--`, then the agent's argv."""
+    return [BOX_PYTHON, "-I", "-S", gvisor_oci.BOX_INIT, gvisor_oci.BOX_SOCKET if run.proxy_socket else "-",
+            listen if run.proxy_socket and listen else "-", gvisor_oci.BOX_SECCOMP, "--"]
 
 
 def staged_volume(src: str, dst: str, upper: str, work: str) -> list[str]:
@@ -129,13 +181,17 @@ def build(
     tty: bool,
     argv: list[str],
     staged: tuple[str, str] | None = None,
+    listen: str | None = None,
 ) -> list[str]:
     """Read-only root, no capabilities, no network but our proxy, the same binds as local mode."""
     # Engine warnings (e.g. rootless podman's "/ is not a shared mount") would land in the agent's
     # terminal on every launch; errors still do.
     # --pull=never: the image is ours, built locally (relay/modes/image.py); a missing one must fail at
     # once, never be fetched from whatever answers for its registry name (localhost/...).
-    args = [run.engine, "--log-level=error", "run", "--rm", "-i", "--pull=never", "--name", run.name]
+    args = [run.engine, "--log-level=error"]
+    if run.runtime:
+        args += ["--runtime", run.runtime, *run.runtime_flags]
+    args += ["run", "--rm", "-i", "--pull=never", "--name", run.name]
     if interactive and tty:
         args.append("-t")
     args += ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--network", "none",
@@ -152,11 +208,13 @@ def build(
         args += ["--security-opt", f"seccomp={run.seccomp_profile}"]
     args += list(run.limit_flags)
     args += volume_args(mounts, home, run.kind, (workdir, *staged) if staged else None)
-    if run.ctl_dir:
+    if run.runtime:
+        args += gvisor_volumes(run)
+    elif run.ctl_dir:
         args += ["--volume", f"{run.ctl_dir}:{CTL_DIR}:ro"]
     for name in sorted(env_set):
         args += ["--env", f"{name}={env_set[name]}"]
     for name in env_pass:
         args += ["--env", name]
-    args += [run.image, *argv]
+    args += [run.image, *(gvisor_init_argv(run, listen) if run.runtime else []), *argv]
     return args

@@ -9,6 +9,13 @@ link followed, bounded) and, when the token is near its expiry, refreshes it at 
 token endpoint with the real refresh token, on the host, and writes the new tokens back atomically
 (a temporary under an unguessable name, then rename; same mode). The host's file stays the truth:
 nothing the box writes at that path ever comes back over it (agentstate keeps it aside).
+
+codex's ChatGPT login (`~/.codex/auth.json`, `tokens.*`) has no expiry field: its access token is a
+JWT, and codex refreshes when that token's `exp` has passed (checked with codex 0.171.0). So a login
+without `expires` takes the token's own `exp`; the box's copy gets a JWT of the same shape with `exp`
+far ahead (relay/model/credential_files.py), its refresh token a placeholder, and `last_refresh` the
+copy's time. The refresh grant is the same JSON shape for both CLIs ({grant_type, refresh_token,
+client_id}); OpenAI's answer carries a new id token (kept at `id_token`) and no `expires_in`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
     import ssl
 
 from relay.host import safefs
+from relay.model import credential_files
 from relay.model.backend import LoginFile
 
 # The box's copy expires in the year 2100: the CLI never refreshes it (it could not: it holds no
@@ -59,6 +67,28 @@ def _set(data: dict, path: str, value: Any) -> None:
     data[leaf] = value
 
 
+def _jwt_exp(token: Any) -> float | None:
+    """A JWT's `exp` claim (seconds since the epoch), read without verifying it; None: no JWT or no exp."""
+    claims = credential_files.jwt_claims(token) if isinstance(token, str) else None
+    exp = claims.get("exp") if claims else None
+    return float(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) else None
+
+
+def expiry(data: dict, login: LoginFile) -> float | None:
+    """When the login's token expires (seconds since the epoch): its `expires` field (ms), or, when the
+    login names none, the token's own JWT `exp`; None when neither says."""
+    if login.expires:
+        expires = _get(data, login.expires)
+        return expires / 1000 if isinstance(expires, (int, float)) and not isinstance(expires, bool) else None
+    return _jwt_exp(_get(data, login.token))
+
+
+def _iso_now(clock: Callable[[], float] = time.time) -> str:
+    """codex's own `last_refresh` form: RFC 3339 in UTC with microseconds."""
+    now = clock()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1_000_000):06d}Z"
+
+
 def parse(raw: bytes | None, login: LoginFile) -> dict:
     """The login file as a JSON object holding a string access token (LoginError otherwise)."""
     if raw is None:
@@ -72,16 +102,22 @@ def parse(raw: bytes | None, login: LoginFile) -> dict:
     return data
 
 
-def mask(raw: bytes, login: LoginFile, placeholder: str) -> bytes:
+def mask(raw: bytes, login: LoginFile, placeholder: str, clock: Callable[[], float] = time.time) -> bytes:
     """The box's copy: the same file with the access and refresh tokens replaced by `placeholder`
-    and the expiry far in the future (so the CLI never tries to refresh). LoginError when the file
-    is not a login this spec understands; the caller then gives the box no copy at all."""
+    and the expiry far in the future (so the CLI never tries to refresh). An access token that is a
+    JWT becomes a JWT of the same shape instead (same claims, `exp` far ahead, a random signature):
+    the CLI parses it for its expiry and account. `refreshed_at` becomes the copy's time. LoginError
+    when the file is not a login this spec understands; the caller then gives the box no copy at all."""
     data = parse(raw, login)
-    _set(data, login.token, placeholder)
+    _set(data, login.token, credential_files.shaped_jwt(_get(data, login.token)) or placeholder)
     if _get(data, login.refresh_token) is not None:
         _set(data, login.refresh_token, placeholder)
-    if _get(data, login.expires) is not None:
+    if login.expires and _get(data, login.expires) is not None:
         _set(data, login.expires, FAR_FUTURE_MS)
+    if login.id_token and isinstance(_get(data, login.id_token), str):
+        _set(data, login.id_token, credential_files.placeholder_for(_get(data, login.id_token)))
+    if login.refreshed_at and _get(data, login.refreshed_at) is not None:
+        _set(data, login.refreshed_at, _iso_now(clock))
     return json.dumps(data).encode()
 
 
@@ -113,13 +149,12 @@ class LoginStore:
         return parse(raw, self.login), (st.st_mode & 0o777 if st is not None else 0o600)
 
     def _fresh(self, data: dict) -> bool:
-        expires = _get(data, self.login.expires)
-        return not isinstance(expires, (int, float)) or expires / 1000 > self.clock() + self.margin
+        expires = expiry(data, self.login)
+        return expires is None or expires > self.clock() + self.margin
 
     def expires_at(self) -> float | None:
         """When the host file's token expires (seconds since the epoch), or None if it names no expiry."""
-        expires = _get(self._read()[0], self.login.expires)
-        return expires / 1000 if isinstance(expires, (int, float)) else None
+        return expiry(self._read()[0], self.login)
 
     def __call__(self) -> str:
         data, _ = self._read()
@@ -168,9 +203,14 @@ class LoginStore:
         _set(data, self.login.token, token)
         if isinstance(answer.get("refresh_token"), str) and answer["refresh_token"]:
             _set(data, self.login.refresh_token, answer["refresh_token"])
-        lifetime = answer.get("expires_in")
-        lifetime = lifetime if isinstance(lifetime, (int, float)) and lifetime > 0 else 3600
-        _set(data, self.login.expires, int((self.clock() + lifetime) * 1000))
+        if self.login.id_token and isinstance(answer.get("id_token"), str) and answer["id_token"]:
+            _set(data, self.login.id_token, answer["id_token"])
+        if self.login.expires:
+            lifetime = answer.get("expires_in")
+            lifetime = lifetime if isinstance(lifetime, (int, float)) and lifetime > 0 else 3600
+            _set(data, self.login.expires, int((self.clock() + lifetime) * 1000))
+        if self.login.refreshed_at:
+            _set(data, self.login.refreshed_at, _iso_now(self.clock))
         try:
             safefs.write_file(self.path, json.dumps(data).encode(), mode or 0o600, base=self.home)
         except OSError as err:
