@@ -343,3 +343,12 @@ def test_the_vm_bench_rows_are_figures_not_targets() -> None:
                            "failures": 0})
     assert targets == {} and "21.0 s" in lines[0] and "a figure, not a target" in lines[0]
     assert "not measured" in rows({"skipped": "no qemu"})[0][0]
+
+
+def test_a_new_root_disk_supersedes_the_users_older_ones(tmp_path: Path) -> None:
+    from relay.modes import vm_boot
+
+    for name in ("root-aaa-u1000.ext4", "root-bbb-u1000.ext4", "root-aaa-u1002.ext4", "initrd-x.gz"):
+        (tmp_path / name).write_text("")
+    vm_boot._remove_superseded(str(tmp_path), "root-bbb-u1000.ext4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["initrd-x.gz", "root-aaa-u1002.ext4", "root-bbb-u1000.ext4"]

@@ -197,7 +197,17 @@ def ensure_root_image(engine: Sequence[str], tag: str, cache: str, rootless: boo
         _unlink(tmp)
         raise RelayError(f"cannot make the guest's root image from {tag}: {proc.stderr.strip()[-300:]}")
     os.replace(tmp, path)
+    _remove_superseded(cache, os.path.basename(path))
     return path
+
+
+def _remove_superseded(cache: str, keep: str) -> None:
+    """A new image tag supersedes the older disks of the same user (1.5 GB each), as `build-image`
+    removes the superseded images; a guest still booted from one keeps its open file."""
+    suffix = keep.rsplit("-", 1)[-1]  # "u1000.ext4": this user's image
+    for name in os.listdir(cache):
+        if name != keep and name.startswith("root-") and name.endswith(f"-{suffix}"):
+            _unlink(os.path.join(cache, name))
 
 
 def _unlink(path: str) -> None:
