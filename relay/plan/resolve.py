@@ -676,8 +676,12 @@ def _login_file(d: _Draft, route: CredentialRoute) -> str | None:
     # A route only when the file holds its token: codex's auth.json holds an API key or a ChatGPT login,
     # and each is its own route with its own flags.
     try:
-        if not credential_files.secret_paths(d.fs.read_bounded(path, credential_files.MAX_FILE + 1), (route.login.token,)):
+        raw = d.fs.read_bounded(path, credential_files.MAX_FILE + 1)
+        if not credential_files.secret_paths(raw, (route.login.token,)):
             return None
+        if any(value == wanted for at, wanted in route.login.unless
+               for _, value in credential_files.found(credential_files.parse(raw), (at,))):
+            return None  # the CLI uses another login of this file (e.g. codex's auth_mode: chatgpt)
     except ValueError:
         return None
     return path
