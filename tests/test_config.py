@@ -218,6 +218,7 @@ def test_shipped_credential_routes() -> None:
         "tokens.access_token", "", "tokens.id_token")  # no expires: the access token's own JWT exp
     assert (chatgpt.upstream_host, chatgpt.login.refresh_url) == ("chatgpt.com", "https://auth.openai.com/oauth/token")
     assert "model_providers.hive-relay-chatgpt.base_url={url}/backend-api/codex" in chatgpt.box_args
+    assert in_file.login is not None and in_file.login.unless == (("auth_mode", "chatgpt"),)
     assert in_file.login is not None and (in_file.login.file, in_file.login.token, in_file.login.refresh_url) == (
         "~/.codex/auth.json", "OPENAI_API_KEY", "")
     assert codex.secret_env == ("CODEX_API_KEY", "OPENAI_API_KEY") and codex.send == "authorization-bearer"
@@ -249,6 +250,9 @@ ROUTE = ("backends:\n  claude:\n    command: [claude]\n    prompt_command: [clau
         ("{login: {file: ~/.c/l.json, token: 'a..t', refresh_token: a.r, expires: a.e, refresh_url: 'https://o.example/t', client_id: c}, upstream: a.example:443, send: x-api-key}", "not a dotted JSON path"),
         ("{login: {file: ~/.c/l.json, token: a.t, refresh_token: a.r, expires: a.e, refresh_url: 'http://o.example/t', client_id: c}, upstream: a.example:443, send: x-api-key}", "not an https:// URL"),
         ("{login: {file: /etc/l.json, token: a.t, refresh_token: a.r, expires: a.e, refresh_url: 'https://o.example/t', client_id: c}, upstream: a.example:443, send: x-api-key}", "is not under ~/"),
+        ("{login: {file: ~/.c/l.json, token: k, unless: {'a..b': x}}, upstream: a.example:443, send: x-api-key}", "not a dotted JSON path"),
+        ("{login: {file: ~/.c/l.json, token: k, unless: {mode: [x]}}, upstream: a.example:443, send: x-api-key}", "login.unless.mode"),
+        ("{login: {file: ~/.c/l.json, token: k, unless: chatgpt}, upstream: a.example:443, send: x-api-key}", "login.unless"),
         ("{login: {file: ~/.c/l.json}, upstream: a.example:443, send: x-api-key}", "login.client_id': missing"),
     ],
 )

@@ -235,8 +235,9 @@ BACKEND_KEYS = {
     "login_command", "secret_files",
 }
 ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths"}
-LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id", "id_token", "refreshed_at"}
-LOGIN_OPTIONAL_KEYS = {"expires", "id_token", "refreshed_at"}  # no expires: the token's own JWT `exp`
+LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id", "id_token", "refreshed_at",
+              "unless"}
+LOGIN_OPTIONAL_KEYS = {"expires", "id_token", "refreshed_at", "unless"}  # no expires: the token's own JWT `exp`
 _JSON_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _SECRET_PATH = re.compile(r"(\*|[A-Za-z_][A-Za-z0-9_]*)(\.(\*|[A-Za-z_][A-Za-z0-9_]*))*")
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
@@ -387,9 +388,10 @@ def _login(value: Any, where: _Where, key: str) -> LoginFile:
     """`login: {file, token, refresh_token, expires, refresh_url, client_id}` (and optionally
     `id_token`, `refreshed_at`; `expires` left out when the token is a JWT whose `exp` says it),
     strictly; or just `{file, token}`: a static key in a login file (codex's `auth.json` API key),
-    read per request and never refreshed."""
+    read per request and never refreshed. `unless: {PATH: VALUE}`: the route does not apply while the
+    file's string at PATH is VALUE (codex's `auth_mode: chatgpt` wins over a key in the same file)."""
     data = _section(value, where, key, LOGIN_KEYS)
-    if set(data) == {"file", "token"}:  # a static key: nothing to refresh
+    if set(data) - {"unless"} == {"file", "token"}:  # a static key: nothing to refresh
         data = {**data, "refresh_token": "", "refresh_url": "", "client_id": ""}
     data = {**{k: "" for k in LOGIN_OPTIONAL_KEYS}, **data}
     missing = sorted(LOGIN_KEYS - set(data))
@@ -407,8 +409,13 @@ def _login(value: Any, where: _Where, key: str) -> LoginFile:
     if url and not re.fullmatch(r"https://[a-z0-9.-]+(:[0-9]{1,5})?/[\x21-\x7e]*", url):
         raise where.fail(f"{key}.refresh_url", f"{url!r} is not an https:// URL", "write https://HOST/path")
     client_id = _str(data["client_id"], where, f"{key}.client_id") if data["client_id"] != "" else ""
+    unless = []
+    for path, wanted in (_mapping(data["unless"], where, f"{key}.unless") if data["unless"] != "" else {}).items():
+        if not isinstance(path, str) or not _JSON_PATH.fullmatch(path):
+            raise where.fail(f"{key}.unless", f"{path!r} is not a dotted JSON path", "write e.g. auth_mode: chatgpt")
+        unless.append((path, _str(wanted, where, f"{key}.unless.{path}")))
     return LoginFile(file, paths["token"], paths["refresh_token"], paths["expires"], url, client_id,
-                     paths["id_token"], paths["refreshed_at"])
+                     paths["id_token"], paths["refreshed_at"], tuple(unless))
 
 
 def _secret_files(value: Any, where: _Where) -> tuple[tuple[str, tuple[str, ...]], ...]:

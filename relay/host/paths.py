@@ -38,6 +38,12 @@ LIBSECCOMP_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/
                    "/usr/lib", "/lib64")
 
 
+def gvisor_init_script() -> str:
+    """The host path of the gvisor tier's in-box init (relay/box/gvisor_init.py), bound into its boxes.
+    Read at call time, so a plan for another checkout's root (the golden tests') names that root."""
+    return os.path.join(str(PACKAGE_ROOT), "relay", "box", "gvisor_init.py")
+
+
 def config_home(env: Mapping[str, str]) -> str:
     return env.get("XDG_CONFIG_HOME") or os.path.join(env.get("HOME", "/"), ".config")
 

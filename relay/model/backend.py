@@ -56,7 +56,9 @@ class LoginFile:
     `expires` empty: the token is a JWT and its own `exp` claim is the expiry (codex's ChatGPT login).
     `id_token`: where the refresh's new id token goes (codex parses it for the account and plan).
     `refreshed_at`: an ISO-8601 time the CLI keeps of its last refresh (codex's `last_refresh`): set on
-    a refresh on the host, and to the copy's time in the box, so the CLI there sees a fresh login."""
+    a refresh on the host, and to the copy's time in the box, so the CLI there sees a fresh login.
+    `unless`: (dotted path, value) pairs; while the file holds one of them the route does not apply
+    (codex uses its ChatGPT login whenever `auth_mode` is `chatgpt`, even with a key in the file)."""
 
     file: str
     token: str
@@ -66,6 +68,7 @@ class LoginFile:
     client_id: str
     id_token: str = ""
     refreshed_at: str = ""
+    unless: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from relay.box.nodeproxy import node_options
 from relay.box.overlay import unsafe_path
 from relay.config.presets import expand as expand_presets
 from relay.config.profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
-from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, own_paths, state_dir, tool_dir
+from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, gvisor_init_script, own_paths, state_dir, tool_dir
 from relay.model import credential_files
 from relay.model.allow_rules import HostRule, explain
 from relay.model.backend import Backend, CredentialRoute, Matrix
@@ -684,8 +684,12 @@ def _login_file(d: _Draft, route: CredentialRoute) -> str | None:
     # A route only when the file holds its token: codex's auth.json holds an API key or a ChatGPT login,
     # and each is its own route with its own flags.
     try:
-        if not credential_files.secret_paths(d.fs.read_bounded(path, credential_files.MAX_FILE + 1), (route.login.token,)):
+        raw = d.fs.read_bounded(path, credential_files.MAX_FILE + 1)
+        if not credential_files.secret_paths(raw, (route.login.token,)):
             return None
+        if any(value == wanted for at, wanted in route.login.unless
+               for _, value in credential_files.found(credential_files.parse(raw), (at,))):
+            return None  # the CLI uses another login of this file (e.g. codex's auth_mode: chatgpt)
     except ValueError:
         return None
     return path
@@ -1050,7 +1054,7 @@ def _gvisor_tier(d: _Draft) -> None:
     d.gvisor = GvisorRun(
         runsc=d.facts.runsc or "runsc", platform=d.facts.runsc_platform or "systrap", rootless=rootless,
         container_id=f"hive-relay-{d.request.run_id or 'dry-run'}", bundle=base, state_root=os.path.join(base, "state"),
-        init_script=os.path.join(str(PACKAGE_ROOT), "relay", "box", "gvisor_init.py"), python=d.facts.box_python,
+        init_script=gvisor_init_script(), python=d.facts.box_python,
         seccomp_file=os.path.join(base, "seccomp.bpf"),
         socket=os.path.join(base, "proxy.sock") if d.profile.network else None,
         box_uid=gvisor_oci.BOX_UID,
@@ -1212,7 +1216,7 @@ def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: Ho
         box = ctl_dir or "/RUN-DIR/ctl"
         extra = {"runtime": facts.runsc or "runsc",
                  "runtime_flags": container_argv.runsc_flags(facts.runsc_platform or "systrap", rootless),
-                 "init_script": os.path.join(str(PACKAGE_ROOT), "relay", "box", "gvisor_init.py"),
+                 "init_script": gvisor_init_script(),
                  "seccomp_bpf": os.path.join(box, "seccomp.bpf"),
                  "proxy_socket": os.path.join(box, "proxy.sock") if network else None}
     run = ContainerRun(

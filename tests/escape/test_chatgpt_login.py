@@ -308,6 +308,16 @@ def test_dry_run_routes_the_chatgpt_login_and_names_no_token(box: Sandbox) -> No
     plan = json.loads(box.relay("codex", "--dry-run", "--json").stdout)
     assert [c["route"] for c in plan["credentials"]] == ["openai-login"]
     assert "hive-relay-chatgpt" not in json.dumps(plan)
+    # A ChatGPT login with a key left in the file (older logins kept both): codex goes by `auth_mode`,
+    # so the ChatGPT route carries, and with `auth_mode: apikey` the key's route does (both masked).
+    write_login(box.home)
+    login = json.loads((box.home / ".codex" / "auth.json").read_text())
+    for mode, route in (("chatgpt", "chatgpt-login"), ("apikey", "openai-login")):
+        (box.home / ".codex" / "auth.json").write_text(json.dumps({**login, "OPENAI_API_KEY": "sk-proj-abc",
+                                                                   "auth_mode": mode}))
+        plan = json.loads(box.relay("codex", "--dry-run", "--json").stdout)
+        assert [c["route"] for c in plan["credentials"]] == [route], (mode, plan["credentials"])
+        assert plan["login_files"][str(box.home / ".codex" / "auth.json")]["held"] == "masked"
 
 
 # The real codex CLI (tests/test_agents.py installs it) with a ChatGPT login on the host.
