@@ -244,6 +244,7 @@ def _contribute_hive(
     apply: bool = False,
     live: bool = False,
     shared_live: bool = False,
+    vm_accel: str | None = None,
 ) -> None:
     if version:
         print(version_line())
@@ -258,7 +259,7 @@ def _contribute_hive(
             workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
             allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
             allow_presets=tuple(allow_preset or ()), ask=ask, no_grants=no_grants, staged=staged,
-            apply=apply, live=live, shared_live=shared_live,
+            apply=apply, live=live, shared_live=shared_live, vm_accel=vm_accel,
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet, count=count_arg(count, "--count"),
                           parallel=count_arg(parallel, "--parallel"))
@@ -443,14 +444,16 @@ def test(c: Context, args: str = "") -> None:
 
 @task(help={"backend": "only this backend (default: all)", "json": "print the results as JSON",
             "mode": "local (bubblewrap box, default) or container (podman/docker)",
-            "isolation": "local mode's tier to probe: supervised (default, as auto picks) or gvisor (runsc)"},
+            "isolation": "local mode's tier to probe: supervised (default, as auto picks), gvisor (runsc) or vm",
+            "vm_accel": "with --isolation vm: kvm (the default) or tcg (qemu's emulated CPU)"},
       iterable=["backend"])
 def selftest(c: Context, backend: list[str] | None = None, json: bool = False, mode: str = "local",
-             isolation: str | None = None) -> None:
+             isolation: str | None = None, vm_accel: str | None = None) -> None:
     """Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."""
     from relay.commands.selftest import selftest as run_selftest
 
-    _exit(guarded(run_selftest, list(backend or []) or None, as_json=json, mode=mode, isolation=isolation))
+    _exit(guarded(run_selftest, list(backend or []) or None, as_json=json, mode=mode, isolation=isolation,
+                   vm_accel=vm_accel))
 
 
 @task(help={"runs": "repetitions per timing (median is reported)",

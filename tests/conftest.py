@@ -166,7 +166,7 @@ def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pyte
         module = name.rsplit(".", 1)[-1]
         if module.startswith("test_kube_podman") or module.startswith("test_kube_canary"):
             item.add_marker(pytest.mark.kube)
-        if module == "test_vm":
+        if module in ("test_vm", "test_vm_tcg"):
             item.add_marker(pytest.mark.vm)
         # `-m "not box"`: the pure tests alone (plans, renderers, parsers), in seconds. A test that
         # starts a box, an engine, a pod or a VM, or a sandbox for the real CLI, is a box test.

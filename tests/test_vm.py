@@ -62,11 +62,9 @@ def test_explicit_vm_refuses_with_the_hosts_reason_and_never_downgrades() -> Non
     assert "fix:" in err.value.message and err.value.exit_code == 3
 
 
-def test_explicit_vm_on_a_ready_host_still_refuses_rather_than_pretending() -> None:
-    """The launcher is not built yet: exit 3 naming the tiers that work, never a silent fallback."""
-    with pytest.raises(RefusedError) as err:
-        choose("vm")
-    assert "cannot launch a box in the VM yet" in err.value.message and "--isolation supervised" in err.value.message
+def test_explicit_vm_on_a_ready_host_is_the_vm_tier() -> None:
+    """The launcher runs it (relay/modes/vm_runner.py; tests/test_vm_tcg.py boots it for real)."""
+    assert choose("vm").tier == Tier.VM
 
 
 def test_vm_with_container_mode_is_a_usage_error() -> None:
@@ -170,8 +168,9 @@ def test_doctor_reports_kvm_qemu_the_kernel_and_the_image(sandbox: Sandbox) -> N
         assert name in rows
     assert rows["vm: kvm"]["ok"] == (vm_host.kvm_error() is None)
     assert "hive-relay-contributor:" in rows["vm: root image"]["detail"]
-    assert data["enforceable"]["vm"].startswith("NOT enforceable")
+    assert data["enforceable"]["vm"].startswith("NOT enforceable" if vm_host.kvm_error() else "enforceable")
     assert data["enforceable"]["auto pick"] != "vm"
+    assert data["enforceable"]["vm/tcg"].startswith("enforceable emulated")
 
 
 # --- the guest half, booted for real ---------------------------------------------------------------
@@ -312,3 +311,44 @@ def test_qemu_dies_with_a_launcher_killed_by_sigkill(guest_parts: dict[str, str]
     while os.path.exists(f"/proc/{qemu}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{qemu}"), "qemu outlived its launcher"
+
+
+def test_the_plans_mounts_become_the_guests_shares_copies_and_masks() -> None:
+    """Pure: directories are 9p shares (read-only ones ro), a read-only single file is a copy, a
+    writable one refuses (9p shares directories only), a missing source is skipped like bwrap's; the
+    root bind, /dev and /proc are the guest init's own."""
+    from relay.model.errors import RefusedError as Refused
+    from relay.modes import vm_boot
+
+    kinds = {"/h": True, "/w": True, "/h/.bashrc": False, "/h/.claude.json": False}
+    mounts = [("ro-bind", "/", None, None), ("dev", "/dev", None, None), ("proc", "/proc", None, None),
+              ("tmpfs", "/tmp", None, 1 << 20), ("private-bind", "/home/u", "/h", None),
+              ("ro-bind", "/home/u/.bashrc", "/h/.bashrc", None), ("bind", "/src/p", "/w", None),
+              ("ro-bind", "/gone", None, None), ("mask-file", "/src/p/.envrc", None, None),
+              ("mask-dir", "/src/p/.vscode", None, None)]
+    shares, lines, files = vm_boot.guest_layout(mounts, kinds.get)
+    assert shares == (vm_boot.Share("s0", "/h", True), vm_boot.Share("s1", "/w", True))
+    assert lines == ["tmpfs 1048576 1777 /tmp", "share s0 rw /home/u", "file 0 /home/u/.bashrc", "share s1 rw /src/p",
+                     "maskfile /src/p/.envrc", "maskdir /src/p/.vscode"]
+    assert files == [("0", "/h/.bashrc")]
+    with pytest.raises(Refused) as err:
+        vm_boot.guest_layout([("bind", "/home/u/.claude.json", "/h/.claude.json", None)], kinds.get)
+    assert "single writable file" in err.value.message and err.value.exit_code == 3
+
+
+def test_the_vm_bench_rows_are_figures_not_targets() -> None:
+    from relay.dev.bench_vm import rows
+
+    lines, targets = rows({"accel": "tcg", "kernel": "vmlinuz-6.1.0-57-amd64", "launch_s": [21.0], "median_s": 21.0,
+                           "failures": 0})
+    assert targets == {} and "21.0 s" in lines[0] and "a figure, not a target" in lines[0]
+    assert "not measured" in rows({"skipped": "no qemu"})[0][0]
+
+
+def test_a_new_root_disk_supersedes_the_users_older_ones(tmp_path: Path) -> None:
+    from relay.modes import vm_boot
+
+    for name in ("root-aaa-u1000.ext4", "root-bbb-u1000.ext4", "root-aaa-u1002.ext4", "initrd-x.gz"):
+        (tmp_path / name).write_text("")
+    vm_boot._remove_superseded(str(tmp_path), "root-bbb-u1000.ext4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["initrd-x.gz", "root-aaa-u1002.ext4", "root-bbb-u1000.ext4"]

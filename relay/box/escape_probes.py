@@ -80,7 +80,29 @@ def write_workdir(workdir):
         report("write inside the workdir", "legit", False, err_name(exc))
 
 
-def af_unix():
+# Host sockets a box must never reach (the engines' and the system bus): in the vm tier the guest's
+# AF_UNIX is its own kernel's, so the probe is whether any of these answers from inside.
+HOST_SOCKETS = ("/run/podman/podman.sock", "/var/run/docker.sock", "/run/docker.sock", "/run/dbus/system_bus_socket",
+                "/run/containerd/containerd.sock")
+
+
+def af_unix(tier=None):
+    if tier == "vm":
+        reached = []
+        for path in HOST_SOCKETS + tuple(p for p in (os.environ.get("XDG_RUNTIME_DIR"),) if p):
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(2)
+                s.connect(path)
+                reached.append(path)
+            except OSError:
+                pass
+        report("AF_UNIX reaches a host socket", "attack", not reached,
+               f"reached {reached}" if reached else "none (the guest's sockets are its own kernel's)")
+        a, b = socket.socketpair()
+        a.sendall(b"x")
+        report("socketpair()", "legit", b.recv(1) == b"x", "works")
+        return
     try:
         socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
         report("AF_UNIX socket()", "attack", False, "socket created")
@@ -94,7 +116,19 @@ def af_unix():
         report("socketpair()", "legit", False, err_name(exc))
 
 
-def tiocsti():
+def tiocsti(tier=None):
+    if tier == "vm":
+        # The caller's terminal is qemu's serial console: the guest has no tty of the host to ioctl.
+        # TIOCSTI on a tty of the guest's own stays in the guest; report what it does there.
+        master, slave = pty.openpty()
+        try:
+            fcntl.ioctl(slave, termios.TIOCSTI, b"x")
+            what = "works on the guest's own pty only"
+        except OSError as exc:
+            what = err_name(exc)
+        report("TIOCSTI into the caller's terminal", "attack", not os.isatty(0) or os.ttyname(0).startswith("/dev/ttyS"),
+               f"no host tty in the guest ({what})")
+        return
     master, slave = pty.openpty()
     try:
         fcntl.ioctl(slave, termios.TIOCSTI, b"x")
@@ -103,7 +137,7 @@ def tiocsti():
         report("TIOCSTI injection", "attack", exc.errno == errno.EPERM, err_name(exc))
 
 
-def host_pids(launcher_pid):
+def host_pids(launcher_pid, tier=None):
     pids = [p for p in os.listdir("/proc") if p.isdigit()]
     try:
         with open(f"/proc/{launcher_pid}/cmdline", "rb") as fh:
@@ -111,6 +145,10 @@ def host_pids(launcher_pid):
         seen = b"relay" in data or b"invoke" in data
     except OSError:
         seen = False
+    if tier == "vm":  # the guest's own kernel threads and processes: none of them is the host's
+        report("see host pids", "attack", not seen, f"{len(pids)} guest pids visible (its own kernel's)"
+               + (", launcher visible" if seen else ", not the launcher"))
+        return
     ok = len(pids) < 20 and not seen
     report("see host pids", "attack", ok, f"{len(pids)} pids visible" + (", launcher visible" if seen else ""))
 
@@ -156,9 +194,9 @@ def main(args):
     read_ssh(home, opts.get("planted"))
     write_outside(workdir, home)
     write_workdir(workdir)
-    af_unix()
-    tiocsti()
-    host_pids(int(opts.get("launcher", "1")))
+    af_unix(opts.get("tier"))
+    tiocsti(opts.get("tier"))
+    host_pids(int(opts.get("launcher", "1")), opts.get("tier"))
     network(opts.get("proxy"), opts.get("allowed"), opts.get("denied", "example.com:443"))
     grants([p for p in opts.get("grants", "").split(",") if p])
 

@@ -81,8 +81,17 @@ def contribute(
         facts = with_image(facts, matrix, request, env)
     if request.isolation == "vm":  # only then: opening /dev/kvm and creating a VM costs ~3 ms
         from relay.host import vm_host
+        from relay.policy.tiers import vm_accel
 
-        facts = replace(facts, vm_error=vm_host.vm_error(env))
+        if request.vm_accel is None and matrix.vm_accel:  # the user config's `vm: {accel: ...}` (--vm-accel wins)
+            request = replace(request, vm_accel=matrix.vm_accel)
+        accel = vm_accel(request)  # a bad word is a usage error before anything is probed
+        facts = replace(facts, vm_error=vm_host.vm_error(env, accel), vm_qemu=vm_host.qemu_path(env),
+                        vm_kernel=vm_host.guest_kernel(env))
+        if facts.vm_error is None:  # the guest's root is container mode's image (its tag hashes files)
+            from relay.modes.image import spec_from_env
+
+            facts = replace(facts, image=spec_from_env(matrix.backends, facts.uid, facts.gid, env).tag)
     # Only then: the probe run starts a sandbox (memoized once it passed). Not kube: the cluster runs runsc.
     if request.isolation == "gvisor" and request.mode != "kube":
         from relay.host import runsc_host
@@ -588,7 +597,8 @@ DOCTOR_HELP = {"json": "print the report as JSON",
 DOCTOR_DOC = "Check what this host can enforce: bubblewrap, namespaces, seccomp, cgroups, tty, CLIs."
 SELFTEST_HELP = {"backend": "only this backend (default: all); repeatable", "json": "print the results as JSON",
                  "mode": "local (bubblewrap box, default) or container (podman/docker)",
-                 "isolation": "local mode's tier to probe: supervised (default, as auto picks) or gvisor (runsc)"}
+                 "isolation": "local mode's tier to probe: supervised (default, as auto picks), gvisor (runsc) or vm",
+                 "vm_accel": "with --isolation vm: kvm (the default) or tcg (qemu's emulated CPU)"}
 SELFTEST_DOC = "Run real escape probes inside a real box per backend; exit 1 if the box is weaker than its plan."
 BENCH_HELP = {"runs": "repetitions per timing (median is reported)",
               "with_peers": "install and compare srt (npm; ripgrep via apt as root) with one allowed host; "
@@ -624,8 +634,9 @@ def _selftest_main(argv: Sequence[str]) -> int:
     parser.add_argument("-j", "--json", action="store_true", help=SELFTEST_HELP["json"])
     parser.add_argument("-m", "--mode", metavar="MODE", default="local", help=SELFTEST_HELP["mode"])
     parser.add_argument("-i", "--isolation", metavar="ISOLATION", default=None, help=SELFTEST_HELP["isolation"])
+    parser.add_argument("-V", "--vm-accel", metavar="ACCEL", default=None, help=SELFTEST_HELP["vm_accel"])
     ns = parser.parse_args(argv)
-    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode, isolation=ns.isolation)
+    return selftest(ns.backend or None, as_json=ns.json, mode=ns.mode, isolation=ns.isolation, vm_accel=ns.vm_accel)
 
 
 def _bench_main(argv: Sequence[str]) -> int:
@@ -683,7 +694,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
             command=command, allow_sockets=tuple(ns.allow_socket), allow_ssh=tuple(ns.allow_ssh),
             allow_presets=tuple(ns.allow_preset), ask=ns.ask, no_grants=ns.no_grants, staged=ns.staged,
-            apply=ns.apply, live=ns.live, shared_live=ns.shared_live,
+            apply=ns.apply, live=ns.live, shared_live=ns.shared_live, vm_accel=ns.vm_accel,
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet, count=count(ns.count, "--count"),
                           parallel=count(ns.parallel, "--parallel"))

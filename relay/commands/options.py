@@ -43,6 +43,9 @@ HELP = {
     "shared_live": ("with --live: start even though another live box runs on this checkout (two live boxes "
                     "overwrite each other's git index and see each other's placeholders; staged boxes share "
                     "a checkout safely)"),
+    "vm_accel": ("with --isolation vm: kvm (the default) or tcg (qemu emulates the CPU: the same boundary, about "
+                 "16-37 s a boot; for hosts whose KVM cannot boot the guest); `vm: {accel: tcg}` in your user config "
+                 "sets it"),
     "dry_run": "print the resolved plan and launch nothing",
     "json": "with --dry-run: print the plan as JSON",
     "quiet": "no banner (notes and refusals are still printed)",
@@ -74,6 +77,7 @@ OPTIONS = (
     ("apply", "y", None),
     ("live", "L", None),
     ("shared_live", "S", None),
+    ("vm_accel", "V", "ACCEL"),
 )
 SHORT_FLAGS = {dest: short for dest, short, _ in OPTIONS}  # invoke's task takes them from here too (tasks.py)
 REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")

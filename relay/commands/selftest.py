@@ -27,7 +27,7 @@ from relay.host.fs_view import HostFs
 from relay.host.liveness import new_run_id
 from relay.host.paths import cache_dir
 from relay.host.probe import probe
-from relay.model.errors import RelayError, UsageError
+from relay.model.errors import RefusedError, RelayError, UsageError
 from relay.modes.image import with_image
 from relay.modes.runner import run
 from relay.plan.resolve import PROXY_LISTEN, Plan, Request, resolve
@@ -103,10 +103,13 @@ def plant_ssh_key(home: str) -> PlantedKey:
 
 
 def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, matrix,  # noqa: ANN001
-          mode: str = "local", planted: str | None = None, isolation: str | None = None) -> Plan:
+          mode: str = "local", planted: str | None = None, isolation: str | None = None,
+          vm_accel: str | None = None) -> Plan:
     b = get_backend(matrix, backend)
+    # The vm tier shares the workdir as it is (it cannot stage yet): a scratch workdir, so live is harmless.
+    vm = {"vm_accel": vm_accel, "live": True} if isolation == "vm" else {}
     base = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
-                   argv_override=("true",), isolation=isolation)
+                   argv_override=("true",), isolation=isolation, **vm)
     facts = with_image(facts, matrix, base, env)
     first = resolve(b, matrix, base, facts, env, fs=HostFs())
     allow = (f"{ALLOWED_NAME}:{port}=127.0.0.1:{port}",) if first.proxy_listen else ()
@@ -115,17 +118,20 @@ def _plan(backend: str, env: dict[str, str], workdir: str, port: int, facts, mat
     probe_args = [f"launcher={os.getpid()}", f"grants={','.join(grants)}"]
     if planted:
         probe_args.append(f"planted={planted}")
+    if isolation == "vm":
+        probe_args.append("tier=vm")
     if first.proxy_listen:
         probe_args += [f"proxy={PROXY_LISTEN}", f"allowed={ALLOWED_NAME}:{port}", "denied=example.com:443"]
-    python = "/usr/bin/python3" if mode == "container" else (facts.box_python or "/usr/bin/python3")
+    # Container mode's image, and the vm tier's root (the same image), have their own python3.
+    python = "/usr/bin/python3" if mode == "container" or isolation == "vm" else (facts.box_python or "/usr/bin/python3")
     argv = (python, "-I", "-S", "-c", PROBES.read_text(), *probe_args)
     request = Request(backend=backend, mode=mode, prompt="selftest", workdir=workdir, run_id=new_run_id(),
-                      allow_hosts=allow, argv_override=argv, isolation=isolation)
+                      allow_hosts=allow, argv_override=argv, isolation=isolation, **vm)
     return resolve(b, matrix, request, facts, env, fs=HostFs())
 
 
 def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # noqa: ANN001
-                mode: str = "local", isolation: str | None = None) -> list[Row]:
+                mode: str = "local", isolation: str | None = None, vm_accel: str | None = None) -> list[Row]:
     # Beside the cache dir (not /tmp) so that the workdir's parent is a real host directory; not in
     # it, since hive relay's own dirs are never a workdir.
     try:
@@ -142,7 +148,7 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # 
         scratch = tempfile.mkdtemp(prefix="selftest-", dir=base)
         workdir = os.path.join(scratch, "work")
         os.mkdir(workdir)
-        plan = _plan(backend, env, workdir, port, facts, matrix, mode, planted.name, isolation)
+        plan = _plan(backend, env, workdir, port, facts, matrix, mode, planted.name, isolation, vm_accel)
         if plan.container is not None:
             from relay.modes.image import ensure_ready
 
@@ -184,14 +190,18 @@ def run_backend(backend: str, env: dict[str, str], port: int, facts, matrix,  # 
 
 
 def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str = "local",
-             isolation: str | None = None) -> int:
+             isolation: str | None = None, vm_accel: str | None = None) -> int:
     """`isolation`: the local tier to probe (gvisor: the same probes in the runsc box, with the same
-    expected results; an explicit tier that cannot run here refuses, exit 3, as a launch would)."""
+    expected results; vm: the same probes in the guest, where AF_UNIX and TIOCSTI are the guest
+    kernel's own, so their attacks are "reaches a host socket" and "injects into the caller's
+    terminal"; an explicit tier that cannot run here refuses, exit 3, as a launch would)."""
     env = dict(os.environ)
     if mode not in ("local", "container"):
         raise UsageError(f"unknown mode {mode!r}; choose one of: local, container")
-    if isolation not in (None, "supervised", "gvisor"):
-        raise UsageError(f"selftest --isolation {isolation}: choose supervised or gvisor")
+    if isolation not in (None, "supervised", "gvisor", "vm"):
+        raise UsageError(f"selftest --isolation {isolation}: choose supervised, gvisor or vm")
+    if vm_accel is not None and isolation != "vm":
+        raise UsageError("selftest --vm-accel applies to --isolation vm only; fix: add --isolation vm")
     matrix = load_matrix(env, workdir=None)
     facts = probe(env)
     if isolation == "gvisor":
@@ -200,6 +210,21 @@ def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str
         from relay.host import runsc_host
 
         facts = replace(facts, **runsc_host.facts(env))
+    if isolation == "vm":
+        from dataclasses import replace
+
+        from relay.host import vm_host
+        from relay.modes.image import spec_from_env
+        from relay.policy.tiers import VM_ACCELS
+
+        vm_accel = vm_accel or matrix.vm_accel
+        if vm_accel is not None and vm_accel not in VM_ACCELS:
+            raise UsageError(f"selftest --vm-accel {vm_accel!r}: choose one of {', '.join(VM_ACCELS)}")
+        error = vm_host.vm_error(env, vm_accel or "kvm")
+        if error:
+            raise RefusedError(f"--isolation vm cannot be enforced: {error}")
+        facts = replace(facts, vm_error=None, vm_qemu=vm_host.qemu_path(env), vm_kernel=vm_host.guest_kernel(env),
+                        image=spec_from_env(matrix.backends, facts.uid, facts.gid, env).tag)
     names = backends or sorted(matrix.backends)
     for name in names:
         get_backend(matrix, name)
@@ -208,7 +233,7 @@ def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str
     try:
         for name in names:
             try:
-                rows += run_backend(name, env, port, facts, matrix, mode, isolation)
+                rows += run_backend(name, env, port, facts, matrix, mode, isolation, vm_accel)
             except RelayError as err:
                 rows.append(Row(name, "-", "-", "box starts", "legit", False, err.message))
     finally:

@@ -699,7 +699,8 @@ def apply_user(
     `data` is the already-read YAML (else the file is read). Its `auth:` grants: `user_grants`."""
     where = _Where(str(path))
     data = _top(read_yaml(path, USER) if data is ABSENT else data, where,
-                {"version", "backends", "profiles", "allow_unsandboxed", "auth", "presets", "workdir", "isolation"})
+                {"version", "backends", "profiles", "allow_unsandboxed", "auth", "presets", "workdir", "isolation",
+                 "vm"})
     merged = dict(backends)
     for name, entry in _mapping(data.get("backends") or {}, where, "backends").items():
         merged[name] = _backend_from(str(name), entry, where, merged.get(name))
@@ -844,6 +845,27 @@ def isolation_default(data: Any, path: Path) -> str | None:
     return str(value)
 
 
+# The VM tier's accelerators (`vm: {accel: ...}` and --vm-accel; relay/policy/tiers.py VM_ACCELS keeps in step).
+CONFIG_VM_ACCELS = ("kvm", "tcg")
+
+
+def vm_accel_default(data: Any, path: Path) -> str | None:
+    """The user config's `vm: {accel: tcg}`: the VM tier's accelerator when --vm-accel is not given. Only
+    the user's own config has it (like `isolation:`), and it only matters once the tier is vm."""
+    value = data.get("vm") if isinstance(data, dict) else None
+    if value is None:
+        return None
+    where = _Where(str(path))
+    if not isinstance(value, dict) or set(value) - {"accel"}:
+        raise where.fail("vm", f"expected a mapping with only 'accel', got {_type_name(value)}"
+                         + (f" with {sorted(set(value) - {'accel'})}" if isinstance(value, dict) else ""),
+                         "write `vm: {accel: tcg}` (or kvm)")
+    accel = value.get("accel")
+    if accel not in CONFIG_VM_ACCELS:
+        raise where.fail("vm.accel", f"{accel!r} is not a VM accelerator", f"write one of {', '.join(CONFIG_VM_ACCELS)}")
+    return str(accel)
+
+
 def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SHIPPED_CONFIG) -> Matrix:
     """All three layers, strictly; a missing optional layer is simply absent (a named user config
     must exist). Each file is read once, bounded, without blocking; its parse may come from the
@@ -857,6 +879,7 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
     mode = "staged"
     forced = None
     isolation = None
+    vm_accel = None
     user_path = user_config_path(env)
     data = read_yaml(user_path, USER, required=bool(env.get("HIVE_RELAY_CONFIG")), env=env)
     if data is not ABSENT:
@@ -865,6 +888,7 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
         grants = user_grants(backends, user_path, data)
         mode = workdir_mode(data, user_path, repo=False) or mode
         isolation = isolation_default(data, user_path)
+        vm_accel = vm_accel_default(data, user_path)
         sources.append(str(user_path))
     if workdir is not None:
         repo_path = workdir / REPO_CONFIG_NAME
@@ -875,7 +899,8 @@ def load_matrix(env: Mapping[str, str], workdir: Path | None, shipped: Path = SH
                 mode, forced = "staged", str(repo_path)
             sources.append(str(repo_path))
     return Matrix(backends=backends, profiles=profiles, allow_unsandboxed=opt_ins, sources=tuple(sources),
-                  grants=grants, presets=presets, workdir_mode=mode, workdir_forced=forced, isolation=isolation)
+                  grants=grants, presets=presets, workdir_mode=mode, workdir_forced=forced, isolation=isolation,
+                  vm_accel=vm_accel)
 
 
 def backend_names(matrix: Matrix) -> list[str]:

@@ -335,6 +335,11 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
             results["gvisor"]["throughput"] = bench_gvisor.measure_throughput(2 if quick else 5, blob_mb, env)
             # Container mode on runsc against a bare `podman --runtime runsc run` of the same image.
             results["gvisor"]["container"] = bench_gvisor.measure_container(runs, env)
+
+        # 8. The vm tier under TCG: boot-to-prompt, a figure (relay/dev/bench_vm.py; one boot in --quick).
+        from relay.dev import bench_vm
+
+        results["vm"] = bench_vm.measure(quick, env)
     finally:
         if server is not None:
             server.kill()
@@ -635,6 +640,12 @@ def report(r: dict) -> int:
         from relay.dev.bench_gvisor import rows as gvisor_rows
 
         more, more_targets = gvisor_rows(r["gvisor"])
+        lines += more
+        targets.update(more_targets)
+    if r.get("vm"):
+        from relay.dev.bench_vm import rows as vm_rows
+
+        more, more_targets = vm_rows(r["vm"])
         lines += more
         targets.update(more_targets)
     return _write(r, lines, targets)

@@ -134,3 +134,4 @@ class Matrix:
     workdir_mode: str = "staged"  # `workdir: staged | live` (user config; a repo may only force staged)
     workdir_forced: str | None = None  # the repo config that forces `workdir: staged` (its path)
     isolation: str | None = None  # `isolation:` of the user config: the tier when --isolation is not given
+    vm_accel: str | None = None  # `vm: {accel: kvm|tcg}` of the user config: the VM tier's CPU when --vm-accel is not given

@@ -36,6 +36,8 @@ class HostFacts:
     # Why the VM tier cannot run here (relay/host/vm_host.py), or None: filled in before resolve() only
     # when --isolation vm is asked for (cli, doctor); facts probed or built otherwise never enable it.
     vm_error: str | None = "not probed"
+    vm_qemu: str | None = None  # qemu-system-x86_64 and the guest kernel, probed with vm_error
+    vm_kernel: str | None = None
     # runsc for the gvisor tier (relay/host/runsc_host.py): probed before resolve() only when
     # `--isolation gvisor` is asked for (or the user config says so); otherwise "not probed" refuses it.
     runsc: str | None = None

@@ -344,6 +344,11 @@ class _Box:
 
                 self.proc, self.proxy = gvisor_runner.start(plan, self.caller_env, self.state, self.nofile,
                                                             self.lifeline, self.job)
+            elif plan.vm is not None:
+                from relay.modes import vm_runner
+
+                self.proc, self.proxy = vm_runner.start(plan, self.caller_env, self.state, self.nofile,
+                                                        self.lifeline, self.job)
             elif plan.container is not None and plan.container.runtime:
                 from relay.modes import container_runner
 

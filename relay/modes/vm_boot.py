@@ -1,9 +1,8 @@
 """Boot one guest: the root image (container mode's image as a read-only ext4 disk, cached by its
 tag), the initramfs, the qemu argv (pure), and a run that returns the guest command's exit code.
 
-This is the VM tier's guest half, tested for real (tests/test_vm.py). What it does not do yet is
-the launcher's half: a Plan does not run here (no `--isolation vm` launch, no proxy, no janitor;
-see docs/isolation.md, "The VM tier").
+This is the VM tier's guest half, tested for real (tests/test_vm.py); the launcher's half, a Plan run
+in the guest with the proxy and the janitor, is relay/modes/vm_runner.py (tests/test_vm_tcg.py).
 
 Why these choices (each checked on this machine type):
 - ext4 root, not 9p: node loads thousands of small files; a block device with the guest's page
@@ -19,9 +18,9 @@ Why these choices (each checked on this machine type):
   no NIC but qemu's user network with `restrict=on` (the guest reaches no host and no network,
   only explicit forwards), `-no-reboot` and `panic=-1` (a guest panic ends qemu), isa-debug-exit
   for the exit code.
-- accel: KVM where vmhost says it can run our guest; `tcg` only when asked (HIVE_RELAY_VM_ACCEL),
-  with `-icount shift=auto`: without it, TCG's guest cannot calibrate its TSC against the PIT and
-  hangs at boot.
+- accel: KVM where vmhost says it can run our guest; `tcg` only when asked (`--vm-accel tcg`, or
+  `vm: {accel: tcg}` in the user config), with `-icount shift=auto`: without it, TCG's guest cannot
+  calibrate its TSC against the PIT and hangs at boot.
 """
 
 from __future__ import annotations
@@ -30,13 +29,15 @@ import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from relay.model.errors import RelayError
+from relay.model.errors import RefusedError, RelayError
 from relay.modes import vm_initrd
+from relay.render.vm_run import VmRun  # noqa: F401 - the plan's part, named here too for the runner
 
-GUEST_PORT_OFFSET = 1  # isa-debug-exit: qemu exits with (value << 1) | 1
+GUEST_PORT_OFFSET = 1
+MAX_SHARES = 20  # microvm has 24 virtio-mmio slots: the disk, the NIC and the control share take three  # isa-debug-exit: qemu exits with (value << 1) | 1
 ROOT_SIZE_SLACK = 1.25
 
 
@@ -94,8 +95,51 @@ def exit_code(qemu_rc: int) -> int | None:
     return None
 
 
+def guest_layout(mounts: Sequence[tuple[str, str, str | None, int | None]], is_dir: Callable[[str], bool | None]
+                 ) -> tuple[tuple[Share, ...], list[str], list[tuple[str, str]]]:
+    """The plan's mounts (kind, dst, src, size) as the guest sees them: 9p shares for directories,
+    read-only copies for single files (9p shares directories only), sized tmpfs, masks; the root
+    bind, /dev and /proc are the guest init's own. Returns (shares, the `mounts` lines, the files to
+    copy as (N, host path)). `is_dir(src)`: True, False, or None when the source is missing (skipped,
+    as bwrap skips a missing grant)."""
+    shares: list[Share] = []
+    lines: list[str] = []
+    files: list[tuple[str, str]] = []
+    for kind, dst, src, size in mounts:
+        if kind in ("dev", "proc") or (kind == "ro-bind" and dst == "/"):
+            continue
+        if any(c.isspace() for c in dst):
+            raise RefusedError(f"the vm tier cannot mount {dst!r} (white space in a path); fix: --isolation supervised")
+        if kind in ("ro-bind", "bind", "private-bind"):
+            found = is_dir(src or dst)
+            if found is None:
+                continue
+            if found:
+                tag = f"s{len(shares)}"
+                shares.append(Share(tag, src or dst, kind != "ro-bind"))
+                lines.append(f"share {tag} {'ro' if kind == 'ro-bind' else 'rw'} {dst}")
+            elif kind == "ro-bind":
+                files.append((str(len(files)), src or dst))
+                lines.append(f"file {len(files) - 1} {dst}")
+            else:
+                raise RefusedError(f"the vm tier cannot share the single writable file {dst} with its guest yet; "
+                                 "fix: --isolation supervised")
+        elif kind == "tmpfs":
+            lines.append(f"tmpfs {size or 64 << 20} {'1777' if dst != '/run' else '755'} {dst}")
+        elif kind == "mask-dir":
+            lines.append(f"maskdir {dst}")
+        elif kind == "mask-file":
+            lines.append(f"maskfile {dst}")
+        else:
+            raise RefusedError(f"the vm tier has no guest form for a {kind} mount at {dst}")
+    if len(shares) > MAX_SHARES:
+        raise RefusedError(f"the plan shares {len(shares)} directories with the guest, more than microvm's "
+                         f"{MAX_SHARES} virtio slots; fix: --isolation supervised, or fewer grants")
+    return tuple(shares), lines, files
+
+
 def write_ctl(ctl_dir: str, shares: Sequence[Share], uid: int, cwd: str, env: Mapping[str, str], command: str,
-              protect: Sequence[str] = ()) -> None:
+              protect: Sequence[str] = (), mounts: Sequence[str] = (), extra: Mapping[str, str] | None = None) -> None:
     """The guest's only input besides its disks: a dir shared read-only (no secret goes in argv or
     on the kernel command line, which every host process can read). World-readable, because 9p
     with security_model=none shows the guest user the host's modes: the launcher puts it inside its
@@ -105,6 +149,7 @@ def write_ctl(ctl_dir: str, shares: Sequence[Share], uid: int, cwd: str, env: Ma
     for name, text in (("shares", "".join(f"{s.tag} {'rw' if s.writable else 'ro'} {s.path}\n" for s in shares)),
                        ("uid", f"{uid}\n"), ("cwd", f"{cwd}\n"), ("command", command + "\n"),
                        ("protect", "".join(f"{p}\n" for p in protect)),
+                       ("mounts", "".join(f"{line}\n" for line in mounts)), *(extra or {}).items(),
                        ("env", "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items() if k.isidentifier()))):
         with open(os.path.join(ctl_dir, name), "w") as fh:
             fh.write(text)
@@ -116,7 +161,7 @@ def ensure_initrd(cache: str, kernel: str) -> str:
     from relay.model.hashing import sha256
 
     release = os.path.basename(kernel).removeprefix("vmlinuz-")
-    recipe = sha256(repr((vm_initrd.GUEST_INIT, vm_initrd.GUEST_MODULES)).encode()).hexdigest()[:12]
+    recipe = sha256(repr((vm_initrd.GUEST_INIT, vm_initrd.GUEST_MODULES, vm_initrd.PROXY_RELAY)).encode()).hexdigest()[:12]
     path = os.path.join(cache, f"initrd-{release}-{recipe}.gz")
     if not os.path.exists(path):
         os.makedirs(cache, mode=0o700, exist_ok=True)
@@ -152,7 +197,17 @@ def ensure_root_image(engine: Sequence[str], tag: str, cache: str, rootless: boo
         _unlink(tmp)
         raise RelayError(f"cannot make the guest's root image from {tag}: {proc.stderr.strip()[-300:]}")
     os.replace(tmp, path)
+    _remove_superseded(cache, os.path.basename(path))
     return path
+
+
+def _remove_superseded(cache: str, keep: str) -> None:
+    """A new image tag supersedes the older disks of the same user (1.5 GB each), as `build-image`
+    removes the superseded images; a guest still booted from one keeps its open file."""
+    suffix = keep.rsplit("-", 1)[-1]  # "u1000.ext4": this user's image
+    for name in os.listdir(cache):
+        if name != keep and name.startswith("root-") and name.endswith(f"-{suffix}"):
+            _unlink(os.path.join(cache, name))
 
 
 def _unlink(path: str) -> None:

@@ -29,41 +29,69 @@ _DEPENDS = re.compile(rb"(?:^|\x00)depends=([^\x00]*)\x00")
 GUEST_INIT = r"""#!/bin/busybox sh
 # hive relay's guest init: PID 1 of the VM. It mounts, then runs the command as the box user and
 # reports its exit code on qemu's isa-debug-exit port (qemu exits with code*2+1 at once).
-# Its only input is the kernel command line (hive.*) and the read-only 9p share "hivectl".
+# Its only input is the read-only 9p share "hivectl" (never the kernel command line, which every
+# host process can read). /ctl/mounts is the plan's filesystem, in order, one operation a line:
+#   share TAG ro|rw PATH   a host dir over 9p (the workdir, a grant, a private per-run dir)
+#   tmpfs SIZE MODE PATH   a sized tmpfs (/tmp, /run, ...)
+#   file N PATH            a read-only copy of one host file (/ctl/files/N), bound over PATH
+#   maskdir PATH / maskfile PATH   an empty read-only dir / /dev/null over a denied or protected path
 B=/bin/busybox
 fail() { $B echo "hive-relay guest: $*" >&2; report 70; }
 report() { $B printf "\\$($B printf %o "$1")" | $B dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null; $B poweroff -f; }
-$B mkdir -p /proc /sys /dev /lower /upper /root
+$B mkdir -p /proc /sys /dev /lower /upper /root /ctl
 $B mount -t devtmpfs dev /dev && $B mount -t proc proc /proc && $B mount -t sysfs sys /sys || fail "no /dev, /proc or /sys"
 while read -r m; do $B insmod "/modules/$m.ko" || fail "cannot load $m"; done < /modules/order
+$B mount -t 9p -o trans=virtio,version=9p2000.L,ro hivectl /ctl || fail "no control share"
+[ -s /ctl/time ] && $B date -s "@$($B cat /ctl/time)" >/dev/null  # TLS needs the host's clock, not 1970
 $B mount -t ext4 -o ro,noload /dev/vda /lower || fail "no root image"
 $B mount -t tmpfs -o size=25%,mode=755 upper /upper && $B mkdir -p /upper/u /upper/w || fail "no tmpfs"
 $B mount -t overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w root /root || fail "no overlay"
-$B mkdir -p /root/run/hivectl && $B mount -t 9p -o trans=virtio,version=9p2000.L,ro hivectl /root/run/hivectl \
-  || fail "no control share"
 $B mount -t tmpfs -o size=25%,mode=1777 tmp /root/tmp || fail "no /tmp"  # before the shares: a workdir may live under /tmp
-# The shares: one "TAG MODE PATH" line each (the workdir rw, grants ro or rw); nothing else of the host.
-while read -r tag mode path; do
+while read -r kind a b c; do
+  case "$kind" in
+    share) $B mkdir -p "/root$c" && $B mount -t 9p -o "trans=virtio,version=9p2000.L,msize=262144,$b,access=any" \
+             "$a" "/root$c" || fail "cannot mount $c";;
+    tmpfs) $B mkdir -p "/root$c" && $B mount -t tmpfs -o "size=$a,mode=$b" tmpfs "/root$c" || fail "no tmpfs at $c";;
+    file) { [ -e "/root$b" ] || { $B mkdir -p "/root${b%/*}" && $B touch "/root$b"; }; } 2>/dev/null || continue
+          $B mount --bind "/ctl/files/$a" "/root$b" && $B mount -o remount,bind,ro "/root$b" || fail "cannot bind $b";;
+    maskdir) { [ -e "/root$a" ] || $B mkdir -p "/root$a"; } 2>/dev/null || continue  # cannot be created: nothing to hide
+             $B mount -t tmpfs -o ro,size=4k,mode=555 mask "/root$a" || fail "cannot mask $a";;
+    maskfile) { [ -e "/root$a" ] || { $B mkdir -p "/root${a%/*}" && $B touch "/root$a"; }; } 2>/dev/null || continue
+              $B mount --bind /dev/null "/root$a" && $B mount -o remount,bind,ro "/root$a" || fail "cannot mask $a";;
+    *) fail "unknown mount line: $kind";;
+  esac
+done < /ctl/mounts
+# The older form (tests): shares, then protected paths inside them as read-only binds.
+[ -s /ctl/shares ] && while read -r tag mode path; do
   $B mkdir -p "/root$path" && $B mount -t 9p -o "trans=virtio,version=9p2000.L,msize=262144,$mode,access=any" \
     "$tag" "/root$path" || fail "cannot mount $path"
-done < /root/run/hivectl/shares
-# Protected paths inside the shares (.git/hooks, rc files, ...): read-only binds the unprivileged
-# command cannot undo (no capabilities, no new privileges); a missing one stays missing.
-while read -r path; do
+done < /ctl/shares
+[ -s /ctl/protect ] && while read -r path; do
   [ -e "/root$path" ] || continue
   $B mount --bind "/root$path" "/root$path" && $B mount -o remount,bind,ro "/root$path" || fail "cannot protect $path"
-done < /root/run/hivectl/protect
+done < /ctl/protect
+$B mkdir -p /root/run/hivectl && $B mount --bind /ctl /root/run/hivectl || fail "no control dir"
 $B mount -t proc proc /root/proc && $B mount -t devtmpfs dev /root/dev && $B mkdir -p /root/dev/pts \
-  && $B mount -t devpts -o newinstance,ptmxmode=0666 devpts /root/dev/pts || fail "no /proc or /dev"
+  && $B mount -t devpts -o newinstance,ptmxmode=0666 devpts /root/dev/pts && $B ln -sf pts/ptmx /root/dev/ptmx \
+  || fail "no /proc or /dev"
+$B mount -t tmpfs -o size=64m,mode=1777 shm /root/dev/shm 2>/dev/null
+$B hostname hive-relay
 $B ip link set lo up
 if [ -e /sys/class/net/eth0 ]; then $B ip link set eth0 up && $B ip addr add 10.0.2.15/24 dev eth0; fi
-uid=$($B cat /root/run/hivectl/uid) && cd=$($B cat /root/run/hivectl/cwd) || fail "no uid or cwd"
+# The box's proxy address (127.0.0.1:3128, as in every tier) relays to qemu's one guestfwd, which
+# reaches the host-side proxy; nothing else leaves the guest (restrict=on).
+[ -e /ctl/proxy ] && { $B nc -ll -p 3128 -e /bin/proxy-relay </dev/null >/dev/null 2>&1 & }
+[ -s /ctl/winsize ] && $B stty -F /dev/ttyS0 rows "$($B cut -d' ' -f1 /ctl/winsize)" cols "$($B cut -d' ' -f2 /ctl/winsize)"
+uid=$($B cat /ctl/uid) && cd=$($B cat /ctl/cwd) || fail "no uid or cwd"
 $B mkdir -p /root/run/hive && $B cp $B /root/run/hive/busybox || fail "no room for the launcher"
+[ -e /ctl/ready ] && $B echo "hive-relay guest: ready" >/dev/ttyS0
 $B setsid -c $B chroot /root /run/hive/busybox env -i /run/hive/busybox sh -c \
   'cd "$1" && set -a && . /run/hivectl/env && set +a && exec /usr/bin/setpriv --reuid="$2" --regid="$2" \
-   --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all /bin/sh /run/hivectl/command' hive "$cd" "$uid" </dev/ttyS0 >/dev/ttyS0 2>&1
+   --clear-groups --no-new-privs --inh-caps=-all --ambient-caps=-all --bounding-set=-all /bin/sh /run/hivectl/command' \
+  hive "$cd" "$uid" </dev/ttyS0 >/dev/ttyS0 2>&1
 report $?
 """
+PROXY_RELAY = "#!/bin/busybox sh\nexec /bin/busybox nc 10.0.2.100 3128\n"
 
 
 def module_index(modules_dir: str) -> dict[str, str]:
@@ -143,7 +171,8 @@ def build(modules_dir: str, busybox: str = BUSYBOX, init: str = GUEST_INIT,
         raise ValueError(f"{busybox} is dynamically linked; fix: apt-get install busybox-static")
     dirmode, exe = stat.S_IFDIR | 0o755, stat.S_IFREG | 0o755
     files: list[tuple[str, int, bytes]] = [("bin", dirmode, b""), ("modules", dirmode, b""),
-                                           ("bin/busybox", exe, bb), ("init", exe, init.encode())]
+                                           ("bin/busybox", exe, bb), ("init", exe, init.encode()),
+                                           ("bin/proxy-relay", exe, PROXY_RELAY.encode())]
     for name in order:
         with open(index[name], "rb") as fh:
             files.append((f"modules/{name}.ko", stat.S_IFREG | 0o644, fh.read()))

@@ -49,12 +49,15 @@ from relay.render.container_argv import ContainerRun
 from relay.render.gvisor_oci import GvisorRun
 from relay.render.native_permissions import render as render_native
 from relay.render.seccomp_bpf import SeccompPolicy, policy_for
+from relay.render.vm_run import VmRun
 from relay.trust import rundirs
 from relay.trust.gitdir import EMPTY, OBJECT_REDIRECTS, GitPlan, plan_git
 from relay.trust.staged import StagedLayer
 from relay.trust.staged import for_run as staged_for_run
 
 PROXY_LISTEN = "127.0.0.1:3128"
+# The vm tier loads no seccomp filter: the agent's system calls reach only the guest's own kernel.
+VM_SECCOMP = ("none in the guest: its own kernel answers the agent's system calls (the boundary is the VM)",)
 GVISOR_RUNTIME_CLASS = "gvisor"  # kube mode: the RuntimeClass a gVisor node offers (GKE Sandbox, gVisor docs)
 BOX_UID_FOR_ROOT = 1000
 SECCOMP_FD = 3
@@ -91,6 +94,7 @@ class Request:
     apply: bool = False  # --apply: at exit, apply what is not flagged; the flagged stay staged
     live: bool = False  # --live: the box writes the checkout itself (staged is the default)
     shared_live: bool = False  # --shared-live: a live box even while another live box runs on the checkout
+    vm_accel: str | None = None  # --vm-accel kvm|tcg (or the user config's `vm: {accel: ...}`): the VM tier's CPU
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
 
@@ -145,6 +149,7 @@ class Plan:
     unsandboxed: bool = False
     container: ContainerRun | None = None
     gvisor: GvisorRun | None = None  # the gvisor tier's runsc run (relay/render/gvisor_oci.py)
+    vm: VmRun | None = None  # the vm tier's guest (relay/modes/vm_boot.py)
     # kube mode with --isolation gvisor: the box pods' runtimeClassName (the canary proves the cluster has it).
     runtime_class: str | None = None
     git: GitPlan | None = None  # the workdir's git dir by allowlist (relay/trust/gitdir.py)
@@ -179,6 +184,8 @@ class Plan:
         data["mounts"] = [{k: v for k, v in asdict(m).items() if v is not None} for m in self.mounts]
         if self.gvisor is None:
             data.pop("gvisor")
+        if self.vm is None:
+            data.pop("vm")
         if self.runtime_class is None:
             data.pop("runtime_class")
         data["command_line"] = shlex.join(self.command)
@@ -332,6 +339,7 @@ class _Draft:
     fs_rules: tuple[tuple[str, str], ...] = ()
     container: ContainerRun | None = None
     gvisor: GvisorRun | None = None
+    vm: VmRun | None = None
     runtime_class: str | None = None
     sockets: tuple[BoxSocket, ...] = ()
     staged: StagedLayer | None = None
@@ -729,7 +737,7 @@ def _render(template: str, values: dict[str, str]) -> str:
 def _git(d: _Draft) -> None:
     """Write protections inside the workdir, and its git dir by allowlist (bwrap and container)."""
     d.protected = protected_paths(d.workdir) + nested_git_paths(d.workdir, d.fs)
-    d.git = plan_git(d.workdir, d.fs) if d.tier in (Tier.SUPERVISED, Tier.GVISOR, Tier.CONTAINER) else None
+    d.git = plan_git(d.workdir, d.fs) if d.tier in (Tier.SUPERVISED, Tier.GVISOR, Tier.VM, Tier.CONTAINER) else None
     if d.git is None:
         return
     # The git dir is private and allowlisted; the deny-list entries under it are moot, and
@@ -803,7 +811,7 @@ def _filesystem(d: _Draft) -> None:
     # Placeholders would show up in the agent's `git status`; a box-only excludes file hides them.
     excludes = tuple(sorted("/" + os.path.relpath(p, d.workdir) for p in fsplan.placeholders
                             if p.startswith(d.workdir.rstrip("/") + "/")))
-    if excludes and d.run_dir and d.tier in (Tier.SUPERVISED, Tier.GVISOR, Tier.CONTAINER):
+    if excludes and d.run_dir and d.tier in (Tier.SUPERVISED, Tier.GVISOR, Tier.VM, Tier.CONTAINER):
         fsplan = replace(fsplan, mounts=fsplan.mounts + (
             Mount(MountKind.RO_BIND, BOX_GIT_EXCLUDES, os.path.join(d.run_dir, "git-excludes")),))
         d.git_excludes = excludes
@@ -1054,14 +1062,38 @@ def _gvisor_tier(d: _Draft) -> None:
     d.command = d.gvisor.argv() + d.gvisor.init_argv(PROXY_LISTEN if d.profile.network else None) + d.argv
 
 
+def _vm_tier(d: _Draft) -> None:
+    """The microVM (relay/modes/vm_boot.py, run by relay/modes/vm_runner.py): qemu's argv as far as the
+    plan decides it (the shares and the control dir's contents follow from the mounts at launch),
+    then the agent's argv, which the guest init runs as the caller's uid with no capabilities."""
+    from relay.host.paths import cache_dir
+    from relay.policy.tiers import vm_accel
+
+    assert d.facts.vm_qemu and d.facts.vm_kernel, "a vm plan without its probed qemu and kernel"
+    if not d.facts.image:
+        raise RefusedError("--isolation vm needs container mode's image as the guest's root, and its tag is unknown; "
+                           "fix: `invoke build-image`")
+    _refuse_unpinned_links(d)
+    accel = vm_accel(d.request)
+    base = os.path.join(d.run_dir or "/RUN-DIR", "vm")
+    d.vm = VmRun(qemu=d.facts.vm_qemu, kernel=d.facts.vm_kernel, accel=accel, emulated=accel == "tcg",
+                 image=d.facts.image, cache=str(cache_dir(d.env) / "vm"), dir=base,
+                 socket=os.path.join(base, "proxy.sock") if d.profile.network else None, uid=d.uid)
+    if accel == "tcg":
+        d.notes.append("the VM is emulated (qemu TCG, no KVM): the same guest and boundary, a boot of tens of "
+                       "seconds, and every instruction slower")
+    d.command = [d.vm.qemu, "-M", f"microvm,accel={accel}", "-kernel", d.vm.kernel, "-drive",
+                 f"file={d.vm.root_image()},readonly=on", "--"] + d.argv
+
+
 _TIERS = {Tier.PROCESS: _process_tier, Tier.CONTAINER: _container_tier, Tier.SUPERVISED: _supervised_tier,
-          Tier.GVISOR: _gvisor_tier}
+          Tier.GVISOR: _gvisor_tier, Tier.VM: _vm_tier}
 
 
 def _box_uid(d: _Draft) -> int | None:
     """A root caller's box user (bwrap's and the engines'); the gvisor box is the caller itself, as the
     Sentry's capability-less root (relay/render/gvisor_oci.py)."""
-    return BOX_UID_FOR_ROOT if d.uid == 0 and d.tier != Tier.GVISOR else None
+    return BOX_UID_FOR_ROOT if d.uid == 0 and d.tier not in (Tier.GVISOR, Tier.VM) else None
 
 
 def _timeout(request: Request) -> int | None:
@@ -1108,12 +1140,13 @@ def _plan(d: _Draft) -> Plan:
         argv=tuple(d.argv), command=tuple(d.command), env_set=tuple(sorted(d.env_set.items())),
         env_pass=d.env_pass, mounts=fsplan.mounts, denied=fsplan.denied, protected=fsplan.protected,
         placeholders=fsplan.placeholders, egress=egress, rules=d.rules, proxy_listen=proxy_listen,
-        limits=d.limits, seccomp=tuple(seccomp.summary()), seccomp_policy=seccomp, fs_rules=d.fs_rules,
+        limits=d.limits, seccomp=tuple(seccomp.summary()) if tier != Tier.VM else VM_SECCOMP,
+        seccomp_policy=seccomp if tier != Tier.VM else None, fs_rules=d.fs_rules,
         box_uid=_box_uid(d), sync_files=tuple(d.sync) if tier != Tier.PROCESS else (),
         guarded_files=tuple(d.guarded), state_dirs=tuple(d.state_dirs),
         home_keep=tuple(expand(p, d.home, d.uid) for p in d.backend.home_keep) if d.state_dirs else (),
         state_exclude=_state_exclude(d), git_excludes=d.git_excludes,
-        log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, gvisor=d.gvisor, git=d.git,
+        log_path=log_path if proxy_listen else None, run_dir=d.run_dir, container=d.container, gvisor=d.gvisor, vm=d.vm, git=d.git,
         runtime_class=d.runtime_class,
         notes=tuple(d.notes), credentials=tuple(d.routes), sockets=d.sockets,
         ssh=tuple(r.render().removesuffix(r.options()) for r in parse_ssh_hosts(d.request.allow_ssh)),

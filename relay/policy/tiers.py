@@ -26,6 +26,23 @@ if TYPE_CHECKING:  # what this module reads of plan.Request (no import: resolve 
         isolation: str | None
 
 ISOLATIONS = ("auto", "process", "supervised", "gvisor", "container", "vm")
+# The VM tier's accelerators: KVM, or qemu's TCG (the CPU emulated: the same guest and boundary, a boot
+# of tens of seconds) only when asked by name. relay/config/load.py CONFIG_VM_ACCELS keeps in step.
+VM_ACCELS = ("kvm", "tcg")
+
+
+def vm_accel(request: Request) -> str:
+    """The VM tier's accelerator for this request: --vm-accel (already merged with the user config's
+    `vm: {accel: ...}` by the CLI), else kvm. Never tcg unless asked. A bad word, or --vm-accel on
+    another tier, is a usage error (exit 2)."""
+    asked = getattr(request, "vm_accel", None)
+    if asked is None:
+        return "kvm"
+    if asked not in VM_ACCELS:
+        raise UsageError(f"--vm-accel {asked!r}: choose one of {', '.join(VM_ACCELS)}")
+    if (request.isolation or "auto") != "vm":
+        raise UsageError("--vm-accel applies to --isolation vm only; fix: add --isolation vm, or drop --vm-accel")
+    return asked
 DEFAULT_PROFILE = "default"  # fail-closed: no network, no backend state; what every fallback lands on
 
 
@@ -92,6 +109,8 @@ def choose_tier(request: Request, facts: HostFacts, backend: Backend, matrix: Ma
     isolation = request.isolation or "auto"
     if isolation not in ISOLATIONS:
         raise UsageError(f"--isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
+    if isolation != "vm":
+        vm_accel(request)  # --vm-accel without --isolation vm: a usage error, never silently ignored
     if request.mode in ("container", "kube") or isolation == "container":
         return _container(request, isolation, facts)
     if isolation == "vm":
@@ -123,13 +142,10 @@ def _container(request: Request, isolation: str, facts: HostFacts) -> TierChoice
 def _vm(request: Request, facts: HostFacts) -> TierChoice:
     """Only ever on explicit request (auto never lands here: a VM is slower to start). Fail-closed:
     a host where KVM cannot run the guest refuses with the fix, like every other tier."""
+    vm_accel(request)
     if facts.vm_error is not None:
         raise RefusedError(f"--isolation vm cannot be enforced: {facts.vm_error}")
-    # The host can boot a guest, but the launcher that runs a plan in it is not built yet (issue 20:
-    # see docs/isolation.md, "The VM tier"): refusing beats pretending, and it never falls back to a weaker tier.
-    raise RefusedError("--isolation vm cannot be enforced: this version cannot launch a box in the VM yet "
-                       "(the host side is ready: KVM, qemu and the guest kernel); fix: use --isolation supervised "
-                       "or --mode container")
+    return TierChoice(Tier.VM, request.profile or "agent")
 
 
 def gvisor_error(facts: HostFacts) -> str | None:

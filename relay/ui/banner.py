@@ -38,6 +38,8 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
             f"only its native sandbox applies: {' '.join(plan.argv)}",
         ]
     where = plan.mode if plan.mode == str(plan.tier) else f"{plan.mode} · {plan.tier}"  # not "container · container"
+    if plan.vm is not None:  # the VM tier names its CPU: an emulated one is the same boundary, tens of times slower
+        where += " (emulated: qemu TCG, no KVM)" if plan.vm.emulated else " (KVM)"
     first = (f"hive-relay: {plan.backend} · {where} · profile {plan.profile} "
              f"({plan.profile_digest}) · workdir {short_path(plan.workdir, home)} ({plan.workdir_mode})")
     second = (f"hive-relay: {egress_summary(plan)} · limits {human_size(plan.limits.memory)} mem, "
