@@ -133,6 +133,31 @@ def box_sandbox(sandbox: Sandbox) -> Sandbox:
     return sandbox
 
 
+def own_processes() -> list[tuple[int, str]]:
+    """(pid, command line with spaces) of this user's processes (real uid), for a census that counts
+    only its own: another user's test pass, or a colleague's box, running the same command meanwhile
+    must neither fail it nor pass it (CI runs the root and the unprivileged pass side by side)."""
+    uid, out = os.getuid(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if real_uid(pid) != uid:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                out.append((int(pid), fh.read().replace(b"\0", b" ").decode(errors="replace")))
+        except OSError:
+            continue
+    return out
+
+
+def real_uid(pid: int | str) -> int | None:
+    """The real uid of a process (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            return int(next(line.split()[1] for line in fh if line.startswith(b"Uid:")))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 

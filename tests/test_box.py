@@ -310,16 +310,16 @@ def test_kill_9_of_launcher_while_the_agent_runs_leaves_nothing(box_sandbox: San
                                 cwd=s.workdir, env=s.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 30
-        while time.time() < deadline and "sleep 301 " not in _cmdlines():
+        while time.time() < deadline and "sleep 301 " not in _own_cmdlines():
             time.sleep(0.05)
-        assert "sleep 301 " in _cmdlines(), "the agent never started"
+        assert "sleep 301 " in _own_cmdlines(), "the agent never started"
     finally:
         launcher.kill()
         launcher.wait()
     deadline = time.time() + 10
-    while time.time() < deadline and ("sleep 301 " in _cmdlines() or _leftovers(s)):
+    while time.time() < deadline and ("sleep 301 " in _own_cmdlines() or _leftovers(s)):
         time.sleep(0.05)
-    assert "sleep 301 " not in _cmdlines()
+    assert "sleep 301 " not in _own_cmdlines()
     assert _leftovers(s) == []
 
 
@@ -335,6 +335,14 @@ def test_claude_json_sync_back(box_sandbox: Sandbox) -> None:
     assert '"numStartups": 1' in out and "RENAMED" in out
     assert (s.home / ".claude.json").read_text().strip() == '{"numStartups": 2}'
     assert _leftovers(s) == []
+
+
+def _own_cmdlines() -> list[str]:
+    """This user's command lines only (a census of a fixed `sleep N`: the other test pass, run as
+    another user alongside, runs the same one)."""
+    from .conftest import own_processes
+
+    return [c for _, c in own_processes()]
 
 
 def _cmdlines() -> list[str]:

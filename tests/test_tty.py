@@ -33,10 +33,14 @@ def spawn(s: Sandbox, *args: str, mode: str = "local") -> pexpect.spawn:
 def wait_for_process(cmdline: str, foreground: bool = False, timeout: float = 10) -> None:
     """Wait until a process with exactly this command line runs (the host sees into the box),
     and with `foreground`, until its process group owns the terminal (so a key signal hits it)."""
+    from .conftest import real_uid
+
     deadline = time.time() + timeout
     want = cmdline.replace(" ", "\0").encode() + b"\0"
     while time.time() < deadline:
         for pid in os.listdir("/proc"):
+            if real_uid(pid) != os.getuid():  # never another user's `sleep 5` (the other test pass)
+                continue
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
                     if fh.read() != want:

@@ -11,21 +11,25 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pexpect
 
-from ..conftest import Sandbox
+from ..conftest import Sandbox, own_processes
 from ..servers import start_tcp
-from ..test_box import _cmdlines, _leftovers
+from ..test_box import _leftovers
 
 PY = "/usr/bin/python3"
+
+
+def _own_cmdlines() -> list[str]:
+    """This user's command lines only: the other test pass runs the same `sleep N` meanwhile."""
+    return [c for _, c in own_processes()]
 
 
 def wait_gone(fragment: str, s: Sandbox, timeout: float = 10) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if not any(fragment in c for c in _cmdlines() if not c.startswith(sys.executable)) and not _leftovers(s):
+        if not any(fragment in c for c in _own_cmdlines() if not c.startswith(sys.executable)) and not _leftovers(s):
             return True
         time.sleep(0.05)
     return False
@@ -142,7 +146,7 @@ def _launch_sleeper(box: Sandbox, backend: str, seconds: int) -> subprocess.Pope
     launcher = subprocess.Popen([sys.executable, "-m", "relay", backend, "--quiet", "--prompt", f"sleep {seconds}"],
                                 cwd=box.workdir, env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 20
-    while f"sleep {seconds} " not in _cmdlines() and time.time() < deadline:
+    while f"sleep {seconds} " not in _own_cmdlines() and time.time() < deadline:
         time.sleep(0.05)
     return launcher
 
@@ -154,12 +158,12 @@ def test_sigint_storm_on_a_prompt_run(box: Sandbox, report) -> None:
             launcher.send_signal(signal.SIGINT)
         except ProcessLookupError:
             break
-    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00303\x00":
-                os.kill(int(pid), signal.SIGINT)  # as a terminal's Ctrl-C reaches the agent too
-        except OSError:
-            pass
+    for pid, cmdline in own_processes():  # never another user's `sleep 303` (a second test pass)
+        if cmdline == "sleep 303 ":
+            try:
+                os.kill(pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches the agent too
+            except OSError:
+                pass
     out, err = launcher.communicate(timeout=60)
     ok = launcher.returncode == 130 and "Traceback" not in err and wait_gone("sleep 303", box)
     report.fault(ok)

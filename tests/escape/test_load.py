@@ -58,6 +58,13 @@ def _ours(pid: str, root: str) -> bool:
         return False
 
 
+def _mine(name: str) -> bool:
+    try:
+        return os.lstat(os.path.join("/tmp", name)).st_uid == os.getuid()
+    except OSError:
+        return False
+
+
 def census(root: str = "/") -> dict[str, int]:
     procs = [p for p in os.listdir("/proc") if p.isdigit()]
     names = []
@@ -71,7 +78,8 @@ def census(root: str = "/") -> dict[str, int]:
     return {
         "relay processes": len(names),
         "test fds": len(os.listdir("/proc/self/fd")),
-        "tmp hive-relay entries": len([n for n in os.listdir("/tmp") if n.startswith("hive-relay-")]),
+        # Only this user's: another user's runs (a second test pass, a colleague) come and go meanwhile.
+        "tmp hive-relay entries": len([n for n in os.listdir("/tmp") if n.startswith("hive-relay-") and _mine(n)]),
     }
 
 
