@@ -244,6 +244,7 @@ def _contribute_hive(
     apply: bool = False,
     live: bool = False,
     shared_live: bool = False,
+    inspect: list[str] | None = None,
 ) -> None:
     if version:
         print(version_line())
@@ -258,7 +259,7 @@ def _contribute_hive(
             workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
             allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
             allow_presets=tuple(allow_preset or ()), ask=ask, no_grants=no_grants, staged=staged,
-            apply=apply, live=live, shared_live=shared_live,
+            apply=apply, live=live, shared_live=shared_live, inspect=tuple(inspect or ()),
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet, count=count_arg(count, "--count"),
                           parallel=count_arg(parallel, "--parallel"))

@@ -291,6 +291,7 @@ SHORT_FLAGS_FROZEN = {
     "json": "j", "parallel": "k", "allow_socket": "l", "mode": "m", "allow_ssh": "o", "profile": "p",
     "quiet": "q", "prompt": "r", "ask": "s", "timeout": "t", "version": "v", "workdir": "w",
     "no_grants": "g", "staged": "z", "apply": "y", "live": "L", "shared_live": "S",
+    "inspect": "I",
 }
 
 
