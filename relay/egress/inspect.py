@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
 from collections.abc import Callable, Mapping
 
 from relay.egress.answers import policy, refuse, reply_begins, response
@@ -139,11 +140,18 @@ def serve(log: DecisionLog, inspector: Inspector, router: Routes, secrets: HostS
     tls_up: ssl.SSLSocket | None = None
     tracked = None
     try:
+        # The upstream's handshake runs while the client's does: a new connection waits for one, not two in series.
+        upward: list = []
+        shake = threading.Thread(target=lambda: upward.append(router._tls(upstream, host)), daemon=True)
+        shake.start()
         client.settimeout(HANDSHAKE_TIMEOUT)
         tls_client = ctx.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
         try:
             tls_client.do_handshake()
         except (OSError, ValueError) as err:
+            shake.join()
+            if upward and upward[0][0] is not None:
+                tls_up = upward[0][0]  # closed below, unused
             sni = getattr(tls_client, "hive_sni", None)
             reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or type(err).__name__
             if "UNRECOGNIZED_NAME" in str(reason).upper() or "callback" in str(err).lower():
@@ -157,7 +165,8 @@ def serve(log: DecisionLog, inspector: Inspector, router: Routes, secrets: HostS
             return
         sni = getattr(tls_client, "hive_sni", "-")
         alpn = tls_client.selected_alpn_protocol()
-        tls_up, detail = router._tls(upstream, host)  # verified for the name against the system store
+        shake.join()
+        tls_up, detail = upward[0] if upward else (None, "the upstream's TLS handshake failed")  # verified for the name
         if tls_up is None:
             log.record(Decision(False, host, port, detail, unreachable=True, cause="failed"), "CONNECT", base)
             _answer(tls_client, response("502 Bad Gateway", host, port, detail, "The upstream's TLS did not verify.",
@@ -342,6 +351,33 @@ def _requests(log: DecisionLog, router: Routes, secrets: HostSecrets, tls: ssl.S
             return
 
 
+BATCH = 1 << 18
+
+
+def _gather(up: ssl.SSLSocket, most: int) -> bytes:
+    """What the upstream has ready, up to `most` bytes: one blocking read (a TLS record, 16 KiB at most),
+    then what is already decrypted or waiting, without blocking, so that the client gets few large
+    writes (each TLS record written alone costs a syscall and a Python round)."""
+    first = up.recv(min(most, 1 << 16))
+    if not first or len(first) >= most:
+        return first
+    parts, size = [first], len(first)
+    up.setblocking(False)
+    try:
+        while size < most:
+            try:
+                more = up.recv(min(most - size, 1 << 16))
+            except (ssl.SSLWantReadError, BlockingIOError):
+                break
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+    finally:
+        up.setblocking(True)
+    return b"".join(parts)
+
+
 def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: Redactor | None) -> tuple[int, bool]:
     """One answer from the upstream to the client, as it arrives (SSE flows event by event): its head,
     interim 1xx heads first, then a body framed by Content-Length, chunks (followed to their end) or
@@ -405,7 +441,7 @@ def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: 
                     client.sendall(redact.feed(data) if redact is not None else data)
                 if left <= 0:
                     break
-                data = up.recv(min(left, 1 << 16))
+                data = _gather(up, min(left, BATCH))
                 if not data:
                     return status, False
             if redact is not None:
