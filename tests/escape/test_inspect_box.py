@@ -15,8 +15,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from .. import fake_api
-from ..conftest import Sandbox
+from ..conftest import Sandbox, require_box
 from ..fixtures import API_NAMES  # noqa: F401 - the names the shared CA serves (chatgpt.com among them)
 
 REAL = "sk-ant-api03-REALkeyONtheHOSTonly0123456789abcdefXYZ"
@@ -70,6 +72,18 @@ fetch("https://api.openai.com/v1/node").then(r => r.text()).then(t => console.lo
 '''
 
 
+MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("container", marks=pytest.mark.container)]
+
+
+@pytest.fixture
+def mode_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
+    mode = request.node.callspec.params["mode"]
+    if mode == "container":
+        return request.getfixturevalue("csandbox"), mode
+    require_box()
+    return request.getfixturevalue("sandbox"), mode
+
+
 def _setup(s: Sandbox, ca: Path) -> None:
     (s.workdir / "client.py").write_text(CLIENT)
     (s.workdir / "fetch.mjs").write_text(NODE)
@@ -87,8 +101,9 @@ def _pins(port: int, *names: str) -> list[str]:
     return [a for n in names for a in ("--allow-host", f"{n}:443=127.0.0.1:{port}")]
 
 
-def test_curl_python_and_node_through_an_inspected_host(box_sandbox: Sandbox, ca, tls_api) -> None:  # noqa: ANN001
-    s = box_sandbox
+@pytest.mark.parametrize("mode", MODES)
+def test_curl_python_and_node_through_an_inspected_host(mode_box, ca, tls_api, mode: str) -> None:  # noqa: ANN001
+    s, _ = mode_box
     _setup(s, ca[0])
     port = tls_api.server_address[1]
     script = ("curl -sS -o /dev/null -w 'curl %{http_code} connects=%{num_connects}\\n' https://api.openai.com/v1/a "
@@ -100,10 +115,11 @@ def test_curl_python_and_node_through_an_inspected_host(box_sandbox: Sandbox, ca
               "curl -sS -o /dev/null https://chatgpt.com/y 2>/dev/null; echo \"tunnel-with-run-ca rc=$?\"; "
               "curl -sS -o /dev/null --cacert /etc/ssl/certs/ca-certificates.crt https://api.openai.com/z 2>/dev/null; "
               "echo \"untrusting rc=$?\"")
-    proc = s.relay("shell", "local", "--prompt", script, *_pins(port, "api.openai.com", "chatgpt.com"),
-                   "--inspect", "api.openai.com", extra_env={"SSL_CERT_FILE": str(ca[0])})
+    proc = s.relay("shell", mode, "--prompt", script, *_pins(port, "api.openai.com", "chatgpt.com"),
+                   "--inspect", "api.openai.com", extra_env={"SSL_CERT_FILE": str(ca[0])}, timeout=300)
     out = proc.stdout
     assert proc.returncode == 0, (out, proc.stderr[-3000:])
+    assert f"shell · {mode}" in proc.stderr
     assert "TLS inspected (this run's CA, trusted in the box): api.openai.com:443" in proc.stderr  # never silent
     # curl: two requests on one connection, SSE event by event.
     assert "curl 200 connects=1" in out and "curl 200 connects=0" in out, out
@@ -127,8 +143,9 @@ def test_curl_python_and_node_through_an_inspected_host(box_sandbox: Sandbox, ca
     assert not any(ln.get("inspected") for ln in log if ln["host"] == "chatgpt.com")
 
 
-def test_the_route_key_is_added_on_its_own_host_and_a_pasted_secret_is_refused(box_sandbox: Sandbox, ca, tls_api) -> None:  # noqa: ANN001
-    s = box_sandbox
+@pytest.mark.parametrize("mode", MODES)
+def test_the_route_key_is_added_on_its_own_host_and_a_pasted_secret_is_refused(mode_box, ca, tls_api, mode: str) -> None:  # noqa: ANN001
+    s, _ = mode_box
     port = tls_api.server_address[1]
     script = (  # the route's placeholder, as the box holds it, to the route's host and to another inspected host
         'curl -sS -o /dev/null -w "pinned %{http_code}\\n" -H "x-api-key: $ANTHROPIC_API_KEY" '
@@ -139,9 +156,9 @@ def test_the_route_key_is_added_on_its_own_host_and_a_pasted_secret_is_refused(b
         "-d '{\"note\": \"nothing secret\"}' https://api.openai.com/v1/upload; "
         f"curl -sS -o /dev/null -w 'pasted %{{http_code}}\\n' -d '{{\"note\": \"{REAL}\"}}' "
         "https://api.openai.com/v1/upload")
-    proc = s.relay("claude", "local", "--quiet", "--prompt", script, *_pins(port, "api.anthropic.com", "api.openai.com"),
+    proc = s.relay("claude", mode, "--quiet", "--prompt", script, *_pins(port, "api.anthropic.com", "api.openai.com"),
                    "--inspect", "api.anthropic.com", "--inspect", "api.openai.com",
-                   extra_env={"SSL_CERT_FILE": str(ca[0]), "ANTHROPIC_API_KEY": REAL})
+                   extra_env={"SSL_CERT_FILE": str(ca[0]), "ANTHROPIC_API_KEY": REAL}, timeout=300)
     out = proc.stdout
     assert proc.returncode == 0, (out, proc.stderr[-3000:])
     assert "pinned 200" in out and "elsewhere 200" in out and "body 200" in out and "pasted 403" in out, out
