@@ -20,6 +20,7 @@ import pytest
 from .. import fake_api
 from ..conftest import Sandbox, require_box
 from ..fixtures import API_NAMES  # noqa: F401 - the names the shared CA serves (chatgpt.com among them)
+from ..test_gvisor import runsc_ok  # noqa: F401 - the fixture: a working runsc, or a loud skip (a failure under CI)
 
 REAL = "sk-ant-api03-REALkeyONtheHOSTonly0123456789abcdefXYZ"
 PLACEHOLDER = "hive-relay-placeholder"
@@ -72,7 +73,8 @@ fetch("https://api.openai.com/v1/node").then(r => r.text()).then(t => console.lo
 '''
 
 
-MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("container", marks=pytest.mark.container)]
+MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("gvisor", marks=pytest.mark.box),
+         pytest.param("container", marks=pytest.mark.container)]
 
 
 @pytest.fixture
@@ -81,7 +83,14 @@ def mode_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
     if mode == "container":
         return request.getfixturevalue("csandbox"), mode
     require_box()
+    if mode == "gvisor":
+        request.getfixturevalue("runsc_ok")
     return request.getfixturevalue("sandbox"), mode
+
+
+def _where(mode: str) -> list[str]:
+    """The launch words of a mode: gvisor is local mode's --isolation gvisor."""
+    return ["local", "--isolation", "gvisor"] if mode == "gvisor" else [mode]
 
 
 def _setup(s: Sandbox, ca: Path) -> None:
@@ -115,11 +124,11 @@ def test_curl_python_and_node_through_an_inspected_host(mode_box, ca, tls_api, m
               "curl -sS -o /dev/null https://chatgpt.com/y 2>/dev/null; echo \"tunnel-with-run-ca rc=$?\"; "
               "curl -sS -o /dev/null --cacert /etc/ssl/certs/ca-certificates.crt https://api.openai.com/z 2>/dev/null; "
               "echo \"untrusting rc=$?\"")
-    proc = s.relay("shell", mode, "--prompt", script, *_pins(port, "api.openai.com", "chatgpt.com"),
+    proc = s.relay("shell", *_where(mode), "--prompt", script, *_pins(port, "api.openai.com", "chatgpt.com"),
                    "--inspect", "api.openai.com", extra_env={"SSL_CERT_FILE": str(ca[0])}, timeout=300)
     out = proc.stdout
     assert proc.returncode == 0, (out, proc.stderr[-3000:])
-    assert f"shell · {mode}" in proc.stderr
+    assert ("shell · local · gvisor" if mode == "gvisor" else f"shell · {mode}") in proc.stderr
     assert "TLS inspected (this run's CA, trusted in the box): api.openai.com:443" in proc.stderr  # never silent
     # curl: two requests on one connection, SSE event by event.
     assert "curl 200 connects=1" in out and "curl 200 connects=0" in out, out
@@ -156,7 +165,7 @@ def test_the_route_key_is_added_on_its_own_host_and_a_pasted_secret_is_refused(m
         "-d '{\"note\": \"nothing secret\"}' https://api.openai.com/v1/upload; "
         f"curl -sS -o /dev/null -w 'pasted %{{http_code}}\\n' -d '{{\"note\": \"{REAL}\"}}' "
         "https://api.openai.com/v1/upload")
-    proc = s.relay("claude", mode, "--quiet", "--prompt", script, *_pins(port, "api.anthropic.com", "api.openai.com"),
+    proc = s.relay("claude", *_where(mode), "--quiet", "--prompt", script, *_pins(port, "api.anthropic.com", "api.openai.com"),
                    "--inspect", "api.anthropic.com", "--inspect", "api.openai.com",
                    extra_env={"SSL_CERT_FILE": str(ca[0]), "ANTHROPIC_API_KEY": REAL}, timeout=300)
     out = proc.stdout
