@@ -77,10 +77,11 @@ def test_inspect_rule_option_round_trips_and_is_refused_where_it_cannot_mean_any
         control.apply((), "allow", "api.example.com,inspect=true")
 
 
-def _relay(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CI": "true", "LANG": "C.UTF-8"}
+def _relay(*args: str, home: Path, config: str = "{}\n", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CI": "true", "LANG": "C.UTF-8",
+           **(env or {})}
     (home / ".config" / "hive-relay").mkdir(parents=True, exist_ok=True)
-    (home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    (home / ".config" / "hive-relay" / "config.yaml").write_text(config)
     (home / "work").mkdir(exist_ok=True)
     return subprocess.run([sys.executable, "-m", "relay", *args], cwd=home / "work", env=env, capture_output=True, text=True,
                           timeout=120)
@@ -99,6 +100,30 @@ def test_the_plan_and_the_banner_say_which_hosts_are_inspected(tmp_path: Path) -
     assert "inspect  api.example.com:443: TLS terminated on the host" in text.stdout
     plain = json.loads(_relay("shell", "--dry-run", "--json", home=tmp_path).stdout)
     assert plain["inspected_hosts"] == [] and "SSL_CERT_FILE" not in plain["env_set"]
+
+
+GRANT = """auth:
+  gh:
+    host: github.com
+    secret: {env: [GH_TOKEN]}
+    send: authorization-bearer
+    inspect: INSPECT
+"""
+
+
+def test_inspect_true_on_a_grant_inspects_its_host_and_lets_the_box_reach_it(tmp_path: Path) -> None:
+    proc = _relay("shell", "--dry-run", "--json", home=tmp_path, config=GRANT.replace("INSPECT", "true"),
+                  env={"GH_TOKEN": "ghp_" + "x" * 36})
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["inspected_hosts"] == ["github.com:443"]
+    assert [c.get("inspect") for c in plan["credentials"] if c["route"] == "gh"] == [True]
+    assert any(r["host"] == "github.com:443" and "inspected" in r["tunnel"] for r in plan["egress_rules"])
+    twin = json.loads(_relay("shell", "--dry-run", "--json", home=tmp_path, config=GRANT.replace("INSPECT", "false"),
+                             env={"GH_TOKEN": "ghp_" + "x" * 36}).stdout)
+    assert twin["inspected_hosts"] == [] and not any(r["host"] == "github.com:443" for r in twin["egress_rules"])
+    bad = _relay("shell", "--dry-run", home=tmp_path, config=GRANT.replace("INSPECT", "maybe"))
+    assert bad.returncode == 2 and "auth.gh.inspect" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 def test_bad_inspect_input_is_one_line_and_exit_2_and_an_unkeepable_one_exit_3(tmp_path: Path) -> None:
