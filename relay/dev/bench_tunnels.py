@@ -389,7 +389,7 @@ def inspection_rows(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
     """The report's rows and targets for `measure_inspection`'s result."""
     lines = [f"| inspected TLS: first SSE event, {name} | {v:.2f} ms | |" for name, v in r["sse_first_event_ms"].items()]
     lines.append(f"| inspected TLS: first SSE event / direct TLS, new connection | {r['sse_ratio_new']:.2f}× | "
-                 "two handshakes in series against one |")
+                 "two handshakes (overlapped) against one; a CPU-bound loopback |")
     lines.append(f"| inspected TLS: first SSE event / direct TLS, kept-alive connection | {r['sse_ratio_kept']:.2f}× | |")
     for name, v in r["throughput_MBps"].items():
         lines.append(f"| inspected TLS: 32 MB, {name} | {v:.0f} MB/s | |")

@@ -402,8 +402,9 @@ def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: 
                 return 0, False
             status = int(parts[1])
             text = head + b"\r\n\r\n"
-            client.sendall(redact.scrub(text, full=True) if redact is not None else text)
+            text = redact.scrub(text, full=True) if redact is not None else text
             if 100 <= status < 200 and status != 101:
+                client.sendall(text)
                 continue
             break
         else:
@@ -415,14 +416,26 @@ def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: 
                                  "the upstream sent no answer in time" if timed else "the upstream failed before answering",
                                  ""))
         return 0, False
+    said = [text]  # the head goes out with the body's first bytes (one TLS record), or alone when none came with it
+
+    def send(data: bytes) -> None:
+        if said:
+            data = said.pop() + data
+        if data:
+            client.sendall(data)
+
+    if not buf or redact is not None:  # a scrubbed body may be held back a while: its head is not
+        send(b"")
     fields = [(ln.partition(b":")[0].strip().lower(), ln.partition(b":")[2].strip()) for ln in lines[1:]]
     te = [c.strip().lower() for n, v in fields if n == b"transfer-encoding" for c in v.split(b",") if c.strip()]
     lengths = [v for n, v in fields if n == b"content-length"]
     keep = parts[0] == b"HTTP/1.1" and b"close" not in {t.strip().lower() for n, v in fields if n == b"connection"
                                                         for t in v.split(b",")}
     if status == 101:
+        send(b"")
         return status, False  # no Upgrade is ever sent on: an upstream's 101 ends the connection
     if method == "HEAD" or status in (204, 304):
+        send(b"")
         return status, keep
     unchunk = Unchunk() if te == [b"chunked"] else None
     left = int(lengths[0]) if unchunk is None and not te and lengths and lengths[0].isdigit() else -1
@@ -430,6 +443,7 @@ def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: 
         keep = False  # read to the close
     coded = [c for n, v in fields if n == b"content-encoding" for c in v.split(b",") if c.strip().lower() != b"identity"]
     if redact is not None and coded:  # asked for identity: a compressed answer cannot be scrubbed of the key
+        send(b"")
         return status, False  # its head went on; the body is cut, never passed unscrubbed
     up.settimeout(None)
     try:
@@ -438,14 +452,14 @@ def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: 
             while True:
                 if data:
                     left -= len(data)
-                    client.sendall(redact.feed(data) if redact is not None else data)
+                    send(redact.feed(data) if redact is not None else data)
                 if left <= 0:
                     break
                 data = _gather(up, min(left, BATCH))
                 if not data:
                     return status, False
             if redact is not None:
-                client.sendall(redact.flush())
+                send(redact.flush())
             return status, keep
         data, buf = buf, b""
         while True:
@@ -455,20 +469,26 @@ def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: 
                     if redact is not None:
                         payload = redact.feed(payload)
                         if payload:
-                            client.sendall(b"%x\r\n%s\r\n" % (len(payload), payload))
+                            send(b"%x\r\n%s\r\n" % (len(payload), payload))
                     else:
-                        client.sendall(data)
+                        send(data)
                     if unchunk.done:
                         if redact is not None:
                             rest = redact.flush()
-                            client.sendall((b"%x\r\n%s\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n\r\n")
+                            send((b"%x\r\n%s\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n\r\n")
                         return status, keep and not unchunk.buf
                 else:
-                    client.sendall(redact.feed(data) if redact is not None else data)
+                    send(redact.feed(data) if redact is not None else data)
             data = up.recv(1 << 16)
             if not data:
                 if redact is not None:
-                    client.sendall(redact.flush())
+                    send(redact.flush())
                 return status, False
     except (OSError, FramingError):
         return status, False
+    finally:
+        if said:  # the body failed before a byte of it: the head still goes (the client sees it cut)
+            try:
+                client.sendall(said.pop())
+            except OSError:
+                pass
