@@ -372,3 +372,35 @@ def test_an_uninspected_host_is_still_a_plain_tunnel_with_its_sni_checked(inspec
         inspecting.tunnel("chatgpt.com", sni="api.openai.com", cafile=ca[0])
     assert inspecting.settled("sni-mismatch")[-1]["decision"] == "sni-mismatch"
     assert not any(ln.get("inspected") for ln in inspecting.lines())
+
+
+def test_nothing_after_an_answers_last_chunk_reaches_the_client(tmp_path: Path, ca) -> None:  # noqa: ANN001
+    """An upstream that appends a forged second answer after its chunked one: the client gets the answer it
+    asked for, and the connection ends there (the forged bytes never reach it as an answer to a next request)."""
+    from .servers import start_tcp
+
+    def forge(conn: socket.socket, _n: int) -> None:
+        with ca[1].wrap_socket(conn, server_side=True) as tls:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += tls.recv(4096)
+            tls.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged")
+
+    sock, port = start_tcp(forge)
+
+    class _Api:
+        server_address = ("127.0.0.1", port)
+
+    proxy = Inspecting(tmp_path, ca, _Api())  # type: ignore[arg-type]
+    try:
+        with proxy.tunnel("api.openai.com") as tls:
+            request(tls, "GET", "/v1/x", "api.openai.com")
+            status, _, body = read_answer(tls)
+            rest = b""
+            while data := tls.recv(65536):
+                rest += data
+        assert status == 200 and body == b"hello" and rest == b"", rest  # twin: the real answer; attack: nothing more
+    finally:
+        proxy.stop()
+        sock.close()

@@ -470,8 +470,8 @@ def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: 
                         payload = redact.feed(payload)
                         if payload:
                             send(b"%x\r\n%s\r\n" % (len(payload), payload))
-                    else:
-                        send(data)
+                    else:  # the wire bytes as they came, to the last chunk's end: nothing after it goes on
+                        send(data[:len(data) - len(unchunk.buf)] if unchunk.done else data)
                     if unchunk.done:
                         if redact is not None:
                             rest = redact.flush()
