@@ -293,15 +293,33 @@ def _read_answer(tls: ssl.SSLSocket) -> int:
     raise OSError("an answer without Content-Length")
 
 
+# The inspecting proxy, in a process of its own as in a run (the launcher's, not the box client's):
+# argv root ca cert key port..., prints its port.
+_INSPECTING = """
+import socket, ssl, sys, time
+sys.path.insert(0, sys.argv[1])
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
+from relay.model.allow_rules import parse_rule
+ca, cert, key, ports = sys.argv[2], sys.argv[3], sys.argv[4], [int(p) for p in sys.argv[5:]]
+lst = socket.socket()
+lst.bind(("127.0.0.1", 0))
+lst.listen(256)
+EgressProxy(lst, tuple(parse_rule(f"bench.test:{p}=127.0.0.1:{p}") for p in ports), DecisionLog(None, "bench"),
+            notify=None, tls=ssl.create_default_context(cafile=ca),
+            inspect={("bench.test", p): (cert, key) for p in ports}).start()
+print(lst.getsockname()[1], flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
 def measure_inspection(quick: bool = False) -> dict:
-    """Inspected TLS (the proxy terminates the tunnel with a run CA's leaf, re-originates TLS upstream,
-    relays HTTP/1.1) against TLS straight to the same upstream, paired rounds: the first SSE event of a
+    """Inspected TLS (the proxy, in a process of its own, terminates the tunnel with a run CA's leaf,
+    re-originates TLS upstream, relays HTTP/1.1) against TLS straight to the same upstream, paired rounds: the first SSE event of a
     new connection (both handshakes and the request), of a request on a kept-alive connection, and a
     32 MB download's throughput."""
-    from relay.egress.decision_log import DecisionLog
-    from relay.egress.proxy import EgressProxy
     from relay.host import run_ca
-    from relay.model.allow_rules import parse_rule
 
     work = tempfile.mkdtemp(prefix="hive-relay-bench-inspect-")
     server_ctx, direct_client = _tls_server(work)
@@ -319,14 +337,11 @@ def measure_inspection(quick: bool = False) -> dict:
     threading.Thread(target=_serve_sse, args=(sse, server_ctx), daemon=True).start()
     leaf = run_ca.make(work, ["bench.test"], "bundle.pem")[0]
     inspected_client = ssl.create_default_context(cafile=os.path.join(work, "bundle.pem"))
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(256)
-    rules = tuple(parse_rule(f"bench.test:{p}=127.0.0.1:{p}") for p in (big_port, sse_port))
-    proxy = EgressProxy(listener, rules, DecisionLog(None, "bench"), notify=None, tls=direct_client,
-                        inspect={("bench.test", p): (leaf.cert, leaf.key) for p in (big_port, sse_port)})
-    proxy.start()
-    addr = listener.getsockname()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proxy = subprocess.Popen([sys.executable, "-c", _INSPECTING, root, os.path.join(work, "c.pem"), leaf.cert, leaf.key,
+                              str(big_port), str(sse_port)], stdout=subprocess.PIPE, text=True)
+    assert proxy.stdout is not None
+    addr = ("127.0.0.1", int(proxy.stdout.readline()))
 
     def open_tls(inspected: bool, port: int) -> ssl.SSLSocket:
         sock = _connect(addr if inspected else None, port, "bench.test")
@@ -363,7 +378,8 @@ def measure_inspection(quick: bool = False) -> dict:
         out["throughput_MBps"] = {"direct TLS": statistics.median(direct), "inspected": statistics.median(inspected_mbps)}
         out["throughput_ratio"] = statistics.median(i / d for i, d in zip(inspected_mbps, direct, strict=True))
     finally:
-        proxy.stop()
+        proxy.kill()
+        proxy.wait()
         sse.close()
         big.kill()
         big.wait()
