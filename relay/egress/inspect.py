@@ -110,13 +110,6 @@ def host_problem(values: list[str], host: str, port: int) -> str:
     return ""
 
 
-class Served:
-    """What one inspected connection did, for its decision lines."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-
-
 def serve(log: DecisionLog, inspector: Inspector, router: Routes, secrets: HostSecrets, client: socket.socket,
           upstream: socket.socket, decision: Decision, rule: HostRule, first: bytes,
           track: Callable[[socket.socket, socket.socket], int | None], untrack: Callable[[int | None], None],

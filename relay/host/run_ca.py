@@ -34,6 +34,8 @@ class CAError(OSError):
 
 @dataclass(frozen=True)
 class Leaf:
+    """One inspected host's leaf in the run dir: its certificate and its key (the proxy's, never the box's)."""
+
     host: str
     cert: str
     key: str
