@@ -184,8 +184,9 @@ def test_the_route_key_is_added_on_its_own_host_and_a_pasted_secret_is_refused(m
     assert not any(REAL in json.dumps(ln) for ln in log)
 
 
-def test_the_run_ca_key_is_unreachable_from_the_box(box_sandbox: Sandbox, ca, tls_api) -> None:  # noqa: ANN001
-    s = box_sandbox
+@pytest.mark.parametrize("mode", MODES)
+def test_the_run_ca_key_is_unreachable_from_the_box(mode_box, ca, tls_api, mode: str) -> None:  # noqa: ANN001
+    s, _ = mode_box
     port = tls_api.server_address[1]
     base = s.env["XDG_RUNTIME_DIR"]
     script = (  # every path a box could try: the host's run dirs, its own mounts, every readable file near them
@@ -198,8 +199,8 @@ def test_the_run_ca_key_is_unreachable_from_the_box(box_sandbox: Sandbox, ca, tl
         "cat /proc/1/environ 2>&1 | head -c 0; ls /proc | grep -c '^[0-9]' | sed 's/^/pids /'; "
         "echo test > /run/hive-relay/ca-bundle.pem 2>/dev/null && echo bundle-written || echo bundle-read-only; "
         "curl -sS -o /dev/null -w 'legit %{http_code}\\n' https://api.openai.com/v1/x")
-    proc = s.relay("shell", "local", "--quiet", "--prompt", script, *_pins(port, "api.openai.com"),
-                   "--inspect", "api.openai.com", extra_env={"SSL_CERT_FILE": str(ca[0])})
+    proc = s.relay("shell", *_where(mode), "--quiet", "--prompt", script, *_pins(port, "api.openai.com"),
+                   "--inspect", "api.openai.com", extra_env={"SSL_CERT_FILE": str(ca[0])}, timeout=300)
     out = proc.stdout
     assert proc.returncode == 0, (out, proc.stderr[-3000:])
     assert "BEGIN" not in out and "PRIVATE KEY" not in out.replace("keyfile", ""), out  # no key's bytes printed
@@ -207,6 +208,8 @@ def test_the_run_ca_key_is_unreachable_from_the_box(box_sandbox: Sandbox, ca, tl
     assert not [k for k in home_keys if "hive-relay" in k or "inspect" in k or k.endswith(".key")], home_keys
     assert re.search(r"bundle-certs ([2-9]|\d\d+)", out) and "bundle-keys 0" in out, out  # the twin: the cert is there
     assert "bundle-read-only" in out and "legit 200" in out, out
-    # On the host, the run dir (leaf keys and all) is gone with the run.
-    assert not list(Path(base).glob("hive-relay-*")), list(Path(base).glob("hive-relay-*"))
+    # On the host, this run's dir (leaf keys and all) is gone with the run (its id names the run's log).
+    logs = list((s.home / ".local" / "state" / "hive-relay" / "logs").glob("*.jsonl"))
+    run = logs[0].stem.split("-shell-", 1)[1]
+    assert len(logs) == 1 and not (Path(base) / f"hive-relay-{run}").exists(), (logs, run)
     assert fake_api.ANSWER  # the shared fake API served the twin's request
