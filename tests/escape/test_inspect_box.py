@@ -123,7 +123,9 @@ def test_curl_python_and_node_through_an_inspected_host(mode_box, ca, tls_api, m
               "curl -sS -o /dev/null -w 'tunnel %{http_code}\\n' --cacert upstream-ca.pem https://chatgpt.com/x; "
               "curl -sS -o /dev/null https://chatgpt.com/y 2>/dev/null; echo \"tunnel-with-run-ca rc=$?\"; "
               "curl -sS -o /dev/null --cacert /etc/ssl/certs/ca-certificates.crt https://api.openai.com/z 2>/dev/null; "
-              "echo \"untrusting rc=$?\"")
+              "echo \"untrusting rc=$?\"; "
+              # One more request: the box's exit waits for it, not for the refused handshake's log line.
+              "curl -sS -o /dev/null -w 'last %{http_code}\\n' https://api.openai.com/v1/last")
     proc = s.relay("shell", *_where(mode), "--prompt", script, *_pins(port, "api.openai.com", "chatgpt.com"),
                    "--inspect", "api.openai.com", extra_env={"SSL_CERT_FILE": str(ca[0])}, timeout=300)
     out = proc.stdout
@@ -144,7 +146,7 @@ def test_curl_python_and_node_through_an_inspected_host(mode_box, ca, tls_api, m
     # The uninspected host is a tunnel: the upstream's own certificate, which the run's bundle does not hold.
     assert "tunnel 200" in out and "tunnel-with-run-ca rc=60" in out, out
     # A client that does not trust the run CA fails, and nothing falls back to a tunnel.
-    assert "untrusting rc=60" in out, out
+    assert "untrusting rc=60" in out and "last 200" in out, out
     paths = [r["path"] for r in tls_api.requests]
     assert "/v1/fronted" not in paths and "/v1/z" not in paths
     assert {"/v1/a", "/v1/b", "/v1/messages", "/v1/keep/0", "/v1/keep/2", "/x", *(() if wasm else ("/v1/node",))} <= \
