@@ -245,6 +245,7 @@ def _contribute_hive(
     live: bool = False,
     shared_live: bool = False,
     vm_accel: str | None = None,
+    inspect: list[str] | None = None,
 ) -> None:
     if version:
         print(version_line())
@@ -259,7 +260,7 @@ def _contribute_hive(
             workdir=workdir, allow_hosts=tuple(allow_host or ()), timeout=seconds(timeout), command=command,
             allow_sockets=tuple(allow_socket or ()), allow_ssh=tuple(allow_ssh or ()),
             allow_presets=tuple(allow_preset or ()), ask=ask, no_grants=no_grants, staged=staged,
-            apply=apply, live=live, shared_live=shared_live, vm_accel=vm_accel,
+            apply=apply, live=live, shared_live=shared_live, vm_accel=vm_accel, inspect=tuple(inspect or ()),
         )
         return contribute(request, dry_run=dry_run, as_json=json, quiet=quiet, count=count_arg(count, "--count"),
                           parallel=count_arg(parallel, "--parallel"))

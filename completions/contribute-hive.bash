@@ -3,7 +3,7 @@
 _hive_relay_complete() {
     local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} i w n=0 first=
     local backends="claude codex gemini opencode shell" modes="local container kube" profiles="agent default" isolations="auto process supervised gvisor container vm"
-    local options="-a --allow-host -b --backend -c --count -d --dry-run -i --isolation -j --json -m --mode -k --parallel -p --profile -q --quiet -r --prompt -t --timeout -v --version -w --workdir -l --allow-socket -o --allow-ssh -e --allow-preset -s --ask -g --no-grants -z --staged -y --apply -L --live -S --shared-live -V --vm-accel -h --help"
+    local options="-a --allow-host -b --backend -c --count -d --dry-run -i --isolation -j --json -m --mode -k --parallel -p --profile -q --quiet -r --prompt -t --timeout -v --version -w --workdir -l --allow-socket -o --allow-ssh -e --allow-preset -s --ask -g --no-grants -z --staged -y --apply -L --live -S --shared-live -V --vm-accel -I --inspect -h --help"
     for ((i = 1; i < COMP_CWORD; i++)); do
         if [[ ${COMP_WORDS[i]} == -- ]]; then
             if ((i == COMP_CWORD - 1)); then COMPREPLY=($(compgen -c -- "$cur")); else COMPREPLY=($(compgen -f -- "$cur")); fi
@@ -16,13 +16,13 @@ _hive_relay_complete() {
         -p|--profile) COMPREPLY=($(compgen -W "$profiles" -- "$cur")); return 0 ;;
         -i|--isolation) COMPREPLY=($(compgen -W "$isolations" -- "$cur")); return 0 ;;
         -w|--workdir) COMPREPLY=($(compgen -d -- "$cur")); return 0 ;;
-        -a|--allow-host|-c|--count|-k|--parallel|-r|--prompt|-t|--timeout|-l|--allow-socket|-o|--allow-ssh|-e|--allow-preset|-V|--vm-accel) return 0 ;;
+        -a|--allow-host|-c|--count|-k|--parallel|-r|--prompt|-t|--timeout|-l|--allow-socket|-o|--allow-ssh|-e|--allow-preset|-V|--vm-accel|-I|--inspect) return 0 ;;
     esac
     if [[ $cur == -* ]]; then COMPREPLY=($(compgen -W "$options" -- "$cur")); return 0; fi
     for ((i = 1; i < COMP_CWORD; i++)); do
         w=${COMP_WORDS[i]}
         case $w in
-            -b|--backend|-m|--mode|-p|--profile|-i|--isolation|-w|--workdir|-a|--allow-host|-c|--count|-k|--parallel|-r|--prompt|-t|--timeout|-l|--allow-socket|-o|--allow-ssh|-e|--allow-preset|-V|--vm-accel) ((i++)) ;;
+            -b|--backend|-m|--mode|-p|--profile|-i|--isolation|-w|--workdir|-a|--allow-host|-c|--count|-k|--parallel|-r|--prompt|-t|--timeout|-l|--allow-socket|-o|--allow-ssh|-e|--allow-preset|-V|--vm-accel|-I|--inspect) ((i++)) ;;
             -*) ;;
             *) [[ -z $first ]] && first=$w; ((n++)) ;;
         esac

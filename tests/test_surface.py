@@ -292,6 +292,7 @@ SHORT_FLAGS_FROZEN = {
     "quiet": "q", "prompt": "r", "ask": "s", "timeout": "t", "version": "v", "workdir": "w",
     "no_grants": "g", "staged": "z", "apply": "y", "live": "L", "shared_live": "S",
     "vm_accel": "V",
+    "inspect": "I",
 }
 
 

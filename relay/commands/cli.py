@@ -212,6 +212,8 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
              *[f"preset   {name}: {', '.join(r.render() for r in rules)}" for name, rules in plan.presets],
              *[f"route    /{r.name} -> {r.upstream_host}:{r.upstream_port}: {r.http_rules().describe()}"
                for r in plan.credentials],
+             *([f"inspect  {', '.join(plan.inspected_hosts)}: TLS terminated on the host with this run's CA (the box "
+                f"trusts its certificate, never holds its key); HTTP/1.1 only"] if plan.inspected_hosts else []),
              *(["ask      a denied host is put to `invoke ask` (the request waits up to 30 s)"] if plan.ask else []),
              *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
                if plan.proxy_listen else []),
@@ -694,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompt=ns.prompt, workdir=ns.workdir, allow_hosts=tuple(ns.allow_host), timeout=seconds(ns.timeout),
             command=command, allow_sockets=tuple(ns.allow_socket), allow_ssh=tuple(ns.allow_ssh),
             allow_presets=tuple(ns.allow_preset), ask=ns.ask, no_grants=ns.no_grants, staged=ns.staged,
-            apply=ns.apply, live=ns.live, shared_live=ns.shared_live, vm_accel=ns.vm_accel,
+            apply=ns.apply, live=ns.live, shared_live=ns.shared_live, vm_accel=ns.vm_accel, inspect=tuple(ns.inspect),
         )
         return contribute(request, dry_run=ns.dry_run, as_json=ns.json, quiet=ns.quiet, count=count(ns.count, "--count"),
                           parallel=count(ns.parallel, "--parallel"))

@@ -30,6 +30,9 @@ HELP = {
                      "($SSH_AUTH_SOCK), gpg-agent, or an absolute PATH to a socket you own"),
     "allow_ssh": ("let ssh (git over ssh) reach HOST[:PORT] (port 22 unless given) through the egress proxy, "
                   "repeatable; pair it with --allow-socket ssh-agent for your keys"),
+    "inspect": ("terminate TLS to this allowed host on the host, for this run, repeatable: HOST[:PORT] (443 unless "
+                "given); a per-run CA the box trusts mints its leaf, the proxy sees the HTTP (Host must match, "
+                "method/path rules, the secret scan, a route's key added there only); HTTP/1.1 only"),
     "timeout": "seconds before a --prompt or `-- CMD` run is killed (exit 124); interactive sessions have none",
     "no_grants": ("use none of the `auth:` grants of your user config in this run (their secrets are not "
                   "read); --dry-run lists which grants apply and why the others do not"),
@@ -78,9 +81,10 @@ OPTIONS = (
     ("live", "L", None),
     ("shared_live", "S", None),
     ("vm_accel", "V", "ACCEL"),
+    ("inspect", "I", "HOST[:PORT]"),
 )
 SHORT_FLAGS = {dest: short for dest, short, _ in OPTIONS}  # invoke's task takes them from here too (tasks.py)
-REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset")
+REPEATABLE = ("allow_host", "allow_socket", "allow_ssh", "allow_preset", "inspect")
 METAVARS = {dest: meta for dest, _, meta in OPTIONS if meta}
 DESCRIPTION = "Run a coding agent inside the hive relay box: BACKEND [local|container] [options] [-- CMD ARGS...]"
 COMMAND_HELP = ("-- CMD ARGS...: shell backend only: run CMD with ARGS in the box, each argument passed as is "

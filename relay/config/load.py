@@ -234,7 +234,7 @@ BACKEND_KEYS = {
     "env", "native", "deny", "opt_in", "nested_userns", "credentials", "logins_in_box", "presets",
     "login_command", "secret_files",
 }
-ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths"}
+ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths", "inspect"}
 LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id", "id_token", "refreshed_at",
               "unless"}
 LOGIN_OPTIONAL_KEYS = {"expires", "id_token", "refreshed_at", "unless"}  # no expires: the token's own JWT `exp`
@@ -307,11 +307,12 @@ def _credentials(value: Any, where: _Where, env_pass: tuple[str, ...]) -> tuple[
                          for a in _str_list(data.get("box_args", []), where, f"{key}.box_args"))
         methods, paths = _http_limits(data, where, key)
         routes.append(CredentialRoute(str(name), secret_env, rule.name, rule.port, send, box_env, box_args, login=login,
-                                      methods=methods, paths=paths))
+                                      methods=methods, paths=paths,
+                                      inspect=_bool(data.get("inspect", False), where, f"{key}.inspect")))
     return tuple(routes)
 
 
-GRANT_KEYS = {"host", "secret", "send", "user", "backends", "methods", "paths", "push", "git"}
+GRANT_KEYS = {"host", "secret", "send", "user", "backends", "methods", "paths", "push", "git", "inspect"}
 
 
 def _http_limits(data: dict[str, Any], where: _Where, key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -380,7 +381,8 @@ def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
                                       basic_user=user, backends=tuple(dict.fromkeys(scope)),
                                       methods=methods, paths=paths,
                                       push=_bool(data.get("push", False), where, f"{key}.push"),
-                                      git=_bool(data.get("git", False), where, f"{key}.git")))
+                                      git=_bool(data.get("git", False), where, f"{key}.git"),
+                                      inspect=_bool(data.get("inspect", False), where, f"{key}.inspect")))
     return tuple(grants)
 
 

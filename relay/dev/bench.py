@@ -268,6 +268,8 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
         from relay.dev import bench_tunnels
 
         results["tunnel_checks"] = bench_tunnels.measure(quick)
+        # 2a'. TLS inspection (relay/egress/inspect.py) against TLS straight to the same upstream.
+        results["inspection"] = bench_tunnels.measure_inspection(quick)
 
         # 2b. A credential route (plain HTTP -> proxy adds the key -> TLS upstream) against direct TLS.
         results["credential_route"] = measure_credential_route(work, env, blob_mb, quick)
@@ -588,6 +590,12 @@ def report(r: dict) -> int:
         from relay.dev import bench_tunnels
 
         more, checks = bench_tunnels.rows(r["tunnel_checks"])
+        lines += more
+        targets.update(checks)
+    if r.get("inspection"):
+        from relay.dev import bench_tunnels
+
+        more, checks = bench_tunnels.inspection_rows(r["inspection"])
         lines += more
         targets.update(checks)
     for name, t in r["phases_s"].items():

@@ -242,3 +242,177 @@ def rows(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
             c["threads_after"] <= c["threads_before"] and grew <= 8 and c["open_after"] == 0),
     }
     return lines, targets
+
+
+# --- TLS inspection (relay/egress/inspect.py) --------------------------------------------------------
+
+def _serve_sse(listener: socket.socket, ctx: ssl.SSLContext) -> None:
+    """Each connection: TLS, then requests one by one (keep-alive), each answered with a chunked SSE
+    stream whose first event goes at once."""
+
+    def one(conn: socket.socket) -> None:
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                buf = b""
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        data = tls.recv(4096)
+                        if not data:
+                            return
+                        buf += data
+                    buf = buf.partition(b"\r\n\r\n")[2]
+                    event = b"data: first\n\n"
+                    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                + b"%x\r\n%s\r\n" % (len(event), event))
+                    tls.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass
+
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+
+def _read_answer(tls: ssl.SSLSocket) -> int:
+    """Read one answer by its Content-Length: the bytes of its body."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += tls.recv(1 << 16)
+    head, _, body = buf.partition(b"\r\n\r\n")
+    fields = {ln.partition(b":")[0].strip().lower(): ln.partition(b":")[2].strip() for ln in head.split(b"\r\n")[1:]}
+    if b"content-length" in fields:
+        want, got = int(fields[b"content-length"]), len(body)
+        view = bytearray(1 << 18)
+        while got < want:
+            got += tls.recv_into(view, min(len(view), want - got))
+        return got
+    raise OSError("an answer without Content-Length")
+
+
+# The inspecting proxy, in a process of its own as in a run (the launcher's, not the box client's):
+# argv root ca cert key port..., prints its port.
+_INSPECTING = """
+import socket, ssl, sys, time
+sys.path.insert(0, sys.argv[1])
+from relay.egress.decision_log import DecisionLog
+from relay.egress.proxy import EgressProxy
+from relay.model.allow_rules import parse_rule
+ca, cert, key, ports = sys.argv[2], sys.argv[3], sys.argv[4], [int(p) for p in sys.argv[5:]]
+lst = socket.socket()
+lst.bind(("127.0.0.1", 0))
+lst.listen(256)
+EgressProxy(lst, tuple(parse_rule(f"bench.test:{p}=127.0.0.1:{p}") for p in ports), DecisionLog(None, "bench"),
+            notify=None, tls=ssl.create_default_context(cafile=ca),
+            inspect={("bench.test", p): (cert, key) for p in ports}).start()
+print(lst.getsockname()[1], flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def measure_inspection(quick: bool = False) -> dict:
+    """Inspected TLS (the proxy, in a process of its own, terminates the tunnel with a run CA's leaf,
+    re-originates TLS upstream, relays HTTP/1.1) against TLS straight to the same upstream, paired rounds: the first SSE event of a
+    new connection (both handshakes and the request), of a request on a kept-alive connection, and a
+    32 MB download's throughput."""
+    from relay.host import run_ca
+
+    work = tempfile.mkdtemp(prefix="hive-relay-bench-inspect-")
+    server_ctx, direct_client = _tls_server(work)
+    blob = 32 * MB
+    import sys
+
+    big = subprocess.Popen([sys.executable, "-c", _SERVER, os.path.join(work, "c.pem"), os.path.join(work, "k.pem"),
+                            str(blob)], stdout=subprocess.PIPE, text=True)
+    assert big.stdout is not None
+    big_port = int(big.stdout.readline())
+    sse = socket.socket()
+    sse.bind(("127.0.0.1", 0))
+    sse.listen(256)
+    sse_port = sse.getsockname()[1]
+    threading.Thread(target=_serve_sse, args=(sse, server_ctx), daemon=True).start()
+    leaf = run_ca.make(work, ["bench.test"], "bundle.pem")[0]
+    inspected_client = ssl.create_default_context(cafile=os.path.join(work, "bundle.pem"))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proxy = subprocess.Popen([sys.executable, "-c", _INSPECTING, root, os.path.join(work, "c.pem"), leaf.cert, leaf.key,
+                              str(big_port), str(sse_port)], stdout=subprocess.PIPE, text=True)
+    assert proxy.stdout is not None
+    addr = ("127.0.0.1", int(proxy.stdout.readline()))
+
+    def open_tls(inspected: bool, port: int) -> ssl.SSLSocket:
+        sock = _connect(addr if inspected else None, port, "bench.test")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return (inspected_client if inspected else direct_client).wrap_socket(sock, server_hostname="bench.test")
+
+    req = b"GET /stream HTTP/1.1\r\nHost: bench.test:%d\r\n\r\n" % sse_port  # the port: not 443
+    out: dict = {}
+    try:
+        fresh: dict[bool, list[float]] = {False: [], True: []}
+        kept: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(30 if quick else 100):
+            for inspected in ((False, True) if r % 2 == 0 else (True, False)):
+                start = time.perf_counter()
+                with open_tls(inspected, sse_port) as tls:
+                    fresh[inspected].append(_sse_once(tls, req, start))
+                    for _ in range(3):  # the same connection again: what a streaming agent's next turn costs
+                        kept[inspected].append(_sse_once(tls, req, time.perf_counter()))
+        out["sse_first_event_ms"] = {
+            "new connection, direct TLS": statistics.median(fresh[False]) * 1000,
+            "new connection, inspected": statistics.median(fresh[True]) * 1000,
+            "kept-alive connection, direct TLS": statistics.median(kept[False]) * 1000,
+            "kept-alive connection, inspected": statistics.median(kept[True]) * 1000}
+        out["sse_ratio_new"] = statistics.median(fresh[True]) / statistics.median(fresh[False])
+        out["sse_ratio_kept"] = statistics.median(kept[True]) / statistics.median(kept[False])
+        direct, inspected_mbps = [], []
+        for r in range(3 if quick else 5):
+            for inspected in ((False, True) if r % 2 == 0 else (True, False)):
+                start = time.perf_counter()
+                with open_tls(inspected, big_port) as tls:
+                    tls.sendall(b"GET /big HTTP/1.1\r\nHost: bench.test:%d\r\n\r\n" % big_port)
+                    size = _read_answer(tls)
+                (inspected_mbps if inspected else direct).append(size / (time.perf_counter() - start) / MB)
+        out["throughput_MBps"] = {"direct TLS": statistics.median(direct), "inspected": statistics.median(inspected_mbps)}
+        out["throughput_ratio"] = statistics.median(i / d for i, d in zip(inspected_mbps, direct, strict=True))
+    finally:
+        proxy.kill()
+        proxy.wait()
+        sse.close()
+        big.kill()
+        big.wait()
+        shutil.rmtree(work, ignore_errors=True)  # the run CA's leaf and the server keys
+    return out
+
+
+def _sse_once(tls: ssl.SSLSocket, req: bytes, start: float) -> float:
+    """Send one request, read its SSE answer to the last chunk: seconds from `start` to the first event."""
+    tls.sendall(req)
+    buf, first = b"", 0.0
+    while not buf.endswith(b"0\r\n\r\n"):
+        data = tls.recv(1 << 16)
+        if not data:
+            raise OSError("the stream ended early")
+        buf += data
+        if not first and b"data: first" in buf:
+            first = time.perf_counter() - start
+    return first
+
+
+def inspection_rows(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
+    """The report's rows and targets for `measure_inspection`'s result."""
+    lines = [f"| inspected TLS: first SSE event, {name} | {v:.2f} ms | |" for name, v in r["sse_first_event_ms"].items()]
+    lines.append(f"| inspected TLS: first SSE event / direct TLS, new connection | {r['sse_ratio_new']:.2f}× | "
+                 "two handshakes (overlapped) against one; a CPU-bound loopback |")
+    lines.append(f"| inspected TLS: first SSE event / direct TLS, kept-alive connection | {r['sse_ratio_kept']:.2f}× | |")
+    for name, v in r["throughput_MBps"].items():
+        lines.append(f"| inspected TLS: 32 MB, {name} | {v:.0f} MB/s | |")
+    lines.append(f"| inspected TLS: 32 MB / direct TLS | {r['throughput_ratio']:.2f}× | paired rounds |")
+    targets = {
+        "inspected stream: first SSE event ≤ 1.5× direct TLS (kept-alive)": (f"{r['sse_ratio_kept']:.2f}×",
+                                                                             r["sse_ratio_kept"] <= 1.5),
+        "inspected throughput at 32 MB ≥ 0.5× direct TLS": (f"{r['throughput_ratio']:.2f}×", r["throughput_ratio"] >= 0.5),
+    }
+    return lines, targets

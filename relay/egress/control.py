@@ -129,6 +129,9 @@ def apply(rules: tuple[HostRule, ...], op: str, entry: str) -> tuple[tuple[HostR
     """The rules after `allow` (the entry added, unless already there) or `deny` (every rule for the
     entry's host and port removed: the box's own and the presets' too). Raises UsageError."""
     rule = parse_rule(entry)
+    if op == "allow" and rule.inspect:  # no leaf was minted for it: the tunnel would not be what it says
+        raise UsageError(f"{rule.render()}: inspection is chosen at launch (the run CA and its leaves are made "
+                         "before the box starts); fix: allow it without inspect=true, or relaunch with --inspect")
     if op == "allow":
         if rule in rules:
             return rules, rule, f"{rule.render()} was already allowed"

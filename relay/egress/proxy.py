@@ -90,6 +90,7 @@ class EgressProxy:
         control: socket.socket | None = None,
         ask: bool = False,
         secrets: HostSecrets | None = None,
+        inspect: Mapping[tuple[str, int], tuple[str, str]] | None = None,
     ) -> None:
         self.log = log
         self.notify = notify
@@ -98,6 +99,12 @@ class EgressProxy:
         # The host's real secrets, searched for in every request the box sends in clear (secret_scan.py).
         self.secrets = secrets if secrets is not None else HostSecrets()
         self.router = Routes(routes, dict(keys or {}), self.book, log, self.watch, tls, self.secrets)
+        # Inspected hosts (relay/egress/inspect.py): (host, port) -> the run CA's leaf (cert, key) for it.
+        self.inspector = None
+        if inspect:
+            from relay.egress.inspect import Inspector  # ssl: only a run that inspects pays for it here
+
+            self.inspector = Inspector(inspect)
         self.keys = self.router.keys  # the caller may add a login's store once `open_tls` can serve it
         self.reactor = Reactor(listener, log, self._serve, control, self.book.serve_control, max_connections,
                                head_timeout)
@@ -171,8 +178,9 @@ class EgressProxy:
                 if refused and not decision.allowed:  # the answer was an allow the proxy could not make
                     decision = Decision(False, host, port, f"invoke ask's allow was refused: {refused}")
             rule = find_rule(book.rules, host, port) if decision.allowed else None
+            inspected = body is None and self.inspector is not None and (host, port) in self.inspector
             if rule is not None:  # the rule's own limits (httprules), judged before any connect
-                decision = within_rule(rule, req, decision)
+                decision = within_rule(rule, req, decision, inspected)
             scanned = None
             if decision.allowed and body is not None:  # before the connect: a secret in the head goes nowhere
                 try:
@@ -186,6 +194,14 @@ class EgressProxy:
                     decision = Decision(False, host, port, detail, unreachable=True, cause=cause)
                 else:
                     self.watch.ok(host, port)
+            if inspected and decision.allowed and upstream is not None and rule is not None:
+                from relay.egress import inspect
+
+                assert self.inspector is not None
+                inspect.serve(self.log, self.inspector, self.router, self.secrets, client, upstream, decision, rule,
+                              first, lambda c, u: book.track(c, u, host, port, method), book.untrack,
+                              book.extras(decision, rule), self.notify)
+                return
             peek = body is None and decision.allowed and rule is not None and tls_required(book.rules, host, port)
             if not peek:  # a tunnel that is peeked at is logged once its first flight is judged
                 self.log.record(decision, method, book.extras(decision, rule))

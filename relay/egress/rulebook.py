@@ -89,14 +89,15 @@ def still_allowed(rules: tuple[HostRule, ...], host: str, port: int, peer: tuple
         return False
 
 
-def within_rule(rule: HostRule, req: Request, decision: Decision) -> Decision:
+def within_rule(rule: HostRule, req: Request, decision: Decision, inspected: bool = False) -> Decision:
     """`decision` unless the request breaks its rule's methods/paths (relay/model/http_rules.py): then a
     refusal labelled `http-rule`. A CONNECT under a rule with such limits is refused (the proxy
     cannot see the request inside the tunnel), and so is an absolute-URI request whose path is
-    not normalised, whatever the rule."""
+    not normalised, whatever the rule. An `inspected` CONNECT (relay/egress/inspect.py) is judged request
+    by request inside, so its rule's limits do not refuse the tunnel."""
     host, port = decision.host, decision.port
     if req.method == "CONNECT":
-        if rule.methods or rule.paths:
+        if (rule.methods or rule.paths) and not inspected:
             return Decision(False, host, port, f"rule {rule.render()} limits methods or paths, which a tunnel hides; "
                             "send plain http:// requests", label="http-rule")
         return decision

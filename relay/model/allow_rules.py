@@ -24,7 +24,9 @@ class HostRule:
     (relay/egress/tlspeek.py); False (`,tls=false`, and every `--allow-ssh` rule) lets any protocol through.
     `methods`/`paths`: the HTTP methods and paths (relay/model/http_rules.py) a plain-HTTP request under
     this rule may use; empty allows any. The proxy cannot see them inside TLS, so a CONNECT under a
-    rule that limits them is refused."""
+    rule that limits them is refused, unless the rule is inspected.
+    `inspect` (`,inspect=true`): a CONNECT to this one named host is TLS-terminated on the host with a
+    leaf of the run's own CA (relay/egress/inspect.py), so its HTTP is seen and judged per request."""
 
     name: str
     port: int | None
@@ -34,6 +36,7 @@ class HostRule:
     tls: bool = True
     methods: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()
+    inspect: bool = False
 
     @property
     def is_ip(self) -> bool:
@@ -69,6 +72,8 @@ class HostRule:
 
     def tunnel(self) -> str:
         """What a CONNECT under this rule must carry (relay/egress/tlspeek.py), in words."""
+        if self.inspect:
+            return f"TLS inspected: terminated with the run CA's leaf for {self.name}, its HTTP judged per request"
         if self.methods or self.paths:
             return "plain HTTP only (its methods/paths cannot be seen in a tunnel)"
         if not self.tls:
@@ -83,7 +88,7 @@ class HostRule:
 
     def options(self) -> str:
         """The rule's options as its entry spells them: `,tls=false`, `,method=GET`, `,path=/v1/`."""
-        return ("" if self.tls else ",tls=false") + "".join(f",method={m}" for m in self.methods) + "".join(
+        return ("" if self.tls else ",tls=false") + (",inspect=true" if self.inspect else "") + "".join(f",method={m}" for m in self.methods) + "".join(
             f",path={p}" for p in self.paths)
 
 
@@ -202,7 +207,7 @@ def parse_rule(entry: str) -> HostRule:
         raise UsageError(f"--allow-host {entry!r}: give a host, not a URL: {url_host(entry)}"
                          f"{url_port_hint(entry)}")
     entry_text, *opts = entry.split(",")
-    tls, methods, paths = _rule_options(entry, opts)
+    tls, methods, paths, inspect = _rule_options(entry, opts)
     target, _, pin = entry_text.partition("=")
     wildcard = target.startswith("*.")
     if wildcard:
@@ -221,6 +226,9 @@ def parse_rule(entry: str) -> HostRule:
             f"--allow-host {entry!r}: {name} is a public suffix (Public Suffix List), so *.{name} would allow "
             f"every site registered under it; fix: list the hosts you need, or a wildcard under a domain, "
             f"e.g. *.example.{name}")
+    if inspect and (wildcard or is_ip_literal(name) or not tls):
+        raise UsageError(f"--allow-host {entry!r}: inspect=true needs one host name with TLS (a leaf is minted "
+                         "for that name), not a wildcard, an IP address or tls=false")
     pin_addr = pin_port = None
     if pin:
         pin_host, pin_port = split_hostport(pin, entry)
@@ -236,28 +244,30 @@ def parse_rule(entry: str) -> HostRule:
             raise UsageError(f"--allow-host {entry!r}: a wildcard entry cannot be pinned")
         pin_addr = pin_canon
     return HostRule(name=name, port=port, wildcard=wildcard, pin_addr=pin_addr, pin_port=pin_port,
-                    tls=tls, methods=methods, paths=paths)
+                    tls=tls, methods=methods, paths=paths, inspect=inspect)
 
 
-def _rule_options(entry: str, opts: list[str]) -> tuple[bool, tuple[str, ...], tuple[str, ...]]:
-    """`,tls=false`, `,method=M` and `,path=P` (each repeatable but tls) after an entry."""
+def _rule_options(entry: str, opts: list[str]) -> tuple[bool, tuple[str, ...], tuple[str, ...], bool]:
+    """`,tls=false`, `,inspect=true`, `,method=M` and `,path=P` (each repeatable but tls and inspect) after an entry."""
     from relay.model.http_rules import check_method, check_path_rule
 
-    tls, methods, paths = True, [], []
+    tls, methods, paths, inspect = True, [], [], False
     for opt in opts:
         key, eq, value = opt.partition("=")
         try:
             if key == "tls" and eq and value in ("false", "true"):
                 tls = value == "true"
+            elif key == "inspect" and eq and value in ("false", "true"):
+                inspect = value == "true"
             elif key == "method" and eq:
                 methods.append(check_method(value))
             elif key == "path" and eq:
                 paths.append(check_path_rule(value))
             else:
-                raise ValueError(f"unknown option {opt[:40]!r}; options are ,tls=false ,method=M ,path=/P")
+                raise ValueError(f"unknown option {opt[:40]!r}; options are ,tls=false ,inspect=true ,method=M ,path=/P")
         except ValueError as err:
             raise UsageError(f"--allow-host {entry!r}: {err}") from None
-    return tls, tuple(dict.fromkeys(methods)), tuple(dict.fromkeys(paths))
+    return tls, tuple(dict.fromkeys(methods)), tuple(dict.fromkeys(paths)), inspect
 
 
 def find_rule(rules: tuple[HostRule, ...], host: str, port: int) -> HostRule | None:

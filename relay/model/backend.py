@@ -41,6 +41,9 @@ class CredentialRoute:
     paths: tuple[str, ...] = ()
     push: bool = False
     git: bool = False
+    # `inspect: true`: the box may also reach `upstream` directly over HTTPS (a CLI that takes no base URL);
+    # the proxy terminates that TLS with the run CA's leaf and adds the key there (relay/egress/inspect.py).
+    inspect: bool = False
 
     def http_rules(self) -> HttpRules:
         return HttpRules(self.methods, self.paths, self.push, self.git)

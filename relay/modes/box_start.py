@@ -111,7 +111,7 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
     held by the proxy, never in the plan, the box's environment, an argv or a log."""
     keys = secret_source.read_keys(plan.credentials, caller_env)  # read (and checked) once, before the box: runner.run
     tls = None
-    if plan.credentials:
+    if plan.credentials or plan.inspected_hosts:
         import ssl  # here, not at the top: only a run with a credential route pays for it
 
         # The system store, or the launcher's SSL_CERT_FILE (a corporate CA, a test CA): never unverified.
@@ -121,7 +121,8 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
                                          plan.denied, caller_env.get("HOME", "/"))
     proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
                         routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets),
-                        run_id=run_id(plan), control=_control(plan), ask=plan.ask, secrets=secrets)
+                        run_id=run_id(plan), control=_control(plan), ask=plan.ask, secrets=secrets,
+                        inspect=_leaves(plan))
     for route in plan.credentials:
         if route.login is not None:  # the file's token, read (and refreshed) on the host per request
             from relay.trust.logins import LoginStore
@@ -130,6 +131,20 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
                                                 proxy.open_tls, lock_dir=state_dir(dict(caller_env)))
     proxy.start()
     return proxy
+
+
+def _leaves(plan: Plan) -> dict[tuple[str, int], tuple[str, str]] | None:
+    """The run CA's leaf (cert, key) for each inspected host, minted in the run dir (relay/host/run_ca.py)."""
+    if not plan.inspected_hosts or not plan.run_dir:
+        return None
+    from relay.host.run_ca import leaf_paths
+
+    out = {}
+    for i, target in enumerate(plan.inspected_hosts):
+        host, _, port = target.rpartition(":")
+        leaf = leaf_paths(plan.run_dir, i, host)
+        out[(host, int(port))] = (leaf.cert, leaf.key)
+    return out
 
 
 def _control(plan: Plan) -> socket.socket | None:

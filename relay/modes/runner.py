@@ -229,6 +229,14 @@ def _make_run_dir(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunS
     excludes = _git_excludes(plan, caller_env) if plan.git_excludes else None
     _in_run_dir("the run dir itself", plan,
                 lambda: janitor.make_run_dir(state, with_tmp=plan.tier == Tier.PROCESS, git_excludes=excludes))
+    if plan.inspected_hosts:  # the run CA (its key unlinked once the leaves are minted) and the box's bundle
+        from relay.host import run_ca
+        from relay.policy.inspection import BUNDLE_NAME
+
+        assert plan.run_dir is not None
+        run_dir = plan.run_dir
+        _in_run_dir("the run CA for TLS inspection", plan, lambda: run_ca.make(
+            run_dir, [t.rpartition(":")[0] for t in plan.inspected_hosts], BUNDLE_NAME, plan.run_id))
 
 
 def _make_git_dir(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:

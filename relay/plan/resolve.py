@@ -29,6 +29,7 @@ from relay.model.mounts import Grant, Mount
 from relay.model.refusal import ENTRY
 from relay.model.vocab import MODES, LoginHold, MountKind, Tier, WorkdirMode
 from relay.plan.host_steps import host_steps
+from relay.policy import inspection
 from relay.policy.denylist import expand, nested_git_paths, protected_paths, secret_paths
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER, allowed_rules, as_entries, parse_entries
 from relay.policy.fsplan import FsPlan, plan_filesystem
@@ -95,6 +96,7 @@ class Request:
     live: bool = False  # --live: the box writes the checkout itself (staged is the default)
     shared_live: bool = False  # --shared-live: a live box even while another live box runs on the checkout
     vm_accel: str | None = None  # --vm-accel kvm|tcg (or the user config's `vm: {accel: ...}`): the VM tier's CPU
+    inspect: tuple[str, ...] = ()  # --inspect HOST[:PORT]: TLS to it terminated on the host (relay/policy/inspection.py)
     # Internal (selftest): run this argv in the backend's box instead of the agent.
     argv_override: tuple[str, ...] | None = None
 
@@ -174,6 +176,8 @@ class Plan:
     # The launch's id (`PID-START-BOOT-RANDOM`, relay/host/liveness.py): names its run dir, cgroup,
     # staged layer and logs; "" for a plan made without one (a dry run of the pure planner).
     run_id: str = ""
+    # The hosts whose TLS the proxy terminates with a leaf of the run's CA (`host:port`; relay/policy/inspection.py).
+    inspected_hosts: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -212,6 +216,8 @@ def route_json(route: CredentialRoute) -> dict:
              "from": [route.login.file] if route.login else list(route.secret_env),
              "box_url": f"http://{PROXY_LISTEN}/{route.name}",
              "allows": {**route.http_rules().as_json(), "summary": route.http_rules().describe()}}
+    if route.inspect:
+        shown["inspect"] = True
     if route.grant:
         shown["grant"] = True
         shown["secret"] = ({"env": list(route.secret_env)} if route.secret_env else
@@ -344,6 +350,7 @@ class _Draft:
     sockets: tuple[BoxSocket, ...] = ()
     staged: StagedLayer | None = None
     workdir_mode: WorkdirMode = WorkdirMode.LIVE
+    inspected: tuple[tuple[str, int], ...] = ()
 
     @property
     def home(self) -> str:
@@ -395,6 +402,7 @@ def resolve(
     _agent(d)
     _credentials(d)
     _grants(d)
+    _inspection(d)
     _git(d)
     _filesystem(d)
     _environment(d)
@@ -781,6 +789,17 @@ def _lies_in(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def _inspection(d: _Draft) -> None:
+    """The hosts this run inspects (relay/policy/inspection.py): `--inspect`, `,inspect=true` rules and
+    routes or grants with `inspect: true` (whose upstream the box may then reach directly)."""
+    d.rules = d.rules + inspection.route_rules(d.routes, d.rules)
+    d.inspected = inspection.inspected_targets(d.request.inspect, d.rules, d.routes,
+                                               d.profile.network and d.tier != Tier.PROCESS, d.request.mode)
+    if d.inspected and d.tier not in (Tier.SUPERVISED, Tier.CONTAINER, Tier.GVISOR):
+        raise RefusedError(f"TLS inspection needs a box with the host-side proxy, not the {d.tier} tier; fix: "
+                           "--isolation supervised (or container), or drop --inspect")
+
+
 def _filesystem(d: _Draft) -> None:
     """The box's mounts (relay/policy/fsplan.py), then what the git plan adds to them."""
     secrets = secret_paths(d.home, d.uid, d.backend.deny, d.env.get("SSH_AUTH_SOCK"))
@@ -815,6 +834,9 @@ def _filesystem(d: _Draft) -> None:
         fsplan = replace(fsplan, mounts=fsplan.mounts + (
             Mount(MountKind.RO_BIND, BOX_GIT_EXCLUDES, os.path.join(d.run_dir, "git-excludes")),))
         d.git_excludes = excludes
+    if d.inspected and d.run_dir:  # the run CA's certificate with the system roots; its key stays in the run dir
+        fsplan = replace(fsplan, mounts=fsplan.mounts + (
+            Mount(MountKind.RO_BIND, inspection.BOX_CA_BUNDLE, os.path.join(d.run_dir, inspection.BUNDLE_NAME)),))
     if d.facts.uid == 0 and d.run_dir and d.tier == Tier.SUPERVISED:  # the box user of a root caller gets a sane name
         from relay.policy import passwd
 
@@ -841,6 +863,8 @@ def _environment(d: _Draft) -> None:
         env_set.update({"GIT_CONFIG_COUNT": str(len(git_config)), f"GIT_CONFIG_KEY_{i}": key, f"GIT_CONFIG_VALUE_{i}": value})
     if profile.network:
         env_set.update(proxy_env(PROXY_LISTEN))
+    if d.inspected:  # every TLS client in the box trusts the bundle: the system roots and the run CA
+        env_set.update(inspection.trust_env())
     d.env_set = env_set
     d.env_pass = tuple(n for n in env_pass if n not in env_set)
     d.limits = Limits(profile.memory, profile.pids, limit_method(d.facts.cgroup))
@@ -1124,6 +1148,8 @@ def _plan(d: _Draft) -> Plan:
         policy["sockets"] = [asdict(s) for s in d.sockets]
     if (d.container is not None and d.container.runtime) or d.runtime_class:
         policy["runtime"] = "runsc"  # --isolation gvisor in container or kube mode
+    if d.inspected:
+        policy["inspected"] = inspection.shown(d.inspected)
     if d.staged:
         policy["workdir"] = "staged"
         # Staged: bwrap makes the mount targets of the workdir's masks inside the overlay, so they land
@@ -1153,6 +1179,7 @@ def _plan(d: _Draft) -> Plan:
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
         auth_grants=d.auth_grants, workdir_mode=d.workdir_mode, staged=d.staged,
         shared_live=d.request.shared_live, login_files=tuple(d.login_files), run_id=d.request.run_id,
+        inspected_hosts=inspection.shown(d.inspected),
     )
 
 

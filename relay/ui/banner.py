@@ -60,6 +60,8 @@ def banner_lines(plan: Plan, home: str) -> list[str]:
     if plan.sockets:  # --allow-socket: said loudly, every launch
         shown = ", ".join(f"{s.name} -> {s.box}" for s in plan.sockets)
         lines.append(f"hive-relay: WARNING: host sockets in this box (AF_UNIX allowed): {shown}")
+    if plan.inspected_hosts:  # inspection is never silent: every launch says which hosts
+        lines.append(f"hive-relay: TLS inspected (this run's CA, trusted in the box): {', '.join(plan.inspected_hosts)}")
     if plan.ssh:
         lines.append(f"hive-relay: ssh through the proxy to: {', '.join(plan.ssh)}")
     if plan.staged is not None:
