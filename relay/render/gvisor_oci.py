@@ -138,9 +138,11 @@ def spec(
     rlimits = [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}]
     if limits.method.startswith("rlimit"):
         # No cgroup for runsc here: the Sentry enforces these on the processes it runs (it counts its
-        # own tasks, not the host's threads, so RLIMIT_NPROC is per box).
+        # own tasks, not the host's threads, so RLIMIT_NPROC is per box). RLIMIT_DATA, as the supervised
+        # tier's (relay/box/resource_limits.py): node reserves ~10 GiB of address space per WebAssembly
+        # instance (undici's fetch, gemini's HTTP parser), which RLIMIT_AS counts and refuses.
         rlimits += [{"type": "RLIMIT_NPROC", "hard": limits.pids, "soft": limits.pids},
-                    {"type": "RLIMIT_AS", "hard": limits.memory, "soft": limits.memory}]
+                    {"type": "RLIMIT_DATA", "hard": limits.memory, "soft": limits.memory}]
     caps: dict[str, list[str]] = {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")}
     uid = run.box_uid
     linux: dict = {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}
