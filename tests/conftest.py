@@ -251,6 +251,33 @@ def _require_podman() -> None:
 
 
 _IMAGE_FAILURE: list[str] = []
+_SESSION_IMAGES: list[str] = []  # what the `image` fixture built or found: the guard below watches it
+
+
+def private_image_store(root: Path) -> str:
+    """A storage.conf for a private, empty vfs image store under `root`; set it as
+    CONTAINERS_STORAGE_CONF for anything that may remove images (`clean --all`, the superseded-image
+    sweep). Without it root's podman uses the machine's one store whatever $HOME says, and a test
+    would remove the image every container test of this session (and of a side-by-side run) uses."""
+    (root / "graph").mkdir(parents=True, exist_ok=True)
+    (root / "runroot").mkdir(exist_ok=True)
+    conf = root / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{root}/graph"\nrunroot = "{root}/runroot"\n')
+    return str(conf)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_session_image_survives_each_module(request: pytest.FixtureRequest):
+    """Fail the module that removed the machine's image, by name: otherwise the next container
+    test rebuilds it for minutes and times out far from the cause (CI, stop 35). About 50 ms a
+    module, and only once an image exists."""
+    yield
+    for tag in _SESSION_IMAGES:
+        proc = subprocess.run([PODMAN, "image", "exists", tag], capture_output=True, env=podman_env(), timeout=120)
+        if proc.returncode == 1:
+            _SESSION_IMAGES.remove(tag)  # said once; the next user of `image` finds it missing too
+            pytest.fail(f"{request.module.__name__} removed the session's image {tag}: a test that may remove "
+                        "images must use a private store (tests/conftest.py: private_image_store)")
 
 
 @pytest.fixture(scope="session")
@@ -267,6 +294,7 @@ def image() -> str:
         pytest.fail(f"build-image failed (exit {proc.returncode}):\n{_IMAGE_FAILURE[0]}")
     tag = proc.stdout.strip().splitlines()[-1]
     assert tag.startswith("localhost/hive-relay-contributor:") and tag.endswith(f"-u{UID or 1000}")
+    _SESSION_IMAGES.append(tag)
     return tag
 
 

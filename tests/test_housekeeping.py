@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, Sandbox, require_tool
+from .conftest import REPO, Sandbox, private_image_store, require_tool
 
 KEEP_RUNS = 100  # relay/egress/log_files.py
 
@@ -137,9 +137,7 @@ def test_clean_removes_caches_stale_state_and_the_stray_lock_and_says_how_much(s
     s.env["HIVE_RELAY_TOOLS"] = str(s.root / "shared-tools")
     # A private, empty image store: the machine's own images (CI's current one among them) are not
     # this test's to count or remove.
-    conf = s.root / "storage.conf"
-    conf.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{s.root}/graph"\nrunroot = "{s.root}/runroot"\n')
-    s.env["CONTAINERS_STORAGE_CONF"] = str(conf)
+    s.env["CONTAINERS_STORAGE_CONF"] = private_image_store(s.root / "images")
     (s.root / "shared-tools" / "node_modules").mkdir(parents=True)
     cache = s.home / ".cache" / "hive-relay"
     cache.mkdir(parents=True)
@@ -267,12 +265,7 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
     require_tool("podman")
     s = sandbox
     s.env["XDG_RUNTIME_DIR"] = _stable_runtime_dir()  # rootless podman keys its pause process on it
-    store = tmp_path / "storage"
-    (store / "graph").mkdir(parents=True)
-    (store / "run").mkdir()
-    conf = tmp_path / "storage.conf"
-    conf.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{store}/graph"\nrunroot = "{store}/run"\n')
-    s.env["CONTAINERS_STORAGE_CONF"] = str(conf)  # a private image store: never the user's real images
+    s.env["CONTAINERS_STORAGE_CONF"] = private_image_store(tmp_path / "storage")  # never the user's real images
     env = {**os.environ, **s.env}
     uid = os.getuid() or 1000
     current = image.spec_from_env(load_matrix(env, workdir=None).backends, os.getuid(), os.getgid(), env).tag
@@ -304,6 +297,17 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
         assert foreign not in proc.stdout and current not in proc.stdout and proxy_now not in proc.stdout
         left = podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
         assert old not in left and proxy_old not in left and {busy, foreign, current, proxy_now} <= set(left), left
+        # In-process, `clean` works on its env's store, never the process's own (the machine's).
+        from relay.commands import clean as clean_mod
+
+        from .conftest import podman_env
+        real = sorted(subprocess.run(["podman", "images", "-q"], env=podman_env(), capture_output=True, text=True,
+                                     timeout=120).stdout.split())
+        assert clean_mod.clean(env=env, everything=True) == 0
+        left = podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+        assert set(left) == {busy, foreign}, left
+        assert sorted(subprocess.run(["podman", "images", "-q"], env=podman_env(), capture_output=True, text=True,
+                                     timeout=120).stdout.split()) == real
     finally:
         podman("rm", "-a", "-f")
         podman("rmi", "-a", "-f")

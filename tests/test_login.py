@@ -97,12 +97,13 @@ def test_a_run_without_a_credential_says_what_to_set_or_which_login_to_run(sandb
     s = sandbox
     (s.home / ".codex" / "auth.json").unlink()  # the suite's fake codex login
     (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
-    for backend, words in (("claude", ["ANTHROPIC_API_KEY", f"{ENTRY} login claude"]), ("codex", ["CODEX_API_KEY"]),
+    for backend, words in (("claude", ["ANTHROPIC_API_KEY", f"{ENTRY} login claude"]),
+                           ("codex", ["CODEX_API_KEY", f"{ENTRY} login codex"]),  # its ChatGPT login is routed
                            ("gemini", ["GEMINI_API_KEY"])):
         proc = s.relay(backend, "--dry-run")
         notes = [line for line in (proc.stdout + proc.stderr).splitlines() if "credentials: none" in line]
         assert len(notes) == 1 and all(w in notes[0] for w in words), proc.stderr
-        assert backend == "claude" or "login" not in notes[0]  # codex's login would sit in the box as it is
+        assert backend != "gemini" or "login" not in notes[0]  # gemini's Google login would sit in the box as it is
     keyed = s.relay("claude", "--dry-run", extra_env={"ANTHROPIC_API_KEY": "sk-test-not-real"})
     assert keyed.returncode == 0 and "credentials: none" not in keyed.stdout + keyed.stderr
 

@@ -76,7 +76,10 @@ def test_the_lines_say_the_counts_and_the_exact_commands() -> None:
 def _layer(tmp_path: Path, run: str | None = None, started: float | None = None) -> tuple[staged.Run, dict]:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    env = {"HOME": str(tmp_path / "home"), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    # No container engine: `clean --all` below is about layers, and as root podman's one store does
+    # not follow $HOME, so it would remove the machine's images (CI, stop 35).
+    env = {"HOME": str(tmp_path / "home"), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "HIVE_RELAY_ENGINE": str(tmp_path / "no-engine")}
     layer = staged.for_run(env, run or liveness.new_run_id())  # default: owned by this process
     staged.create(layer, str(work), {"backend": "shell", "profile_digest": "d"})
     if started is not None:

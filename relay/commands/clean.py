@@ -176,7 +176,7 @@ def image_items(env: Mapping[str, str], everything: bool) -> tuple[list[str] | N
         current.add(proxy_image_tag(kube.tag))
     except RelayError as err:
         return None, [], f"the current image is unknown ({err.message})"
-    items = [Item("image", ref, size) for ref, size in image.ours([engine], os.getuid())
+    items = [Item("image", ref, size) for ref, size in image.ours([engine], os.getuid(), env)
              if everything or ref not in current]
     return [engine], items, None
 
@@ -298,7 +298,7 @@ def _remove(item: Item, env: Mapping[str, str], engine: list[str] | None) -> Non
         from relay.modes import image
 
         assert engine is not None
-        why = image.remove(engine, item.path)
+        why = image.remove(engine, item.path, env)
         item.kept = "in use by a container" if why and "in use" in why else why
         return
     if item.what == "egress log":

@@ -393,31 +393,34 @@ def save_base(engine: list[str], base: str, path: str) -> None:
     os.chmod(path, 0o644)
 
 
-def ours(engine: list[str], uid: int) -> list[tuple[str, int | None]]:
+def ours(engine: list[str], uid: int, env: Mapping[str, str] | None = None) -> list[tuple[str, int | None]]:
     """Our images on this engine, with their sizes in bytes (None when the engine does not say): the
     contributor images for `uid` (the image uid: 1000 for root callers, see spec_for), the bases, and
-    kube mode's proxy images (relay/modes/kube_podman.py: the box image plus the relay package)."""
+    kube mode's proxy images (relay/modes/kube_podman.py: the box image plus the relay package).
+    `env` is the caller's environment (CONTAINERS_STORAGE_CONF picks the store), as for `remove`."""
     image_uid = uid if uid else 1000
+    run_env = dict(env) if env is not None else None
     if engine_kind(engine[0]) == "podman":
         proc = subprocess.run([*engine, "images", "--format", "json"], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env=run_env)
         try:
             rows = [(name, row.get("Size")) for row in json.loads(proc.stdout or "[]") for name in row.get("Names") or ()]
         except ValueError:
             rows = []
     else:
         proc = subprocess.run([*engine, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL)
+                              text=True, stdin=subprocess.DEVNULL, env=run_env)
         rows = [(ref, None) for ref in proc.stdout.split()]
     return [(ref, size if isinstance(size, int) else None) for ref, size in rows
             if (ref.startswith(f"{IMAGE_REPO}:") and ref.endswith(f"-u{image_uid}")) or ref.startswith(f"{BASE_REPO}:")
             or ref.startswith(f"{PROXY_REPO}:")]
 
 
-def remove(engine: list[str], ref: str) -> str | None:
+def remove(engine: list[str], ref: str, env: Mapping[str, str] | None = None) -> str | None:
     """Untag one image without force (an image a container still uses stays); the engine's reason
-    when it refused, else None."""
-    proc = subprocess.run([*engine, "rmi", ref], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    when it refused, else None. `env` picks the store: the one `ours` listed, never another."""
+    proc = subprocess.run([*engine, "rmi", ref], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env=dict(env) if env is not None else None)
     if proc.returncode == 0:
         return None
     return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
