@@ -230,6 +230,6 @@ def test_200_concurrent_tunnels(box_sandbox: Sandbox, upstream: dict) -> None:
 def test_default_profile_has_no_network_at_all(box_sandbox: Sandbox, upstream: dict) -> None:
     s = box_sandbox
     proc = s.box(f"{PY} -c 'import socket\ntry:\n socket.create_connection((\"127.0.0.1\", 3128), timeout=3); print(\"PROXY\")\n"
-                 f"except OSError as e: print(\"NOPROXY\", e.errno)'; env | grep -ci proxy; true", "shell", "--profile", "default")
+                 f"except OSError as e: print(\"NOPROXY\", e.errno)'; env | cut -d= -f1 | grep -ci proxy; true", "shell", "--profile", "default")
     assert "NOPROXY" in proc.stdout and "PROXY\n" not in proc.stdout
-    assert proc.stdout.strip().endswith("0")
+    assert proc.stdout.strip().endswith("0")  # no *proxy* variable (the names only: a checkout path may hold the word)
