@@ -272,7 +272,7 @@ def _the_session_image_survives_each_module(request: pytest.FixtureRequest):
     test rebuilds it for minutes and times out far from the cause (CI, stop 35). About 50 ms a
     module, and only once an image exists."""
     yield
-    for tag in _SESSION_IMAGES:
+    for tag in list(_SESSION_IMAGES):
         proc = subprocess.run([PODMAN, "image", "exists", tag], capture_output=True, env=podman_env(), timeout=120)
         if proc.returncode == 1:
             _SESSION_IMAGES.remove(tag)  # said once; the next user of `image` finds it missing too

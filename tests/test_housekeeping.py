@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, Sandbox, private_image_store, require_tool
+from .conftest import REPO, Sandbox, podman_env, private_image_store, require_tool
 
 KEEP_RUNS = 100  # relay/egress/log_files.py
 
@@ -300,14 +300,15 @@ def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or
         # In-process, `clean` works on its env's store, never the process's own (the machine's).
         from relay.commands import clean as clean_mod
 
-        from .conftest import podman_env
-        real = sorted(subprocess.run(["podman", "images", "-q"], env=podman_env(), capture_output=True, text=True,
-                                     timeout=120).stdout.split())
+        def machine_images() -> list[str]:
+            return sorted(subprocess.run(["podman", "images", "-q"], env=podman_env(), capture_output=True, text=True,
+                                         timeout=120).stdout.split())
+
+        real = machine_images()
         assert clean_mod.clean(env=env, everything=True) == 0
         left = podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
         assert set(left) == {busy, foreign}, left
-        assert sorted(subprocess.run(["podman", "images", "-q"], env=podman_env(), capture_output=True, text=True,
-                                     timeout=120).stdout.split()) == real
+        assert machine_images() == real
     finally:
         podman("rm", "-a", "-f")
         podman("rmi", "-a", "-f")

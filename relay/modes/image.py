@@ -124,12 +124,14 @@ def say(line: str) -> None:
     print(f"hive-relay: {line}", file=sys.stderr, flush=True)
 
 
-def exists(engine: list[str], ref: str) -> bool:
+def exists(engine: list[str], ref: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether `ref` is in the store the caller's `env` picks (CONTAINERS_STORAGE_CONF), as for every
+    engine call here; None: this process's environment."""
     # podman's `image exists` answers in ~50 ms, a third of `image inspect`.
     check = ["image", "exists", ref] if engine_kind(engine[0]) == "podman" else \
         ["image", "inspect", "--format", "{{.Id}}", ref]
     probe = subprocess.run([*engine, *check],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     return probe.returncode == 0
 
 
@@ -289,7 +291,7 @@ def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Pro
              "your user when not root)", env=dict(env))
         say(f"[base 3/3] import as {tag}")
         _run([*engine, "import", "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-              rootfs, tag], "image import", "check the container engine (invoke doctor)")
+              rootfs, tag], "image import", "check the container engine (invoke doctor)", env=env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -318,17 +320,17 @@ def _npm_registry(env: Mapping[str, str]) -> str:
 
 
 def ensure_base(engine: list[str], base: str, env: Mapping[str, str], say: Progress = say) -> None:
-    if exists(engine, base):
+    if exists(engine, base, env):
         return
     archive = env.get("HIVE_RELAY_BASE_ARCHIVE")
     if archive and os.path.isfile(archive):
         say(f"loading the base image from {archive}")
-        _run([*engine, "load", "-q", "-i", archive], "image load", f"check {archive} (made by --save-base)")
-        if exists(engine, base):
+        _run([*engine, "load", "-q", "-i", archive], "image load", f"check {archive} (made by --save-base)", env=env)
+        if exists(engine, base, env):
             return
     if not base.startswith(f"{BASE_REPO}:"):
         say(f"pulling {base}")
-        _run([*engine, "pull", base], f"pull {base}", "pass --base with an image you have locally")
+        _run([*engine, "pull", base], f"pull {base}", "pass --base with an image you have locally", env=env)
         return
     bootstrap_base(engine, base, env, say)
 
@@ -337,7 +339,7 @@ def build(engine: list[str], spec: ImageSpec, env: Mapping[str, str], *, rebuild
           say: Progress = say) -> str:
     """Make sure the image for `spec` exists; returns its tag. Progress goes to stderr."""
     tag = spec.tag
-    if not rebuild and exists(engine, tag):
+    if not rebuild and exists(engine, tag, env):
         say(f"image {tag} is up to date")
         return tag
     ensure_base(engine, spec.base, env, say)
@@ -369,21 +371,23 @@ def build(engine: list[str], spec: ImageSpec, env: Mapping[str, str], *, rebuild
     finally:
         shutil.rmtree(context, ignore_errors=True)
     say(f"built {tag}")
-    _remove_superseded(engine, tag, spec, say)
+    _remove_superseded(engine, tag, spec, say, env)
     return tag
 
 
-def _remove_superseded(engine: list[str], tag: str, spec: ImageSpec, say: Progress) -> None:
+def _remove_superseded(engine: list[str], tag: str, spec: ImageSpec, say: Progress,
+                       env: Mapping[str, str] | None = None) -> None:
     """Older images of ours for this uid (a pin or entrypoint changed) and older offline bases are
-    1.5 GB each; drop their tags. Layers still in use by anything else stay."""
+    1.5 GB each; drop their tags. Layers still in use by anything else stay. `env` picks the store:
+    the one the build used."""
     listing = subprocess.run([*engine, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
-                             text=True, stdin=subprocess.DEVNULL).stdout.split()
+                             text=True, stdin=subprocess.DEVNULL, env=env).stdout.split()
     old = [ref for ref in listing if ref != tag and (
         (ref.startswith(f"{IMAGE_REPO}:") and ref.endswith(f"-u{spec.uid}")) or
         (ref.startswith(f"{BASE_REPO}:") and ref != spec.base))]
     if not old:
         return
-    proc = subprocess.run([*engine, "rmi", *old], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.run([*engine, "rmi", *old], capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
     if proc.returncode == 0:
         say(f"removed superseded images: {', '.join(old)}")
 
@@ -399,17 +403,16 @@ def ours(engine: list[str], uid: int, env: Mapping[str, str] | None = None) -> l
     kube mode's proxy images (relay/modes/kube_podman.py: the box image plus the relay package).
     `env` is the caller's environment (CONTAINERS_STORAGE_CONF picks the store), as for `remove`."""
     image_uid = uid if uid else 1000
-    run_env = dict(env) if env is not None else None
     if engine_kind(engine[0]) == "podman":
         proc = subprocess.run([*engine, "images", "--format", "json"], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, env=run_env)
+                              stdin=subprocess.DEVNULL, env=env)
         try:
             rows = [(name, row.get("Size")) for row in json.loads(proc.stdout or "[]") for name in row.get("Names") or ()]
         except ValueError:
             rows = []
     else:
         proc = subprocess.run([*engine, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL, env=run_env)
+                              text=True, stdin=subprocess.DEVNULL, env=env)
         rows = [(ref, None) for ref in proc.stdout.split()]
     return [(ref, size if isinstance(size, int) else None) for ref, size in rows
             if (ref.startswith(f"{IMAGE_REPO}:") and ref.endswith(f"-u{image_uid}")) or ref.startswith(f"{BASE_REPO}:")
@@ -419,8 +422,7 @@ def ours(engine: list[str], uid: int, env: Mapping[str, str] | None = None) -> l
 def remove(engine: list[str], ref: str, env: Mapping[str, str] | None = None) -> str | None:
     """Untag one image without force (an image a container still uses stays); the engine's reason
     when it refused, else None. `env` picks the store: the one `ours` listed, never another."""
-    proc = subprocess.run([*engine, "rmi", ref], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env=dict(env) if env is not None else None)
+    proc = subprocess.run([*engine, "rmi", ref], capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
     if proc.returncode == 0:
         return None
     return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
@@ -468,7 +470,7 @@ def _remember(run: ContainerRun, env: Mapping[str, str], ready: bool) -> None:
 def forget_if_gone(run: ContainerRun, env: Mapping[str, str]) -> str | None:
     """After the engine exited before the container started: when the image it was told to run is
     gone (removed since an earlier launch remembered it), forget it and say so; None otherwise."""
-    if _ready_key(run) not in _ready_keys(env) or exists([run.engine], run.image):
+    if _ready_key(run) not in _ready_keys(env) or exists([run.engine], run.image, env):
         return None
     _remember(run, env, ready=False)
     return f"the image {run.image} is gone (removed since an earlier run); fix: run again, and it is built anew"
@@ -483,7 +485,7 @@ def ensure_ready(run: ContainerRun, matrix, env: Mapping[str, str]) -> None:  # 
     if _ready_key(run) in _ready_keys(env):
         return
     engine = [run.engine]
-    if exists(engine, run.image):
+    if exists(engine, run.image, env):
         _remember(run, env, ready=True)
         return
     found = info(run.engine)
@@ -497,7 +499,7 @@ def ensure_ready(run: ContainerRun, matrix, env: Mapping[str, str]) -> None:  # 
     spec = spec_from_env(matrix.backends, os.getuid(), os.getgid(), env)
     say(f"first container run: building {spec.tag} (once; later runs reuse it)")
     build(engine, spec, env)
-    if exists(engine, run.image):
+    if exists(engine, run.image, env):
         _remember(run, env, ready=True)
 
 
