@@ -1,8 +1,9 @@
 """A fake model API that real agent CLIs complete turns against, logging every request.
 
 Speaks the minimal streaming shapes: Anthropic Messages SSE (claude), OpenAI Responses SSE
-(codex, including one `exec_command` tool call on request), and Gemini streamGenerateContent
-SSE. Runs on 127.0.0.1 on the host; the box reaches it only through the proxy, via a pinned
+(codex, including one `exec_command` tool call on request), Gemini streamGenerateContent
+SSE, and the same wrapped in Google's Code Assist API (`/v1internal:*`, gemini's Google login),
+with OAuth refreshes at `/oauth/token` (JSON) and Google's `/token` (a form). Runs on 127.0.0.1 on the host; the box reaches it only through the proxy, via a pinned
 `--allow-host fake-api.test:PORT=127.0.0.1:PORT` entry.
 """
 
@@ -13,6 +14,7 @@ import json
 import socketserver
 import ssl
 import threading
+import urllib.parse
 
 ANSWER = "HIVE-RELAY-FAKE-ANSWER"
 
@@ -89,9 +91,14 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
             req = json.loads(body or b"{}")
         except ValueError:
             req = {}
-        if self.path.split("?")[0].endswith("/oauth/token"):  # an OAuth refresh: a known refresh token -> a new pair
+        if self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
+            req = dict(urllib.parse.parse_qsl(body.decode()))
+        path = self.path.split("?")[0]
+        if path.endswith("/oauth/token") or path == "/token":  # an OAuth refresh: a known refresh token -> a new pair
             answer = self.server.oauth_tokens.pop(str(req.get("refresh_token")), None)  # single use, as rotated
             return self._json(answer or {"error": "invalid_grant"}, 200 if answer else 400)
+        if path.startswith("/v1internal:"):
+            return self._code_assist(path.removeprefix("/v1internal:"), req)
         if "/messages" in self.path:
             return self._anthropic(req)
         if "/responses" in self.path:
@@ -154,7 +161,20 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
             sse("response.completed", {"type": "response.completed", "response": {"id": "resp_1", "usage": usage}}),
         ])
 
-    def _gemini(self, req: dict) -> None:
+    def _code_assist(self, method: str, req: dict) -> None:
+        """Google's Code Assist API as gemini's Google login uses it: an onboarded free-tier user, and
+        the Gemini answers wrapped in `{"response": ...}`."""
+        if method == "loadCodeAssist":
+            return self._json({"currentTier": {"id": "free-tier", "name": "Gemini Code Assist for individuals"},
+                               "allowedTiers": [{"id": "free-tier", "isDefault": True}],
+                               "cloudaicompanionProject": "fake-project-1"})
+        if method in ("generateContent", "streamGenerateContent"):
+            return self._gemini(req.get("request") or {}, wrap=True)
+        if method == "countTokens":
+            return self._json({"totalTokens": 1})
+        self._json({})  # listExperiments, fetchAdminControls, retrieveUserQuota, recordCodeAssistMetrics, ...
+
+    def _gemini(self, req: dict, wrap: bool = False) -> None:
         # Non-streaming calls are gemini's JSON helpers (its model router); answer with valid JSON.
         text = ANSWER if "alt=sse" in self.path else json.dumps(
             {"reasoning": "simple", "model_choice": "flash", "complexity_reasoning": "simple", "complexity_score": 1})
@@ -166,6 +186,8 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
         chunk = {"candidates": [{"content": {"parts": [part], "role": "model"}, "finishReason": "STOP",
                                  "index": 0}],
                  "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2}}
+        if wrap:
+            chunk = {"response": chunk, "traceId": "trace-1"}
         if "alt=sse" in self.path:
             return self._stream([sse(None, chunk)])
         self._json(chunk)

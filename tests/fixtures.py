@@ -16,7 +16,7 @@ from .servers import make_ca
 
 # Every name a shared-CA test serves under: the agents' APIs and logins, and github.com for grants.
 API_NAMES = ("api.anthropic.com", "platform.claude.com", "api.openai.com", "chatgpt.com", "auth.openai.com",
-             "generativelanguage.googleapis.com", "github.com")
+             "generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com", "github.com")
 
 
 @pytest.fixture(scope="session")

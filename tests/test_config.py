@@ -223,8 +223,13 @@ def test_shipped_credential_routes() -> None:
         "~/.codex/auth.json", "OPENAI_API_KEY", "")
     assert codex.secret_env == ("CODEX_API_KEY", "OPENAI_API_KEY") and codex.send == "authorization-bearer"
     assert codex.box_args == ("-c", "openai_base_url={url}/v1")
-    gemini, = backends["gemini"].credentials
+    gemini, google = backends["gemini"].credentials  # an API key first, then the Google login
     assert gemini.send == "x-goog-api-key" and dict(gemini.box_env)["GEMINI_API_KEY"] == "{placeholder}"
+    assert google.login is not None and (google.login.file, google.login.token, google.login.expires) == (
+        "~/.gemini/oauth_creds.json", "access_token", "expiry_date")
+    assert (google.upstream_host, google.login.refresh_url, google.login.refresh_body) == (
+        "cloudcode-pa.googleapis.com", "https://oauth2.googleapis.com/token", "form")
+    assert chatgpt.login.refresh_body == "json" and chatgpt.login.client_secret == ""
 
 
 ROUTE = ("backends:\n  claude:\n    command: [claude]\n    prompt_command: [claude, '{{prompt}}']\n"
@@ -254,6 +259,8 @@ ROUTE = ("backends:\n  claude:\n    command: [claude]\n    prompt_command: [clau
         ("{login: {file: ~/.c/l.json, token: k, unless: {mode: [x]}}, upstream: a.example:443, send: x-api-key}", "login.unless.mode"),
         ("{login: {file: ~/.c/l.json, token: k, unless: chatgpt}, upstream: a.example:443, send: x-api-key}", "login.unless"),
         ("{login: {file: ~/.c/l.json}, upstream: a.example:443, send: x-api-key}", "login.client_id': missing"),
+        ("{login: {file: ~/.c/l.json, token: a.t, refresh_token: a.r, expires: a.e, refresh_url: 'https://o.example/t', client_id: c, refresh_body: xml}, upstream: a.example:443, send: x-api-key}", "'xml' is not a refresh body"),
+        ("{login: {file: ~/.c/l.json, token: a.t, refresh_token: a.r, expires: a.e, refresh_url: '', client_id: c, client_secret: s}, upstream: a.example:443, send: x-api-key}", "only a login with a refresh_url is refreshed"),
     ],
 )
 def test_bad_credential_route_is_one_line_with_the_fix(tmp_path: Path, body: str, expected: str) -> None:

@@ -59,6 +59,9 @@ GEMINI_OAUTH = {"access_token": "ya29.a0" + MARK + "AfB_byC1d2e3f4g5h6", "refres
                 "id_token": jwt({"iss": "https://accounts.google.com", "email": "dev@example.com", "exp": 1_800_000_000}),
                 "token_type": "Bearer", "scope": "openid https://www.googleapis.com/auth/cloud-platform",
                 "expiry_date": 1_800_000_000_000}
+# A Google login no route holds: no access token beside the refresh token (the google-login route reads
+# the access token; a full login is routed: tests/escape/test_google_login.py).
+GEMINI_REFRESH_ONLY = {k: v for k, v in GEMINI_OAUTH.items() if k != "access_token"}
 OPENCODE_AUTH = {"anthropic": {"type": "api", "key": "sk-ant-api03-" + MARK + "xYz0123456789abcdefAA"},
                  "openai": {"type": "oauth", "access": jwt(OPENAI_CLAIMS), "refresh": "rt_" + MARK + "opencode",
                             "expires": 1_800_000_000_000, "accountId": ACCOUNT}}
@@ -155,8 +158,9 @@ def test_the_found_case_auth_json_beside_codex_api_key_is_masked(sandbox: Sandbo
     assert "openai_base_url=http://127.0.0.1:3128/openai/v1" in plan["argv"] and "openai-login" not in str(plan["argv"])
 
 
-# codex's ChatGPT login is a route now (chatgpt-login: tests/escape/test_chatgpt_login.py), so it is masked.
-@pytest.mark.parametrize("backend, data, key", [("gemini", GEMINI_OAUTH, "GEMINI_API_KEY"),
+# codex's ChatGPT login and gemini's Google login are routes now (tests/escape/test_chatgpt_login.py,
+# test_google_login.py), so they are masked.
+@pytest.mark.parametrize("backend, data, key", [("gemini", GEMINI_REFRESH_ONLY, "GEMINI_API_KEY"),
                                                 ("opencode", {"openai": OPENCODE_AUTH["openai"]}, "ANTHROPIC_API_KEY")])
 def test_a_login_no_route_holds_refuses_unless_opted_in(sandbox: Sandbox, backend: str, data: dict, key: str) -> None:
     path = plant(sandbox, backend, data)
@@ -234,7 +238,8 @@ CASES = {
     "codex-chatgpt": ("codex", CODEX_CHATGPT, {"CODEX_API_KEY": ENV_KEY}, ENV_KEY,
                       CODEX_CHATGPT["tokens"]["id_token"].split(".")[0], "codex login status", "ChatGPT",
                       "access_token"),
-    "gemini-oauth": ("gemini", GEMINI_OAUTH, {"GEMINI_API_KEY": ENV_KEY}, ENV_KEY, '"access_token": "ya29.',
+    # gemini's Google login is a route's too (google-login): its copy holds the route's placeholder.
+    "gemini-oauth": ("gemini", GEMINI_OAUTH, {"GEMINI_API_KEY": ENV_KEY}, ENV_KEY, '"access_token": "hive-relay-placeholder"',
                      "true", "", "access_token"),
     "opencode-api-key": ("opencode", OPENCODE_AUTH, {}, OPENCODE_AUTH["anthropic"]["key"], '"key": "sk-ant-api03-',
                          "opencode auth list", "nthropic", "key"),
@@ -304,7 +309,7 @@ def test_real_cli_with_a_login_file_sees_only_placeholders(request, ca, tls_api,
 @pytest.mark.box
 def test_the_opt_in_is_said_in_the_banner_and_does_what_it_says(box_sandbox: Sandbox) -> None:
     s = box_sandbox
-    plant(s, "gemini", GEMINI_OAUTH)
+    plant(s, "gemini", GEMINI_REFRESH_ONLY)
     refused = s.relay("gemini", "local", "--prompt", "cat ~/.gemini/oauth_creds.json")
     assert refused.returncode == 3 and MARK not in refused.stdout + refused.stderr, refused.stderr
     proc = s.relay("gemini", "local", "--prompt", "cat ~/.gemini/oauth_creds.json",
@@ -312,7 +317,7 @@ def test_the_opt_in_is_said_in_the_banner_and_does_what_it_says(box_sandbox: San
     assert proc.returncode == 0, proc.stderr
     assert "hive-relay: WARNING: login in the box as it is (HIVE_RELAY_LOGIN_IN_BOX_GEMINI=1): " \
            "~/.gemini/oauth_creds.json" in proc.stderr
-    assert GEMINI_OAUTH["access_token"] in proc.stdout  # the user's choice: the file as it is
+    assert GEMINI_OAUTH["refresh_token"] in proc.stdout  # the user's choice: the file as it is
 
 
 def test_the_route_reads_the_key_from_the_host_file_on_every_request(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def test_a_run_without_a_credential_says_what_to_set_or_which_login_to_run(sandb
         proc = s.relay(backend, "--dry-run")
         notes = [line for line in (proc.stdout + proc.stderr).splitlines() if "credentials: none" in line]
         assert len(notes) == 1 and all(w in notes[0] for w in words), proc.stderr
-        assert backend != "gemini" or "login" not in notes[0]  # gemini's Google login would sit in the box as it is
+        assert backend != "gemini" or "login" not in notes[0]  # gemini has no login command (its TUI signs in)
     keyed = s.relay("claude", "--dry-run", extra_env={"ANTHROPIC_API_KEY": "sk-test-not-real"})
     assert keyed.returncode == 0 and "credentials: none" not in keyed.stdout + keyed.stderr
 

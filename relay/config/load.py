@@ -26,6 +26,7 @@ from relay.model.allow_rules import HostRule, parse_rule
 from relay.model.backend import Backend, CredentialRoute, LoginFile, Matrix, ProfileSpec
 from relay.model.errors import ConfigError, UsageError
 from relay.model.http_rules import check_method, check_path_rule
+from relay.model.vocab import RefreshBody
 
 TYPE_CHECKING = False  # importing typing costs ~4 ms per launch; annotations are strings anyway
 if TYPE_CHECKING:
@@ -236,8 +237,8 @@ BACKEND_KEYS = {
 }
 ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths", "inspect"}
 LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id", "id_token", "refreshed_at",
-              "unless"}
-LOGIN_OPTIONAL_KEYS = {"expires", "id_token", "refreshed_at", "unless"}  # no expires: the token's own JWT `exp`
+              "unless", "client_secret", "refresh_body"}
+LOGIN_OPTIONAL_KEYS = {"expires", "id_token", "refreshed_at", "unless", "client_secret", "refresh_body"}  # no expires: the token's own JWT `exp`
 _JSON_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _SECRET_PATH = re.compile(r"(\*|[A-Za-z_][A-Za-z0-9_]*)(\.(\*|[A-Za-z_][A-Za-z0-9_]*))*")
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
@@ -388,7 +389,8 @@ def _grants(value: Any, where: _Where) -> tuple[CredentialRoute, ...]:
 
 def _login(value: Any, where: _Where, key: str) -> LoginFile:
     """`login: {file, token, refresh_token, expires, refresh_url, client_id}` (and optionally
-    `id_token`, `refreshed_at`; `expires` left out when the token is a JWT whose `exp` says it),
+    `id_token`, `refreshed_at`, `client_secret`, `refresh_body: json|form`; `expires` left out when
+    the token is a JWT whose `exp` says it),
     strictly; or just `{file, token}`: a static key in a login file (codex's `auth.json` API key),
     read per request and never refreshed. `unless: {PATH: VALUE}`: the route does not apply while the
     file's string at PATH is VALUE (codex's `auth_mode: chatgpt` wins over a key in the same file)."""
@@ -411,13 +413,21 @@ def _login(value: Any, where: _Where, key: str) -> LoginFile:
     if url and not re.fullmatch(r"https://[a-z0-9.-]+(:[0-9]{1,5})?/[\x21-\x7e]*", url):
         raise where.fail(f"{key}.refresh_url", f"{url!r} is not an https:// URL", "write https://HOST/path")
     client_id = _str(data["client_id"], where, f"{key}.client_id") if data["client_id"] != "" else ""
+    client_secret = _str(data["client_secret"], where, f"{key}.client_secret") if data["client_secret"] != "" else ""
+    body = _str(data["refresh_body"], where, f"{key}.refresh_body") if data["refresh_body"] != "" else "json"
+    if body not in {b.value for b in RefreshBody}:
+        raise where.fail(f"{key}.refresh_body", f"{body[:20]!r} is not a refresh body",
+                         f"write one of: {', '.join(b.value for b in RefreshBody)}")
+    if (client_secret or data["refresh_body"] != "") and not url:
+        raise where.fail(f"{key}.{'client_secret' if client_secret else 'refresh_body'}",
+                         "only a login with a refresh_url is refreshed", "add refresh_url, or drop this key")
     unless = []
     for path, wanted in (_mapping(data["unless"], where, f"{key}.unless") if data["unless"] != "" else {}).items():
         if not isinstance(path, str) or not _JSON_PATH.fullmatch(path):
             raise where.fail(f"{key}.unless", f"{path!r} is not a dotted JSON path", "write e.g. auth_mode: chatgpt")
         unless.append((path, _str(wanted, where, f"{key}.unless.{path}")))
     return LoginFile(file, paths["token"], paths["refresh_token"], paths["expires"], url, client_id,
-                     paths["id_token"], paths["refreshed_at"], tuple(unless))
+                     paths["id_token"], paths["refreshed_at"], tuple(unless), client_secret, RefreshBody(body))
 
 
 def _secret_files(value: Any, where: _Where) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from dataclasses import field as _field
 
 from relay.model.http_rules import HttpRules
+from relay.model.vocab import RefreshBody
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,10 @@ class LoginFile:
     `refreshed_at`: an ISO-8601 time the CLI keeps of its last refresh (codex's `last_refresh`): set on
     a refresh on the host, and to the copy's time in the box, so the CLI there sees a fresh login.
     `unless`: (dotted path, value) pairs; while the file holds one of them the route does not apply
-    (codex uses its ChatGPT login whenever `auth_mode` is `chatgpt`, even with a key in the file)."""
+    (codex uses its ChatGPT login whenever `auth_mode` is `chatgpt`, even with a key in the file).
+    `client_secret`: sent with the refresh grant where the endpoint wants one (Google's installed-app
+    clients: the CLI's own public value, printed in its package, not the user's); `refresh_body`: the
+    grant as JSON or as an RFC 6749 form."""
 
     file: str
     token: str
@@ -72,6 +76,8 @@ class LoginFile:
     id_token: str = ""
     refreshed_at: str = ""
     unless: tuple[tuple[str, str], ...] = ()
+    client_secret: str = ""
+    refresh_body: RefreshBody = RefreshBody.JSON
 
 
 @dataclass(frozen=True)

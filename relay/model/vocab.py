@@ -52,6 +52,13 @@ class HostStep(_Word):
     CGROUP = "cgroup"  # the run's cgroup
 
 
+class RefreshBody(_Word):
+    """How a login's refresh grant is posted to its token endpoint (relay/trust/logins.py)."""
+
+    JSON = "json"  # {grant_type, refresh_token, client_id} as JSON: claude's and OpenAI's endpoints
+    FORM = "form"  # application/x-www-form-urlencoded, RFC 6749's own form: Google's endpoint
+
+
 class MountKind(_Word):
     """One filesystem operation in the box (relay/policy/fsplan.py's Mount)."""
 

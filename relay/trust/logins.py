@@ -16,6 +16,10 @@ without `expires` takes the token's own `exp`; the box's copy gets a JWT of the 
 far ahead (relay/model/credential_files.py), its refresh token a placeholder, and `last_refresh` the
 copy's time. The refresh grant is the same JSON shape for both CLIs ({grant_type, refresh_token,
 client_id}); OpenAI's answer carries a new id token (kept at `id_token`) and no `expires_in`.
+
+gemini's Google login (`~/.gemini/oauth_creds.json`: `access_token`, `refresh_token`, `expiry_date` in
+ms) refreshes at oauth2.googleapis.com as an RFC 6749 form with the CLI's public installed-app
+`client_secret` (`refresh_body: form`); Google's answer has `expires_in` and keeps the refresh token.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 from relay.host import safefs
 from relay.model import credential_files
 from relay.model.backend import LoginFile
+from relay.model.vocab import RefreshBody
 
 # The box's copy expires in the year 2100: the CLI never refreshes it (it could not: it holds no
 # refresh token), and the proxy refreshes the real one on the host.
@@ -196,7 +201,10 @@ class LoginStore:
         refresh = _get(data, self.login.refresh_token)
         if not isinstance(refresh, str) or not refresh:
             raise LoginError(f"the login in {self.login.file} expired and holds no refresh token; log in again on the host")
-        answer = self._post({"grant_type": "refresh_token", "refresh_token": refresh, "client_id": self.login.client_id})
+        grant = {"grant_type": "refresh_token", "refresh_token": refresh, "client_id": self.login.client_id}
+        if self.login.client_secret:
+            grant["client_secret"] = self.login.client_secret
+        answer = self._post(grant)
         token = answer.get("access_token")
         if not isinstance(token, str) or not token:
             raise LoginError(f"the refresh at {self.login.refresh_url} gave no access token; log in again on the host")
@@ -219,12 +227,18 @@ class LoginStore:
         return data
 
     def _post(self, form: dict[str, str]) -> dict:
-        """One JSON POST to the token endpoint over the opener's TLS; the answer as a JSON object."""
+        """One POST to the token endpoint over the opener's TLS, as JSON or as an RFC 6749 form
+        (`refresh_body`); the answer as a JSON object."""
         rest = self.login.refresh_url.removeprefix("https://")
         authority, _, path = rest.partition("/")
         host, _, port = authority.partition(":")
-        body = json.dumps(form).encode()
-        head = (f"POST /{path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n"
+        if self.login.refresh_body == RefreshBody.FORM:
+            from urllib.parse import urlencode  # only on a refresh, and only for a form endpoint
+
+            body, kind = urlencode(form).encode(), "application/x-www-form-urlencoded"
+        else:
+            body, kind = json.dumps(form).encode(), "application/json"
+        head = (f"POST /{path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {kind}\r\n"
                 f"Accept: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
         try:
             sock = self.opener(host, int(port or 443))

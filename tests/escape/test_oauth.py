@@ -395,8 +395,10 @@ def test_dry_run_names_the_login_file_never_its_token(box: Sandbox, report: Repo
     assert plan["env_set"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:3128/anthropic-login"
 
 
-@pytest.mark.parametrize("backend, path, login", [  # codex's ChatGPT login is routed: tests/escape/test_chatgpt_login.py
-    ("gemini", ".gemini/oauth_creds.json", {"access_token": "x", "refresh_token": "y"}),
+# codex's ChatGPT login and gemini's Google login are routed (tests/escape/test_chatgpt_login.py,
+# test_google_login.py); gemini's file without an access token is no login the route can read.
+@pytest.mark.parametrize("backend, path, login", [
+    ("gemini", ".gemini/oauth_creds.json", {"refresh_token": "y"}),
     ("opencode", ".local/share/opencode/auth.json", {"openai": {"type": "oauth", "access": "x", "refresh": "y"}})])
 def test_a_login_no_route_holds_is_refused_not_noted(box: Sandbox, backend: str, path: str, login: dict) -> None:
     (box.home / path).parent.mkdir(parents=True, exist_ok=True)
