@@ -22,6 +22,7 @@ from relay.config.presets import BUILTIN as BUILTIN_PRESETS
 from relay.config.presets import NAME_RE as PRESET_NAME
 from relay.host import memo, safefs
 from relay.host.paths import PACKAGE_ROOT, config_home
+from relay.model import credential_files
 from relay.model.allow_rules import HostRule, parse_rule
 from relay.model.backend import Backend, CredentialRoute, LoginFile, Matrix, ProfileSpec
 from relay.model.errors import ConfigError, UsageError
@@ -240,7 +241,8 @@ LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "clien
               "unless", "client_secret", "refresh_body"}
 LOGIN_OPTIONAL_KEYS = {"expires", "id_token", "refreshed_at", "unless", "client_secret", "refresh_body"}  # no expires: the token's own JWT `exp`
 _JSON_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_SECRET_PATH = re.compile(r"(\*|[A-Za-z_][A-Za-z0-9_]*)(\.(\*|[A-Za-z_][A-Za-z0-9_]*))*")
+_SECRET_PATH = re.compile(r"(\*\*?|[A-Za-z_][A-Za-z0-9_]*)(\.(\*\*?|[A-Za-z_][A-Za-z0-9_]*))*")
+_ENV_NAME_GLOB = re.compile(r"[A-Za-z0-9_*]+")  # a dotenv file's secret_files entries: variable-name globs
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 
 
@@ -431,17 +433,20 @@ def _login(value: Any, where: _Where, key: str) -> LoginFile:
 
 
 def _secret_files(value: Any, where: _Where) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """`secret_files: {~/file: [dotted JSON paths, `*` for every key of a level]}`."""
+    """`secret_files: {~/file: [dotted JSON paths, `*` for every key or element of a level, `**` for any
+    levels]}`; a `.env` file's entries are variable-name globs (`*_API_KEY`) instead."""
     out = []
     for path, paths in _mapping(value, where, "secret_files").items():
         file = _paths([path], where, "secret_files")[0]
         if not file.startswith("~/"):
             raise where.fail("secret_files", f"{file!r} is not under ~/", "write ~/dir/file (inside a home.rw dir)")
         listed = _str_list(paths, where, f"secret_files.{path}")
-        bad = [p for p in listed if not _SECRET_PATH.fullmatch(p)]
+        dotenv = credential_files.is_dotenv(file)
+        bad = [p for p in listed if not (_ENV_NAME_GLOB if dotenv else _SECRET_PATH).fullmatch(p)]
         if bad or not listed:
-            raise where.fail(f"secret_files.{path}", f"{bad[0]!r} is not a dotted JSON path" if bad else "no path",
-                             "write e.g. tokens.access_token or providers.*.key")
+            what = "a variable-name glob" if dotenv else "a dotted JSON path"
+            raise where.fail(f"secret_files.{path}", f"{bad[0]!r} is not {what}" if bad else "no path",
+                             "write e.g. *_API_KEY" if dotenv else "write e.g. tokens.access_token or providers.*.key")
         out.append((file, tuple(listed)))
     return tuple(out)
 

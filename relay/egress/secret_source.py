@@ -244,9 +244,8 @@ def _login_source(path: str, paths: tuple[str, ...], name: str) -> Callable[[], 
         ident = (st.st_ino, st.st_size, st.st_mtime_ns)
         if ident != seen[0]:
             raw = safefs.read_file(path, credential_files.MAX_FILE + 1)
-            found = credential_files.found(credential_files.parse(raw), paths)
-            seen[:] = [ident, [s for at, value in found
-                               if (s := secret_forms(f"{name} {'.'.join(at)}", value)) is not None]]
+            found = credential_files.values(raw, paths, credential_files.is_dotenv(path))
+            seen[:] = [ident, [s for at, value in found if (s := secret_forms(f"{name} {at}", value)) is not None]]
         return seen[1]
 
     return current

@@ -16,7 +16,16 @@ shape, so the CLI parses its login as usual and believes it is logged in:
 
 Placeholders are random per run (`secrets` module): nothing about the real value can be derived from
 one, and two runs' boxes never share one. Paths are dotted JSON paths; a `*` part matches every key
-of an object at that level (opencode's per-provider entries, claude's `mcpOAuth` map).
+of an object, or every element of an array, at that level (opencode's per-provider entries, claude's
+`mcpOAuth` map, gemini's list of MCP servers' tokens), and a `**` part any number of levels, none
+included (a token file whose layout changes between CLI versions still has its `accessToken`s found).
+
+A file named `.env` (or `*.env`) is a dotenv file instead (gemini's `~/.gemini/.env`, codex's
+`~/.codex/.env`: variables the CLI loads at start): its paths are variable-name globs (`*_API_KEY`),
+each matching `NAME=value` line (`export` allowed, the value bare or quoted) gets a placeholder for its
+value, and every other line stays as it is. A line this parser does not understand (a quoted value
+running over lines, say) makes the whole file not understood: ValueError, and the caller gives the
+box no copy.
 """
 
 from __future__ import annotations
@@ -34,40 +43,120 @@ _KEY_PREFIX = re.compile(r"^(?:[A-Za-z]{1,8}[-_])+(?:[A-Za-z0-9]{1,8}[-_])?|^AIz
 _JWT = re.compile(r"^[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*$")
 
 
-def _walk(data: Any, parts: list[str], at: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], str]]:
+Step = str | int  # an object's key, or an array's index
+
+
+def _children(data: Any) -> list[tuple[Step, Any]]:
+    if isinstance(data, dict):
+        return [(k, data[k]) for k in sorted(k for k in data if isinstance(k, str))]
+    if isinstance(data, list):
+        return list(enumerate(data))
+    return []
+
+
+def _walk(data: Any, parts: list[str], at: tuple[Step, ...]) -> Iterator[tuple[tuple[Step, ...], str]]:
     if not parts:
         if isinstance(data, str) and data:
             yield at, data
         return
-    if not isinstance(data, dict):
-        return
     head, rest = parts[0], parts[1:]
-    keys = sorted(k for k in data if isinstance(k, str)) if head == "*" else [head] if head in data else []
-    for key in keys:
-        yield from _walk(data[key], rest, (*at, key))
+    if head == "**":  # none or more levels: here, then below each child (a file is bounded, so is this)
+        yield from _walk(data, rest, at)
+        for key, child in _children(data):
+            yield from _walk(child, parts, (*at, key))
+        return
+    if head == "*":
+        for key, child in _children(data):
+            yield from _walk(child, rest, (*at, key))
+    elif isinstance(data, dict) and head in data:
+        yield from _walk(data[head], rest, (*at, head))
 
 
-def found(data: Any, paths: tuple[str, ...]) -> list[tuple[tuple[str, ...], str]]:
+def found(data: Any, paths: tuple[str, ...]) -> list[tuple[tuple[Step, ...], str]]:
     """Every (concrete path, value) of a non-empty string at one of `paths` (each value once)."""
-    out: dict[tuple[str, ...], str] = {}
+    out: dict[tuple[Step, ...], str] = {}
     for path in paths:
         for at, value in _walk(data, path.split("."), ()):
             out.setdefault(at, value)
     return list(out.items())
 
 
-def parse(raw: bytes | None) -> Any:
-    """The file as JSON (ValueError when it is not: such a file is never copied into a box as is)."""
+def is_dotenv(path: str) -> bool:
+    """Whether a credential file is a dotenv file (variables), not JSON, by its name."""
+    name = path.rsplit("/", 1)[-1]
+    return name == ".env" or name.endswith(".env")
+
+
+def _bounded(raw: bytes | None) -> bytes:
     if raw is None:
         raise ValueError("no file")
     if len(raw) > MAX_FILE:
         raise ValueError("over the size bound")
-    return json.loads(raw)
+    return raw
 
 
-def secret_paths(raw: bytes | None, paths: tuple[str, ...]) -> list[str]:
-    """The dotted paths holding a secret in this file (names only, never values); ValueError: not JSON."""
-    return [".".join(at) for at, _ in found(parse(raw), paths)]
+def parse(raw: bytes | None) -> Any:
+    """The file as JSON (ValueError when it is not: such a file is never copied into a box as is)."""
+    return json.loads(_bounded(raw))
+
+
+_ENV_LINE = re.compile(r"^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.]*)(\s*=\s*)(.*?)(\s*)$")
+
+
+def _env_value(text: str) -> tuple[str, str, str]:
+    """(opening quote, the value, what follows it) of a dotenv value; ValueError: not one this reads."""
+    if text[:1] in ("'", '"'):
+        end = text.find(text[0], 1)
+        if end < 0:
+            raise ValueError("a quoted value runs over lines")
+        tail = text[end + 1:]
+        if tail.strip() and not tail.lstrip().startswith("#"):
+            raise ValueError("text after a quoted value")
+        return text[0], text[1:end], text[0] + tail
+    value, hash_at = text, text.find(" #")
+    if hash_at >= 0:
+        value = text[:hash_at]
+    return "", value.rstrip(), text[len(value.rstrip()):]
+
+
+def _env_lines(raw: bytes, paths: tuple[str, ...]) -> Iterator[tuple[str, str | None, tuple[str, str, str, str] | None]]:
+    """Per line: (the line, the variable's name when `paths` match it, the parts to rebuild it)."""
+    from fnmatch import fnmatchcase
+
+    try:
+        text = _bounded(raw).decode()
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        if not body.strip() or body.lstrip().startswith("#"):
+            yield line, None, None
+            continue
+        m = _ENV_LINE.match(body)
+        if m is None:
+            raise ValueError("a line is not NAME=value")
+        lead, name, eq, rest, trail = m.groups()
+        quote, value, after = _env_value(rest)
+        if not any(fnmatchcase(name, p) for p in paths) or not value:
+            yield line, None, None
+            continue
+        yield line, name, (lead + name + eq + quote, value, after + trail, line[len(body):])
+
+
+def values(raw: bytes | None, paths: tuple[str, ...], dotenv: bool = False) -> list[tuple[str, str]]:
+    """Each (dotted path or variable name, secret value) of this file, for the host's secret scan only;
+    ValueError: not a file of its kind this reads."""
+    if dotenv:
+        return [(name, parts[1]) for _, name, parts in _env_lines(_bounded(raw), paths) if name and parts]
+    return [(".".join(map(str, at)), value) for at, value in found(parse(raw), paths)]
+
+
+def secret_paths(raw: bytes | None, paths: tuple[str, ...], dotenv: bool = False) -> list[str]:
+    """The dotted paths (a dotenv file: the variable names) holding a secret in this file, names only,
+    never values; ValueError: not a file of its kind this reads."""
+    if dotenv:
+        return list(dict.fromkeys(name for _, name, _ in _env_lines(_bounded(raw), paths) if name))
+    return [".".join(map(str, at)) for at, _ in found(parse(raw), paths)]
 
 
 def _same_class(ch: str) -> str:
@@ -132,16 +221,28 @@ def placeholder_for(value: str) -> str:
     return shaped_jwt(value) or shaped_text(value)
 
 
-def _set(data: Any, at: tuple[str, ...], value: str) -> None:
+def _set(data: Any, at: tuple[Step, ...], value: str) -> None:
     for part in at[:-1]:
         data = data[part]
     data[at[-1]] = value
 
 
-def mask(raw: bytes, paths: tuple[str, ...], keep: frozenset[str] = frozenset()) -> tuple[bytes, int]:
+def mask(raw: bytes, paths: tuple[str, ...], keep: frozenset[str] = frozenset(),
+         dotenv: bool = False) -> tuple[bytes, int]:
     """The box's copy: every secret at `paths` replaced by a placeholder of its shape (values in `keep`,
     e.g. a placeholder another mask already wrote, stay). Returns (bytes, how many were replaced).
-    ValueError when the file is not JSON: the caller then gives the box no copy."""
+    ValueError when the file is not JSON (or, `dotenv`, not a dotenv file this reads): the caller then
+    gives the box no copy."""
+    if dotenv:
+        out, n = [], 0
+        for line, name, parts in _env_lines(raw, paths):
+            if name is None or parts is None or parts[1] in keep:
+                out.append(line)
+                continue
+            head, value, tail, newline = parts
+            out.append(head + placeholder_for(value) + tail + newline)
+            n += 1
+        return "".join(out).encode(), n
     data = parse(raw)
     n = 0
     for at, value in found(data, paths):

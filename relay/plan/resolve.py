@@ -630,8 +630,9 @@ def _login_files(d: _Draft) -> bool:
     credential, so the CLI's API traffic carries the real key only on the route's pinned upstream, or
     when the box has no network (nothing could use it). Otherwise the real login would be in the box:
     that refuses (exit 3) unless the per-backend opt-in is set; then it is copied as it is, and said.
-    Returns whether a file is in the box by opt-in. kube mode's boxes get no copy of the host's
-    state at all (their $HOME is an empty volume), so no login file of the host is ever in one."""
+    Returns whether a file is in the box by opt-in. A credential file that is a symbolic link refuses
+    too (nothing masks a link, and the copy would hold its target as it is). kube mode's boxes get no
+    copy of the host's state at all (their $HOME is an empty volume), so no login file of the host is ever in one."""
     if d.request.mode == "kube":
         return False
     specs: dict[str, list[str]] = {}
@@ -641,21 +642,29 @@ def _login_files(d: _Draft) -> bool:
         if route.login is not None:
             specs.setdefault(route.login.file, []).append(route.login.token)
     in_box = False
+    opt = login_opt_in(d.backend.name)
     for host_path, paths in specs.items():
+        shown = "~/" + os.path.relpath(host_path, d.home)
+        if d.fs.lkind(host_path) == "link" and _in_state_dirs(d, host_path) and d.env.get(opt) != "1":
+            # No route reads a login through a link, and the box's copy of the state dir would hold the
+            # link and, beside it, the file it points to as it is (a dotfile manager's layout).
+            raise RefusedError(f"{d.backend.name}: {shown} is a symbolic link, so its login cannot be masked in the "
+                               f"box's copy; fix: replace the link with the file itself (cp --remove-destination "
+                               f"\"$(readlink -f {shown})\" {shown}), or {opt}=1 to take it into the box as it is")
         if d.fs.lkind(host_path) != "file" or not _in_state_dirs(d, host_path):
             continue
-        shown = "~/" + os.path.relpath(host_path, d.home)
         try:
-            found = tuple(credential_files.secret_paths(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1), tuple(paths)))
+            found = tuple(credential_files.secret_paths(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1),
+                                                        tuple(paths), credential_files.is_dotenv(host_path)))
         except ValueError:
-            found = ("(not JSON)",)  # masked means: no copy at all (agentstate cannot mask it)
+            # masked means: no copy at all (agentstate cannot mask it; an encrypted token store, say)
+            found = ("(a file it cannot read)",) if credential_files.is_dotenv(host_path) else ("(not JSON)",)
         if not found:
             continue
         holders = tuple(r.name for r in d.routes)
         if holders or not d.profile.network:
             d.login_files.append(LoginFileUse(host_path, LoginHold.MASKED, found, tuple(dict.fromkeys(paths)), holders))
             continue
-        opt = login_opt_in(d.backend.name)
         if d.env.get(opt) != "1":
             keys = sorted(dict.fromkeys(n for r in d.backend.credentials for n in r.secret_env),
                           key=lambda n: not n.endswith("_API_KEY"))

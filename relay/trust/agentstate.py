@@ -340,7 +340,8 @@ def _mask_logins(state: AgentState, bfd: int) -> None:
             continue
         try:
             raw = safefs.read_beneath(bfd, rel, credential_files.MAX_FILE + 1)
-            masked, _ = credential_files.mask(raw, paths, keep=frozenset({CREDENTIAL_PLACEHOLDER}))
+            masked, _ = credential_files.mask(raw, paths, keep=frozenset({CREDENTIAL_PLACEHOLDER}),
+                                              dotenv=credential_files.is_dotenv(rel))
             with safefs.parent_of(bfd, rel) as (dfd, leaf):
                 safefs.replace_in(dfd, leaf, masked, 0o600, durable=False)
             st = safefs.lstat_beneath(bfd, rel)

@@ -49,6 +49,7 @@ MAX_LOGIN_BYTES = 1 << 20
 MAX_TOKEN_RESPONSE = 1 << 20
 REFRESH_MARGIN_S = 300  # refresh this long before the token expires
 REFRESH_TIMEOUT = 30.0
+RETRY_AFTER_S = 60.0  # after a failed refresh, none again for this long unless the host's file changes
 
 
 class LoginError(ValueError):
@@ -142,6 +143,11 @@ class LoginStore:
         self.lock_dir = lock_dir  # our state dir: one refresh at a time across every launcher on the host
         self._lock = threading.Lock()
         self.refreshed = 0
+        self.refresh_posts = 0  # refresh grants sent (answered or not)
+        # (the file's identity, when) of the last failed refresh: a box's requests cannot make the host
+        # post the real refresh token again and again into the endpoint's rate limits
+        self._failed: tuple[tuple[int, int, int], float] | None = None
+        self._ident: tuple[int, int, int] = (0, 0, 0)
 
     def _read(self) -> tuple[dict, int]:
         try:
@@ -151,6 +157,8 @@ class LoginStore:
                 raw = safefs.read_beneath(dfd, rel, MAX_LOGIN_BYTES)
         except OSError as err:
             raise LoginError(f"cannot read the login file {self.login.file}: {err.strerror or err}") from None
+        if st is not None:
+            self._ident = (st.st_ino, st.st_size, st.st_mtime_ns)
         return parse(raw, self.login), (st.st_mode & 0o777 if st is not None else 0o600)
 
     def _fresh(self, data: dict) -> bool:
@@ -170,11 +178,17 @@ class LoginStore:
         with self._lock, self._host_lock():
             data, mode = self._read()
             if not self._fresh(data):
+                failed = self._failed
+                if failed is not None and failed[0] == self._ident and self.clock() - failed[1] < RETRY_AFTER_S:
+                    raise LoginError(f"the refresh of the login in {self.login.file} failed {self.clock() - failed[1]:.0f} s "
+                                     "ago and the file has not changed since; log in again on the host")
                 try:
                     data = self._refresh(data, mode)
+                    self._failed = None
                 except LoginError:
                     data, _ = self._read()  # the CLI on the host may have refreshed it meanwhile
                     if not self._fresh(data):
+                        self._failed = (self._ident, self.clock())
                         raise
             return _get(data, self.login.token)
 
@@ -240,6 +254,7 @@ class LoginStore:
             body, kind = json.dumps(form).encode(), "application/json"
         head = (f"POST /{path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {kind}\r\n"
                 f"Accept: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        self.refresh_posts += 1
         try:
             sock = self.opener(host, int(port or 443))
         except (OSError, ValueError) as err:

@@ -155,10 +155,12 @@ def test_the_route_sends_the_host_files_token_to_code_assist_only(api, login_pro
 
 
 @pytest.mark.parametrize("path", ["/google-login/v1/projects/p/locations", "/google-login/v1internalx:generateContent",
-                                  "/google-login/upload/v1internal:x"])
+                                  "/google-login/upload/v1internal:x",
+                                  "/google-login/v1internal:setCodeAssistGlobalUserSetting",
+                                  "/google-login/v1internal:streamGenerateContentX"])
 def test_paths_outside_code_assist_get_no_token(api, login_proxy, path: str, report: Report) -> None:
-    """cloudcode-pa has more than Code Assist's methods: the route carries `/v1internal:*` and its
-    onboarding operations only."""
+    """cloudcode-pa has more than the Code Assist methods gemini calls: the route carries those and its
+    onboarding operations only (not the account setting a box could flip)."""
     port, home_file, _ = login_proxy
     write_login(home_file.parent.parent)
     answer = ask(port, path)
@@ -206,6 +208,49 @@ def test_a_revoked_refresh_sends_nothing_and_leaves_the_host_file(api, login_pro
     report.attack(blocked)
     assert blocked, answer[:300]
     assert MARK.encode() not in answer
+
+
+def test_a_failed_refresh_is_not_retried_until_the_host_file_changes(api, login_proxy, report: Report) -> None:
+    """A box cannot make the host post the real refresh token again and again (into Google's rate limits):
+    after a failed refresh, requests get 502 at once until the host's file changes (a new login there)."""
+    port, path, _ = login_proxy
+    write_login(path.parent.parent, expires_in_s=-60)
+    api.oauth_tokens.clear()
+    answers = [ask(port) for _ in range(6)]
+    blocked = all(a.startswith(b"HTTP/1.1 502") for a in answers) and len(refreshes(api)) == 1
+    report.attack(blocked)
+    assert blocked, (len(refreshes(api)), answers[-1][:300])
+    assert b"log in again on the host" in answers[-1] and seen_on(api, API) == []
+    # Twin: the user logs in again on the host (the file changes): the next request refreshes, and works.
+    write_login(path.parent.parent, expires_in_s=-60)
+    api.oauth_tokens[REFRESH] = {"access_token": NEW_ACCESS, "expires_in": 3599}
+    answer = ask(port)
+    works = answer.startswith(b"HTTP/1.1 200") and len(refreshes(api)) == 2 and seen_on(api, API) == [f"Bearer {NEW_ACCESS}"]
+    report.legit(works)
+    assert works, answer[:300]
+
+
+def test_a_login_file_that_is_a_link_refuses_the_run(box: Sandbox, report: Report) -> None:
+    """A dotfile manager's layout (`oauth_creds.json -> accounts/me.json`): nothing masks a link, and the
+    box's copy of ~/.gemini would hold the target as it is. The run refuses; the file itself is the twin."""
+    (box.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    real = write_login(box.home)
+    target = box.home / ".gemini" / "accounts" / "me.json"
+    target.parent.mkdir()
+    real.rename(target)
+    real.symlink_to("accounts/me.json")
+    proc = box.relay("gemini", "--dry-run", "--json")
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    blocked = (proc.returncode == 3 and len(lines) == 1 and "~/.gemini/oauth_creds.json is a symbolic link" in proc.stderr
+               and "HIVE_RELAY_LOGIN_IN_BOX_GEMINI=1" in proc.stderr and MARK not in proc.stdout + proc.stderr)
+    report.attack(blocked)
+    assert blocked, proc.stderr
+    real.unlink()
+    target.rename(real)
+    proc = box.relay("gemini", "--dry-run", "--json")
+    works = proc.returncode == 0 and json.loads(proc.stdout)["login_files"][str(real)]["held"] == "masked"
+    report.legit(works)
+    assert works, proc.stderr
 
 
 def test_the_box_copy_holds_placeholders_of_the_logins_shape(tmp_path: Path) -> None:

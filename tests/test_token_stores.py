@@ -1,0 +1,142 @@
+"""The CLIs' other token stores in their state dirs get placeholders too, not only their logins:
+MCP servers' and remote agents' OAuth (gemini's `mcp-oauth-tokens.json` and `a2a-oauth-tokens.json`, a
+JSON list per server; opencode's `mcp-auth.json`; codex's `.credentials.json`), gemini's encrypted
+keychain file (its key is the host and user name: not JSON, so never copied), and the dotenv files the
+CLIs load at start (`~/.gemini/.env`, `~/.codex/.env`). Each is listed in `secret_files:`
+(config/backends.yaml); the paths may use `*` over a list and `**` over any depth, a dotenv file's
+paths are variable-name globs.
+
+Attack: the box reads each file and finds no real value (MARK), and the real value stays only in the
+host's file. Twin: the same file is there, with the placeholder and the non-secret fields as they were.
+A store no route can hold (no API credential of that backend on the host) refuses the run (exit 3),
+unless the backend's opt-in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relay.config.load import load_shipped
+from relay.model import credential_files
+
+from .conftest import Sandbox, require_box
+
+MARK = "REALSECRET"
+GEMINI_MCP = [{"serverName": "linear", "token": {"accessToken": f"lin_{MARK}_a1", "refreshToken": f"lin_{MARK}_r1",
+                                                 "tokenType": "Bearer", "expiresAt": 1_900_000_000_000},
+               "clientId": "client-kept", "tokenUrl": "https://mcp.linear.app/token", "updatedAt": 1},
+              {"serverName": "notion", "token": {"accessToken": f"ntn_{MARK}_a2", "tokenType": "Bearer"},
+               "clientId": "client-2", "updatedAt": 2}]
+OPENCODE_MCP = {"linear": {"tokens": {"accessToken": f"lin_{MARK}_a3", "refreshToken": f"lin_{MARK}_r3", "expiresAt": 1},
+                           "clientInfo": {"clientId": "oc-client-kept", "clientSecret": f"cs_{MARK}_4"},
+                           "codeVerifier": f"pkce_{MARK}_5", "serverUrl": "https://mcp.linear.app/mcp"}}
+CODEX_MCP = {"linear|abc123": {"server_name": "linear", "server_url": "https://mcp.linear.app/mcp",
+                               "client_id": "cx-client-kept", "access_token": f"lin_{MARK}_a6",
+                               "refresh_token": f"lin_{MARK}_r6", "expires_at": 1, "scopes": ["read"]}}
+DOTENV = (f"# my keys\nexport GEMINI_API_KEY=AIzaSy{MARK}0123456789abcdefghij\nGOOGLE_CLOUD_PROJECT=my-project\n"
+          f"GITHUB_TOKEN=\"ghp_{MARK}xyz\"  # for the gh tool\nOPENAI_API_KEY='sk-proj-{MARK}abc'\nEMPTY_TOKEN=\n\n")
+# backend -> [(file under HOME, content, a non-secret piece that must stay)]
+STORES = {
+    "gemini": [(".gemini/mcp-oauth-tokens.json", json.dumps(GEMINI_MCP), '"clientId": "client-kept"'),
+               (".gemini/a2a-oauth-tokens.json", json.dumps(GEMINI_MCP), '"tokenUrl": "https://mcp.linear.app/token"'),
+               (".gemini/.env", DOTENV, "GOOGLE_CLOUD_PROJECT=my-project")],
+    "opencode": [(".local/share/opencode/mcp-auth.json", json.dumps(OPENCODE_MCP), '"clientId": "oc-client-kept"')],
+    "codex": [(".codex/.credentials.json", json.dumps(CODEX_MCP), '"client_id": "cx-client-kept"'),
+              (".codex/.env", DOTENV, "GOOGLE_CLOUD_PROJECT=my-project")],
+}
+KEYS = {"gemini": "GEMINI_API_KEY", "opencode": "ANTHROPIC_API_KEY", "codex": "CODEX_API_KEY"}
+CASES = [(b, f, c, k) for b, stores in STORES.items() for f, c, k in stores]
+
+
+def table(backend: str, rel: str) -> tuple[str, ...]:
+    return dict(load_shipped()[backend].secret_files)["~/" + rel]
+
+
+# --- the masks (pure) ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend, rel, content, kept", CASES)
+def test_every_token_of_the_store_is_masked_and_the_rest_kept(backend: str, rel: str, content: str, kept: str) -> None:
+    dotenv = credential_files.is_dotenv(rel)
+    masked, n = credential_files.mask(content.encode(), table(backend, rel), dotenv=dotenv)
+    text = masked.decode()
+    assert MARK not in text and n == content.count(MARK) and kept in text
+    names = credential_files.secret_paths(content.encode(), table(backend, rel), dotenv)
+    assert names and not any(MARK in n for n in names)  # names only, never values
+    if dotenv:  # line for line: comments, quotes, `export`, the empty value and the trailing comment kept
+        assert [line.split("=")[0] for line in text.splitlines()] == [line.split("=")[0] for line in content.splitlines()]
+        assert '"  # for the gh tool' in text and "export GEMINI_API_KEY=AIza" in text and "EMPTY_TOKEN=\n" in text
+    else:
+        assert json.loads(text).__class__ is json.loads(content).__class__
+
+
+def test_star_walks_lists_and_doublestar_any_depth() -> None:
+    data = {"a": [{"t": "x1"}, {"b": {"t": "x2"}}], "t": "x0", "c": {"t": 3}}
+    assert sorted(v for _, v in credential_files.found(data, ("**.t",))) == ["x0", "x1", "x2"]
+    assert [v for _, v in credential_files.found(data, ("a.*.t",))] == ["x1"]
+    assert sorted(v for _, v in credential_files.found(data, ("**",))) == ["x0", "x1", "x2"]
+    assert credential_files.secret_paths(json.dumps(data).encode(), ("a.*.b.t",)) == ["a.1.b.t"]
+
+
+@pytest.mark.parametrize("bad", [b'KEY_TOKEN="runs over\nlines"\n', b"not an assignment\n", b"A_TOKEN='x' tail\n",
+                                 b"\xff\xfe=1\n"])
+def test_a_dotenv_file_it_cannot_read_is_refused_whole(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        credential_files.mask(bad, ("*_TOKEN",), dotenv=True)
+
+
+def test_the_encrypted_keychain_file_is_never_copied() -> None:
+    with pytest.raises(ValueError):  # not JSON: agentstate gives the box no copy, the plan says masked or refuses
+        credential_files.mask(b"9f2c:aa01:77e3deadbeef", table("gemini", ".gemini/gemini-credentials.json"))
+
+
+# --- the plan and the box -------------------------------------------------------------------------------
+
+def plant(s: Sandbox, rel: str, content: str) -> Path:
+    path = s.home / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("backend, rel, content, kept", CASES)
+def test_a_store_no_route_holds_refuses_unless_a_key_or_the_opt_in(sandbox: Sandbox, backend: str, rel: str,
+                                                                   content: str, kept: str) -> None:
+    s = sandbox
+    (s.home / ".codex" / "auth.json").unlink()  # the suite's fake codex login would be a route
+    path = plant(s, rel, content)
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    proc = s.relay(backend, "local", "--dry-run", "--json")
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 3 and len(lines) == 1 and f"~/{rel}" in proc.stderr, proc.stderr
+    assert MARK not in proc.stdout + proc.stderr
+    opt = f"HIVE_RELAY_LOGIN_IN_BOX_{backend.upper()}"
+    proc = s.relay(backend, "local", "--dry-run", "--json", extra_env={KEYS[backend]: "sk-test-not-real"})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["login_files"][str(path)]["held"] == "masked", proc.stderr
+    proc = s.relay(backend, "local", "--dry-run", "--json", extra_env={opt: "1"})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["login_files"][str(path)]["held"] == "in_box", proc.stderr
+
+
+@pytest.mark.box
+@pytest.mark.parametrize("backend", list(STORES))
+def test_the_box_reads_placeholders_and_the_host_files_stay(sandbox: Sandbox, backend: str) -> None:
+    require_box()
+    s = sandbox
+    planted = {rel: (plant(s, rel, content), kept) for rel, content, kept in STORES[backend]}
+    keychain = plant(s, ".gemini/gemini-credentials.json", f"9f2c:aa01:{MARK}77e3") if backend == "gemini" else None
+    before = {rel: path.read_bytes() for rel, (path, _) in planted.items()}
+    script = "; ".join(f"echo '== {rel}'; cat ~/{rel}" for rel in planted)
+    if keychain is not None:
+        script += "; test -e ~/.gemini/gemini-credentials.json && echo KEYCHAIN-IN-BOX || echo no-keychain"
+    proc = s.box(script + "; echo DONE", backend, extra_env={KEYS[backend]: "sk-test-not-real"})
+    assert "DONE" in proc.stdout, proc.stderr
+    attack = MARK not in proc.stdout + proc.stderr and (keychain is None or "no-keychain" in proc.stdout)
+    assert attack, proc.stdout
+    for rel, (path, kept) in planted.items():  # twin: the file is there, its other fields as they were
+        section = proc.stdout.split(f"== {rel}\n", 1)[1].split("\n== ", 1)[0]
+        assert kept in section, (rel, section)
+        assert path.read_bytes() == before[rel]  # the host's file as it was
+    assert "credentials: in box" not in proc.stderr
