@@ -140,3 +140,64 @@ def test_the_box_reads_placeholders_and_the_host_files_stay(sandbox: Sandbox, ba
         assert kept in section, (rel, section)
         assert path.read_bytes() == before[rel]  # the host's file as it was
     assert "credentials: in box" not in proc.stderr
+
+
+# --- ~/.claude.json: a synced file, not a state dir --------------------------------------------------------
+
+CLAUDE_JSON = {"numStartups": 1, "primaryApiKey": f"sk-ant-api03-{MARK}0123456789",
+               "mcpServers": {"gh": {"type": "http", "url": "https://api.githubcopilot.com/mcp/",
+                                     "headers": {"Authorization": f"Bearer ghp_{MARK}abc", "Accept": "application/json"}},
+                              "db": {"command": "db-mcp", "env": {"DB_PASSWORD": f"pw{MARK}", "NODE_ENV": "production"}}},
+               "projects": {"/w": {"mcpServers": {"x": {"command": "x", "env": {"X_API_KEY": f"k{MARK}"}}}}}}
+
+
+def test_claude_json_refuses_without_a_route_and_is_masked_with_one(sandbox: Sandbox) -> None:
+    """A Console `/login` leaves its API key in ~/.claude.json (`primaryApiKey`, Linux has no keychain for
+    it), and MCP servers carry tokens in headers and env: the file is synced into the box, so it is masked
+    like a state file, and refuses the run when no route holds claude's credential."""
+    s = sandbox
+    path = plant(s, ".claude.json", json.dumps(CLAUDE_JSON))
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    proc = s.relay("claude", "local", "--dry-run", "--json")
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 3 and len(lines) == 1 and "~/.claude.json holds a login (primaryApiKey" in proc.stderr
+    assert MARK not in proc.stdout + proc.stderr
+    proc = s.relay("claude", "local", "--dry-run", "--json", extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
+    use = json.loads(proc.stdout)["login_files"][str(path)]
+    assert proc.returncode == 0 and use["held"] == "masked" and len(use["secrets"]) == 4, use
+
+
+@pytest.fixture
+def mode_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
+    mode = request.node.callspec.params["mode"]
+    if mode == "container":
+        return request.getfixturevalue("csandbox"), mode
+    require_box()
+    return request.getfixturevalue("sandbox"), mode
+
+
+@pytest.mark.parametrize("mode", [pytest.param("local", marks=pytest.mark.box),
+                                  pytest.param("container", marks=pytest.mark.container)])
+def test_claude_json_in_the_box_holds_placeholders_and_syncs_back_only_what_the_box_changed(mode_box, mode: str) -> None:
+    s, _ = mode_box
+    path = plant(s, ".claude.json", json.dumps(CLAUDE_JSON))
+    edit = ("python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d[\"numStartups\"]=7; "
+            "json.dump(d, open(p, \"w\"))' ~/.claude.json")
+    proc = s.relay("claude", mode, "--quiet", "--prompt", f"cat ~/.claude.json; echo; {edit}; echo DONE",
+                 extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
+    assert "DONE" in proc.stdout, proc.stderr
+    copy = json.loads(proc.stdout.split("\n", 1)[0])
+    # attack: no real value in the box; twin: the same file, placeholders of the same shape, the rest kept.
+    assert MARK not in proc.stdout + proc.stderr
+    assert copy["primaryApiKey"].startswith("sk-ant-api03-") and copy["mcpServers"]["gh"]["headers"]["Authorization"].startswith("Bearer ghp_")
+    assert copy["mcpServers"]["db"]["env"]["NODE_ENV"] == "production" and copy["mcpServers"]["gh"]["headers"]["Accept"] == "application/json"
+    # The box's data change comes back; the placeholders it left alone are the host's values again.
+    back = json.loads(path.read_text())
+    assert back == {**CLAUDE_JSON, "numStartups": 7}, back
+    assert "kept aside" not in proc.stderr, proc.stderr
+    # Attack twin: the box writes its own key there: it never lands in the host's file.
+    proc = s.relay("claude", mode, "--quiet", "--prompt",
+                   "python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d[\"primaryApiKey\"]=\"sk-box\"; "
+                   "json.dump(d, open(p, \"w\"))' ~/.claude.json; echo DONE",
+                 extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
+    assert "DONE" in proc.stdout and json.loads(path.read_text())["primaryApiKey"] == CLAUDE_JSON["primaryApiKey"], proc.stderr

@@ -17,8 +17,10 @@ shape, so the CLI parses its login as usual and believes it is logged in:
 Placeholders are random per run (`secrets` module): nothing about the real value can be derived from
 one, and two runs' boxes never share one. Paths are dotted JSON paths; a `*` part matches every key
 of an object, or every element of an array, at that level (opencode's per-provider entries, claude's
-`mcpOAuth` map, gemini's list of MCP servers' tokens), and a `**` part any number of levels, none
-included (a token file whose layout changes between CLI versions still has its `accessToken`s found).
+`mcpOAuth` map, gemini's list of MCP servers' tokens), a `**` part any number of levels, none
+included (a token file whose layout changes between CLI versions still has its `accessToken`s found),
+and any other part with `*`, `?` or `[` a glob on the keys of that level, in any case (an MCP server's
+`headers.*authorization*`, its `env.*_TOKEN`).
 
 A file named `.env` (or `*.env`) is a dotenv file instead (gemini's `~/.gemini/.env`, codex's
 `~/.codex/.env`: variables the CLI loads at start): its paths are variable-name globs (`*_API_KEY`),
@@ -68,6 +70,12 @@ def _walk(data: Any, parts: list[str], at: tuple[Step, ...]) -> Iterator[tuple[t
     if head == "*":
         for key, child in _children(data):
             yield from _walk(child, rest, (*at, key))
+    elif any(c in head for c in "*?[") and isinstance(data, dict):  # a glob on the keys, any case
+        from fnmatch import fnmatchcase
+
+        for key, child in _children(data):
+            if fnmatchcase(str(key).lower(), head.lower()):
+                yield from _walk(child, rest, (*at, key))
     elif isinstance(data, dict) and head in data:
         yield from _walk(data[head], rest, (*at, head))
 
@@ -173,9 +181,15 @@ def _same_class(ch: str) -> str:
 
 def shaped_text(value: str) -> str:
     """Random text of `value`'s shape: its key prefix kept, each other character one of its class."""
+    scheme = next((s for s in _SCHEMES if value.startswith(s) and len(value) > len(s)), "")  # an Authorization header's
+    if scheme:
+        return scheme + shaped_text(value[len(scheme):])
     m = _KEY_PREFIX.match(value)
     keep = m.group(0) if m and len(m.group(0)) < len(value) else ""
     return keep + "".join(_same_class(c) for c in value[len(keep):])
+
+
+_SCHEMES = ("Bearer ", "bearer ", "Basic ", "basic ", "token ", "Token ")
 
 
 def _b64(data: bytes) -> str:
@@ -227,8 +241,30 @@ def _set(data: Any, at: tuple[Step, ...], value: str) -> None:
     data[at[-1]] = value
 
 
+def restore(box: bytes, host: bytes | None, written: list[tuple[tuple[Step, ...], str]]) -> bytes:
+    """A masked JSON file on its way back from the box: each value still the placeholder `mask` wrote
+    there (`written`) becomes the host's value again, so a box that changed nothing there changed
+    nothing; a value the box changed stays the box's (the settings review judges it). Not JSON: as it is."""
+    try:
+        data, real = json.loads(box), json.loads(host) if host is not None else None
+    except ValueError:
+        return box
+    changed = False
+    for at, placeholder in written:
+        try:
+            node, host_node = data, real
+            for part in at[:-1]:
+                node, host_node = node[part], host_node[part] if host_node is not None else None
+            if node[at[-1]] == placeholder and host_node is not None:
+                node[at[-1]] = host_node[at[-1]]
+                changed = True
+        except (KeyError, IndexError, TypeError):
+            continue
+    return json.dumps(data).encode() if changed else box
+
+
 def mask(raw: bytes, paths: tuple[str, ...], keep: frozenset[str] = frozenset(),
-         dotenv: bool = False) -> tuple[bytes, int]:
+         dotenv: bool = False, written: list[tuple[tuple[Step, ...], str]] | None = None) -> tuple[bytes, int]:
     """The box's copy: every secret at `paths` replaced by a placeholder of its shape (values in `keep`,
     e.g. a placeholder another mask already wrote, stay). Returns (bytes, how many were replaced).
     ValueError when the file is not JSON (or, `dotenv`, not a dotenv file this reads): the caller then
@@ -248,6 +284,9 @@ def mask(raw: bytes, paths: tuple[str, ...], keep: frozenset[str] = frozenset(),
     for at, value in found(data, paths):
         if value in keep:
             continue
-        _set(data, at, placeholder_for(value))
+        placeholder = placeholder_for(value)
+        _set(data, at, placeholder)
+        if written is not None:
+            written.append((at, placeholder))
         n += 1
     return json.dumps(data).encode(), n

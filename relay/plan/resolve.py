@@ -683,7 +683,8 @@ def _login_files(d: _Draft) -> bool:
 
 
 def _in_state_dirs(d: _Draft, path: str) -> bool:
-    return any(path.startswith(s.rstrip("/") + "/") for s in d.state_dirs)
+    """Whether the box gets a private copy of `path`: inside a state dir, or a synced file (~/.claude.json)."""
+    return any(path.startswith(s.rstrip("/") + "/") for s in d.state_dirs) or (path in d.sync and d.tier != Tier.PROCESS)
 
 
 # Names of variables that hold a secret, for the `credentials: in box` note of a key no route holds.

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from relay.box import resource_limits
 from relay.host import liveness, procs, safefs
+from relay.model import credential_files
 from relay.model.hashing import sha256
 from relay.model.vocab import HostStep
 from relay.trust import agentstate, gitdir, guard, rundirs
@@ -34,6 +35,10 @@ class RunState:
     run_dir: str | None
     home: str
     sync: dict[str, str | None] = field(default_factory=dict)  # host path -> sha256 at copy-in (None: absent)
+    # A synced file holding credentials (~/.claude.json): the box's copy is masked; the sha256 of that copy,
+    # and the placeholders written, so a box that changed nothing there syncs nothing back.
+    sync_box: dict[str, str | None] = field(default_factory=dict)
+    sync_masks: dict[str, list] = field(default_factory=dict)
     placeholders: tuple[str, ...] = ()
     registry: Registry | None = None
     guarded: dict[str, guard.Snapshot] = field(default_factory=dict)
@@ -107,9 +112,26 @@ def copy_sync_files(state: RunState, sync_files: tuple[str, ...]) -> None:
         except OSError:
             continue  # a link or special file at the host path: the box starts without a copy, nothing syncs back
         state.sync[host_path] = _digest(data)
+        paths = _secret_paths_of(state, host_path)
+        if data is not None and paths:
+            written: list = []
+            try:
+                data = credential_files.mask(data, paths, written=written)[0]
+            except ValueError:  # not JSON: the box starts without a copy, and nothing syncs back over the host's
+                state.sync.pop(host_path)
+                continue
+            state.sync_box[host_path], state.sync_masks[host_path] = _digest(data), written
         if data is not None:
             safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True,
                               durable=False)  # the run dir is scratch: deleted at the end, never read after a crash
+
+
+def _secret_paths_of(state: RunState, host_path: str) -> tuple[str, ...]:
+    """The secret paths of a synced file the plan masks (its login_files), or none."""
+    if state.agent is None:
+        return ()
+    rel = os.path.relpath(host_path, state.home)
+    return tuple(p for r, paths in state.agent.secret_files if r == rel for p in paths)
 
 
 @contextmanager
@@ -138,11 +160,13 @@ def _sync_back(state: RunState, messages: list[str]) -> None:
         except OSError as err:
             messages.append(f"did not sync {host_path} back: the box left {err.strerror or err} in its place")
             continue
-        if box is None or _digest(box) == before:
+        if box is None or _digest(box) == state.sync_box.get(host_path, before):
             continue
         try:
             with _sync_lock(state):
                 current = _read_host(host_path, state.home)
+                if host_path in state.sync_masks:  # placeholders the box left as they were: the host's values again
+                    box = credential_files.restore(box, current, state.sync_masks[host_path])
                 if _digest(current) == before:
                     live = agentstate.filter_synced(state.agent, host_path, current, box) \
                         if state.agent is not None else box
