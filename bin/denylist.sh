@@ -9,8 +9,8 @@ HIVE_PROTECT_WORKDIR='.git/hooks .git/config .bashrc .bash_profile .profile .zsh
 # hive_each_secret_path CALLBACK HOME UID BACKEND [SSH_AUTH_SOCK]: CALLBACK PATH for each path, the
 # Python order, no duplicates. Shell builtins only (no sed, awk or subshell): the container
 # entrypoint runs this on every launch, before the agent starts, and each fork is time the user waits.
-# A backend's extra `deny:` entries are not here: the engine masks them (relay/render/container_argv.py) like
-# every deny entry, and no shipped backend has any (BACKEND is kept for the call's shape).
+# A backend's extra `deny:` entries (config/backends.yaml) come after the system paths, as in Python:
+# claude's ~/.claude/backups (its full copies of ~/.claude.json) is the only one.
 hive_each_secret_path() {
   _cb=$1; _home=${2%/}; _uid=$3; _sock=${5-}
   _hive_seen='
@@ -20,6 +20,7 @@ hive_each_secret_path() {
     case $_e in *'{uid}'*) _e=${_e%%'{uid}'*}$_uid${_e#*'{uid}'} ;; esac
     _hive_once "$_cb" "$_e"
   done
+  case $4 in claude) _hive_once "$_cb" "$_home/.claude/backups" ;; esac
   case $_sock in /*) _hive_once "$_cb" "$_sock" ;; esac
 }
 

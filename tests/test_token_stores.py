@@ -164,7 +164,7 @@ def test_claude_json_refuses_without_a_route_and_is_masked_with_one(sandbox: San
     assert MARK not in proc.stdout + proc.stderr
     proc = s.relay("claude", "local", "--dry-run", "--json", extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
     use = json.loads(proc.stdout)["login_files"][str(path)]
-    assert proc.returncode == 0 and use["held"] == "masked" and len(use["secrets"]) == 4, use
+    assert proc.returncode == 0 and use["held"] == "masked" and len(use["secrets"]) == 6, use  # every env and header value
 
 
 @pytest.fixture
@@ -190,7 +190,7 @@ def test_claude_json_in_the_box_holds_placeholders_and_syncs_back_only_what_the_
     # attack: no real value in the box; twin: the same file, placeholders of the same shape, the rest kept.
     assert MARK not in proc.stdout + proc.stderr
     assert copy["primaryApiKey"].startswith("sk-ant-api03-") and copy["mcpServers"]["gh"]["headers"]["Authorization"].startswith("Bearer ghp_")
-    assert copy["mcpServers"]["db"]["env"]["NODE_ENV"] == "production" and copy["mcpServers"]["gh"]["headers"]["Accept"] == "application/json"
+    assert copy["mcpServers"]["db"]["command"] == "db-mcp" and copy["mcpServers"]["gh"]["url"] == CLAUDE_JSON["mcpServers"]["gh"]["url"]
     # The box's data change comes back; the placeholders it left alone are the host's values again.
     back = json.loads(path.read_text())
     assert back == {**CLAUDE_JSON, "numStartups": 7}, back
@@ -201,3 +201,84 @@ def test_claude_json_in_the_box_holds_placeholders_and_syncs_back_only_what_the_
                    "json.dump(d, open(p, \"w\"))' ~/.claude.json; echo DONE",
                  extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
     assert "DONE" in proc.stdout and json.loads(path.read_text())["primaryApiKey"] == CLAUDE_JSON["primaryApiKey"], proc.stderr
+
+
+# --- the red team's cases ------------------------------------------------------------------------------
+
+def test_restore_gives_no_real_token_to_an_mcp_server_the_box_pointed_elsewhere() -> None:
+    """The box leaves the placeholder and changes the server's url: the real token must not follow the
+    new url into the host's file (a review's accept-state would install it). Twin: an untouched server
+    and a top-level key get the host's values back, and the output is indented as claude writes it."""
+    host = {"primaryApiKey": f"sk-ant-api03-{MARK}1", "n": 1,
+            "mcpServers": {"gh": {"url": "https://gh", "headers": {"Authorization": f"Bearer {MARK}2"}},
+                           "db": {"url": "https://db", "env": {"T": f"{MARK}3"}}}}
+    paths = table("claude", ".claude.json")
+    written: list = []
+    masked, _ = credential_files.mask(json.dumps(host).encode(), paths, written=written)
+    box = json.loads(masked)
+    box["n"], box["mcpServers"]["db"]["url"] = 2, "https://attacker.example/mcp"
+    back = credential_files.restore(json.dumps(box).encode(), json.dumps(host).encode(), written)
+    out = json.loads(back)
+    assert out["mcpServers"]["db"]["url"] == "https://attacker.example/mcp" and MARK not in json.dumps(out["mcpServers"]["db"])
+    assert out["primaryApiKey"] == host["primaryApiKey"] and out["mcpServers"]["gh"] == host["mcpServers"]["gh"]
+    assert out["n"] == 2 and back.startswith(b"{\n  ")
+
+
+def test_every_mcp_env_and_header_value_is_masked_whatever_its_name() -> None:
+    data = {"mcpServers": {"notion": {"command": "npx", "args": ["-y", "@notionhq/notion-mcp-server"],
+                                      "env": {"OPENAPI_MCP_HEADERS": json.dumps({"Authorization": f"Bearer ntn_{MARK}"}),
+                                              "DATABASE_URL": f"postgres://u:{MARK}@h/d"}},
+                           "x": {"type": "http", "url": "https://x", "headers": {"X-Auth": f"{MARK}x"}}},
+            "env": {"ANTHROPIC_API_KEY": f"sk-ant-{MARK}"}, "customApiKeyResponses": {"approved": [f"{MARK}tail20"]}}
+    masked, _ = credential_files.mask(json.dumps(data).encode(), table("claude", ".claude.json"))
+    out = json.loads(masked)
+    assert MARK not in masked.decode() and out["mcpServers"]["notion"]["args"] == data["mcpServers"]["notion"]["args"]
+
+
+def test_dotenv_names_match_in_any_case() -> None:
+    env = f"github_token=ghp_{MARK}\nGEMINI_APIKEY={MARK}k\nDATABASE_URL=postgres://u:{MARK}@h/d\nTOKEN={MARK}t\nLANG=C\n"
+    masked, n = credential_files.mask(env.encode(), table("gemini", ".gemini/.env"), dotenv=True)
+    assert MARK not in masked.decode() and n == 4 and "LANG=C\n" in masked.decode()
+    bom, _ = credential_files.mask(("\ufeff" + env).encode(), table("gemini", ".gemini/.env"), dotenv=True)
+    assert bom.decode().startswith("\ufeff") and MARK not in bom.decode()
+
+
+@pytest.mark.parametrize("backend, rel", [("claude", ".claude.json"), ("gemini", ".gemini/mcp-oauth-tokens.json"),
+                                          ("opencode", ".local/share/opencode/mcp-auth.json")])
+def test_a_file_nested_past_the_parser_refuses_in_one_line_not_a_traceback(sandbox: Sandbox, backend: str, rel: str) -> None:
+    s = sandbox
+    plant(s, rel, '{"a":' * 5000)
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    proc = s.relay(backend, "local", "--dry-run", "--json")
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 3 and len(lines) == 1 and f"~/{rel}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+@pytest.mark.box
+def test_claudes_own_backups_of_claude_json_never_enter_the_box(sandbox: Sandbox) -> None:
+    """claude copies ~/.claude.json, credentials and all, to ~/.claude/backups/ on its writes: denied."""
+    require_box()
+    s = sandbox
+    plant(s, ".claude/backups/.claude.json.backup.1764000000000", json.dumps(CLAUDE_JSON))
+    plant(s, ".claude.json", json.dumps(CLAUDE_JSON))
+    proc = s.box("grep -rl REAL''SECRET ~ 2>/dev/null | wc -l; ls ~/.claude/backups 2>&1 | head -1; cat ~/.claude.json | head -c 20; echo",
+                 "claude", extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
+    first, second, third = proc.stdout.splitlines()[:3]
+    assert first == "0" and "No such file" in second and third.startswith("{"), proc.stdout
+    assert MARK in (s.home / ".claude" / "backups" / ".claude.json.backup.1764000000000").read_text()  # the host's, kept
+
+
+@pytest.mark.box
+def test_a_hostile_claude_json_from_the_box_never_skips_the_rest_of_the_teardown(sandbox: Sandbox) -> None:
+    """The box leaves a ~/.claude.json nested past the parser: the sync-back of that file fails alone;
+    the agent state (a transcript) still comes back, and the run dir is gone."""
+    require_box()
+    s = sandbox
+    proc = s.box("mkdir -p ~/.claude/projects/p && echo '{}' > ~/.claude/projects/p/s.jsonl; "
+                 "python3 -c 'import sys; open(sys.argv[1], \"w\").write(\"{\\\"a\\\":\" * 100000)' ~/.claude.json; echo DONE",
+                 "claude", extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
+    assert "DONE" in proc.stdout and proc.returncode == 0, proc.stderr
+    assert (s.home / ".claude" / "projects" / "p" / "s.jsonl").exists(), proc.stderr
+    assert json.loads((s.home / ".claude.json").read_text()) == {"numStartups": 1}  # the host's, as it was
+    assert not [p for p in Path(s.env["XDG_RUNTIME_DIR"]).glob("hive-relay-*") if p.is_dir()]  # the run dir is gone

@@ -130,11 +130,14 @@ def _parse(data: bytes | None, rel: str) -> object:
         return MISSING
     if not data.strip():
         return {}
-    if rel.endswith(".toml"):
-        import tomllib
+    try:
+        if rel.endswith(".toml"):
+            import tomllib
 
-        return tomllib.loads(data.decode())
-    return json.loads(data)
+            return tomllib.loads(data.decode())
+        return json.loads(data)
+    except RecursionError:  # a box's file nested past the parser's depth: unparsable, not a crash
+        raise ValueError("nested too deeply") from None
 
 
 def settle(rel: str, before: bytes | None, after: bytes | None, files: dict[str, Node] | None = None) -> Verdict:

@@ -105,7 +105,10 @@ def _bounded(raw: bytes | None) -> bytes:
 
 def parse(raw: bytes | None) -> Any:
     """The file as JSON (ValueError when it is not: such a file is never copied into a box as is)."""
-    return json.loads(_bounded(raw))
+    try:
+        return json.loads(_bounded(raw))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 _ENV_LINE = re.compile(r"^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.]*)(\s*=\s*)(.*?)(\s*)$")
@@ -133,6 +136,10 @@ def _env_lines(raw: bytes, paths: tuple[str, ...]) -> Iterator[tuple[str, str | 
 
     try:
         text = _bounded(raw).decode()
+        bom = "\ufeff" if text.startswith("\ufeff") else ""
+        if bom:
+            yield bom, None, None
+            text = text[1:]
     except UnicodeDecodeError:
         raise ValueError("not UTF-8 text") from None
     for line in text.splitlines(keepends=True):
@@ -145,7 +152,7 @@ def _env_lines(raw: bytes, paths: tuple[str, ...]) -> Iterator[tuple[str, str | 
             raise ValueError("a line is not NAME=value")
         lead, name, eq, rest, trail = m.groups()
         quote, value, after = _env_value(rest)
-        if not any(fnmatchcase(name, p) for p in paths) or not value:
+        if not any(fnmatchcase(name.upper(), p.upper()) for p in paths) or not value:  # any case, as JSON keys
             yield line, None, None
             continue
         yield line, name, (lead + name + eq + quote, value, after + trail, line[len(body):])
@@ -247,20 +254,50 @@ def restore(box: bytes, host: bytes | None, written: list[tuple[tuple[Step, ...]
     nothing; a value the box changed stays the box's (the settings review judges it). Not JSON: as it is."""
     try:
         data, real = json.loads(box), json.loads(host) if host is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return box
+    # A placeholder is the host's value again only while the entry that owns it (an MCP server: two
+    # levels up) is otherwise the host's: a box that pointed the server elsewhere keeps the placeholder,
+    # so no review and no accept-state ever sends the real token to where the box chose.
+    owners: dict[tuple[Step, ...], list[tuple[tuple[Step, ...], str]]] = {}
     changed = False
     for at, placeholder in written:
-        try:
-            node, host_node = data, real
-            for part in at[:-1]:
-                node, host_node = node[part], host_node[part] if host_node is not None else None
-            if node[at[-1]] == placeholder and host_node is not None:
-                node[at[-1]] = host_node[at[-1]]
-                changed = True
-        except (KeyError, IndexError, TypeError):
+        if len(at) >= 3:
+            owners.setdefault(at[:-2], []).append((at, placeholder))
+        elif _at(data, at) == placeholder and _at(real, at) is not _NONE:  # a top-level key (primaryApiKey)
+            _put(data, at, _at(real, at))
+            changed = True
+    for owner, entries in owners.items():
+        box_owner, host_owner = _at(data, owner), _at(real, owner)
+        if box_owner is _NONE or host_owner is _NONE:
             continue
-    return json.dumps(data).encode() if changed else box
+        trial = json.loads(json.dumps(box_owner))
+        for at, placeholder in entries:
+            rest = at[len(owner):]
+            if _at(trial, rest) == placeholder and _at(host_owner, rest) is not _NONE:
+                _put(trial, rest, _at(host_owner, rest))
+        if trial == host_owner:
+            _put(data, owner, trial)
+            changed = True
+    return json.dumps(data, indent=2, ensure_ascii=False).encode() if changed else box
+
+
+_NONE = object()
+
+
+def _at(data: Any, at: tuple[Step, ...]) -> Any:
+    for part in at:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return _NONE
+    return data
+
+
+def _put(data: Any, at: tuple[Step, ...], value: Any) -> None:
+    for part in at[:-1]:
+        data = data[part]
+    data[at[-1]] = value
 
 
 def mask(raw: bytes, paths: tuple[str, ...], keep: frozenset[str] = frozenset(),

@@ -213,7 +213,11 @@ def teardown(state: RunState) -> list[str]:
     (relay/plan/host_steps.py); returns messages for the user."""
     messages: list[str] = []
     for step in reversed(state.done):
-        _UNDO[step](state, messages)
+        try:
+            _UNDO[step](state, messages)
+        except Exception as err:  # noqa: BLE001 - one step's failure (a box's hostile file) never skips the rest
+            messages.append(f"could not undo the host step {step}: {type(err).__name__}: {str(err)[:200]}; "
+                            "the other steps ran")
     return messages
 
 
