@@ -47,7 +47,7 @@ STORES = {
     "codex": [(".codex/.credentials.json", json.dumps(CODEX_MCP), '"client_id": "cx-client-kept"'),
               (".codex/.env", DOTENV, "GOOGLE_CLOUD_PROJECT=my-project")],
 }
-KEYS = {"gemini": "GEMINI_API_KEY", "opencode": "ANTHROPIC_API_KEY", "codex": "CODEX_API_KEY"}
+KEYS = {"gemini": "GEMINI_API_KEY", "opencode": "ANTHROPIC_API_KEY", "codex": "CODEX_API_KEY", "claude": "ANTHROPIC_API_KEY"}
 CASES = [(b, f, c, k) for b, stores in STORES.items() for f, c, k in stores]
 
 
@@ -282,3 +282,86 @@ def test_a_hostile_claude_json_from_the_box_never_skips_the_rest_of_the_teardown
     assert (s.home / ".claude" / "projects" / "p" / "s.jsonl").exists(), proc.stderr
     assert json.loads((s.home / ".claude.json").read_text()) == {"numStartups": 1}  # the host's, as it was
     assert not [p for p in Path(s.env["XDG_RUNTIME_DIR"]).glob("hive-relay-*") if p.is_dir()]  # the run dir is gone
+
+
+# --- guarded settings: tokens there refuse, since the box's copy cannot mask them ---------------------------
+
+UNMASKABLE = {
+    "claude": (".claude/settings.json", {"env": {"GITHUB_TOKEN": f"ghp_{MARK}", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8000"}},
+               {"env": {"GITHUB_TOKEN": "$GITHUB_TOKEN", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8000"}}),
+    "gemini": (".gemini/settings.json", {"mcpServers": {"gh": {"httpUrl": "https://x", "headers": {"Authorization": f"Bearer {MARK}"}}}},
+               {"mcpServers": {"gh": {"httpUrl": "https://x", "headers": {"Authorization": "Bearer $GH_TOKEN",
+                                                                        "Content-Type": "application/json"}}}}),
+    "opencode": (".config/opencode/opencode.json", {"provider": {"openai": {"options": {"apiKey": f"sk-{MARK}"}}}},
+                 {"provider": {"openai": {"options": {"apiKey": "{env:OPENAI_API_KEY}"}}}}),
+}
+
+
+@pytest.mark.parametrize("backend", list(UNMASKABLE))
+def test_a_token_in_a_guarded_settings_file_refuses_and_a_reference_does_not(sandbox: Sandbox, backend: str) -> None:
+    """~/.claude/settings.json `env`, an MCP server's headers in gemini's settings, opencode's provider
+    apiKey: the settings review compares the box's file with the host's, so a placeholder there could come
+    back over the real value; a token there refuses (one line, exit 3). Twin: a `$VAR` or `{env:X}`
+    reference, which the CLI resolves itself, and non-secret keys, run."""
+    s = sandbox
+    rel, secret, reference = UNMASKABLE[backend]
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    path = plant(s, rel, json.dumps(secret))
+    proc = s.relay(backend, "local", "--dry-run", "--json", extra_env={KEYS.get(backend, "ANTHROPIC_API_KEY"): "sk-test-not-real"})
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 3 and len(lines) == 1 and f"~/{rel} holds credentials" in proc.stderr, proc.stderr
+    assert MARK not in proc.stdout + proc.stderr
+    opt = f"HIVE_RELAY_LOGIN_IN_BOX_{backend.upper()}"
+    proc = s.relay(backend, "local", "--dry-run", "--json", extra_env={opt: "1"})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["login_files"][str(path)]["held"] == "in_box", proc.stderr
+    path.write_text(json.dumps(reference))
+    proc = s.relay(backend, "local", "--dry-run", "--json", extra_env={KEYS.get(backend, "ANTHROPIC_API_KEY"): "sk-test-not-real"})
+    assert proc.returncode == 0 and str(path) not in json.loads(proc.stdout)["login_files"], proc.stderr
+
+
+def test_jsonc_settings_are_read_with_their_comments_and_strings_kept() -> None:
+    """gemini's and opencode's settings may carry comments and trailing commas; a string that looks like
+    one (`"//x,}"`, an escaped quote) is kept as it is."""
+    raw = b'{\n  // my servers\n  "a": "//not,}", /* c */ "b\\"//": [1, 2, /* x */ ],\n}\n'
+    assert credential_files.parse_jsonc(raw) == {"a": "//not,}", 'b"//': [1, 2]}
+    with pytest.raises(ValueError):
+        credential_files.parse_jsonc(b'{"a": 1 /* open')
+    with pytest.raises(ValueError):
+        credential_files.parse_jsonc(b"{a: 1}")
+
+
+def test_a_token_in_a_commented_or_linked_or_broken_settings_file_still_refuses(sandbox: Sandbox) -> None:
+    """Attack: the token hides where a plain JSON reader cannot see it: a gemini settings file with
+    comments, a claude settings.json that is a link to a file beside it in ~/.claude (the copy holds
+    both), a file no reader can parse (the box would get it as it is). Each refuses (exit 3, one
+    line, no value). Twins: the commented file with a reference runs; a broken file with the opt-in
+    runs and says the file is in the box."""
+    s = sandbox
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    key = {"GEMINI_API_KEY": "sk-test-not-real", "ANTHROPIC_API_KEY": "sk-test-not-real"}
+    commented = ('{\n  // the GitHub MCP\n  "mcpServers": {"gh": {"httpUrl": "https://x",\n'
+                 '    "headers": {"Authorization": "Bearer %s"}, /* mine */ },},\n}\n')
+    path = plant(s, ".gemini/settings.json", commented % f"ghp_{MARK}")
+
+    def refused(backend: str, what: str) -> None:
+        proc = s.relay(backend, "local", "--dry-run", "--json", extra_env=key)
+        lines = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert proc.returncode == 3 and len(lines) == 1 and what in proc.stderr, proc.stderr
+        assert MARK not in proc.stdout + proc.stderr
+
+    refused("gemini", "~/.gemini/settings.json holds credentials (mcpServers.gh.headers.Authorization)")
+    path.write_text(commented % "$GH_TOKEN")
+    proc = s.relay("gemini", "local", "--dry-run", "--json", extra_env=key)
+    assert proc.returncode == 0 and str(path) not in json.loads(proc.stdout)["login_files"], proc.stderr
+
+    path.write_text('{"mcpServers": {"gh": ' + f'"ghp_{MARK}"')  # cut short: no reader can parse it
+    refused("gemini", "~/.gemini/settings.json cannot be checked for credentials")
+    proc = s.relay("gemini", "local", "--dry-run", "--json", extra_env={"HIVE_RELAY_LOGIN_IN_BOX_GEMINI": "1"})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["login_files"][str(path)]["held"] == "in_box", proc.stderr
+
+    target = plant(s, ".claude/settings.d/main.json", json.dumps({"env": {"GITHUB_TOKEN": f"ghp_{MARK}"}}))
+    (s.home / ".claude" / "settings.json").symlink_to("settings.d/main.json")
+    refused("claude", "~/.claude/settings.d/main.json holds credentials (env.GITHUB_TOKEN)")
+    target.write_text(json.dumps({"env": {"GITHUB_TOKEN": "${GITHUB_TOKEN}"}}))
+    proc = s.relay("claude", "local", "--dry-run", "--json", extra_env=key)
+    assert proc.returncode == 0, proc.stderr

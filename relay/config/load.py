@@ -234,7 +234,7 @@ def _section(value: Any, where: _Where, key: str, allowed: set[str]) -> dict[str
 BACKEND_KEYS = {
     "description", "command", "prompt_command", "install", "home", "egress",
     "env", "native", "deny", "opt_in", "nested_userns", "credentials", "logins_in_box", "presets",
-    "login_command", "secret_files",
+    "login_command", "secret_files", "unmaskable",
 }
 ROUTE_KEYS = {"secret_env", "upstream", "send", "box_env", "box_args", "login", "methods", "paths", "inspect"}
 LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "client_id", "id_token", "refreshed_at",
@@ -433,20 +433,20 @@ def _login(value: Any, where: _Where, key: str) -> LoginFile:
                      paths["id_token"], paths["refreshed_at"], tuple(unless), client_secret, RefreshBody(body))
 
 
-def _secret_files(value: Any, where: _Where) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _secret_files(value: Any, where: _Where, key: str = "secret_files") -> tuple[tuple[str, tuple[str, ...]], ...]:
     """`secret_files: {~/file: [dotted JSON paths, `*` for every key or element of a level, `**` for any
     levels]}`; a `.env` file's entries are variable-name globs (`*_API_KEY`) instead."""
     out = []
-    for path, paths in _mapping(value, where, "secret_files").items():
-        file = _paths([path], where, "secret_files")[0]
+    for path, paths in _mapping(value, where, key).items():
+        file = _paths([path], where, key)[0]
         if not file.startswith("~/"):
-            raise where.fail("secret_files", f"{file!r} is not under ~/", "write ~/dir/file (inside a home.rw dir)")
-        listed = _str_list(paths, where, f"secret_files.{path}")
+            raise where.fail(key, f"{file!r} is not under ~/", "write ~/dir/file (inside a home.rw dir)")
+        listed = _str_list(paths, where, f"{key}.{path}")
         dotenv = credential_files.is_dotenv(file)
         bad = [p for p in listed if not (_ENV_NAME_GLOB if dotenv else _SECRET_PATH).fullmatch(p)]
         if bad or not listed:
             what = "a variable-name glob" if dotenv else "a dotted JSON path"
-            raise where.fail(f"secret_files.{path}", f"{bad[0]!r} is not {what}" if bad else "no path",
+            raise where.fail(f"{key}.{path}", f"{bad[0]!r} is not {what}" if bad else "no path",
                              "write e.g. *_API_KEY" if dotenv else "write e.g. tokens.access_token or providers.*.key")
         out.append((file, tuple(listed)))
     return tuple(out)
@@ -526,6 +526,8 @@ def _backend_from(name: str, raw: Any, where: _Where, base: Backend | None) -> B
         values["logins_in_box"] = _logins_in_box(data["logins_in_box"], where)
     if "secret_files" in data:
         values["secret_files"] = _secret_files(data["secret_files"], where)
+    if "unmaskable" in data:
+        values["unmaskable"] = _secret_files(data["unmaskable"], where, "unmaskable")
     if "login_command" in data:
         values["login_command"] = tuple(_str_list(data["login_command"], where, "login_command"))
     if base is not None:

@@ -109,6 +109,9 @@ class Backend:
     # Credential files in its state dirs and the JSON paths of their secrets (relay/model/credential_files.py): the
     # box's copy holds placeholders of the same shape; with no route to hold them, the run refuses.
     secret_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Credentials in files the box's copy cannot mask (guarded settings: their sync-back and review would
+    # carry a placeholder over the host's value): a secret found at these paths refuses the run.
+    unmaskable: tuple[tuple[str, tuple[str, ...]], ...] = ()
     presets: tuple[str, ...] = ()  # egress presets on for this backend (relay/config/presets.py); none shipped
     # The CLI's own login, run on the host by `contribute-hive login BACKEND` (never in a box).
     login_command: tuple[str, ...] = ()

@@ -111,6 +111,58 @@ def parse(raw: bytes | None) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+def _without_comments(text: str) -> str:
+    """JSON with comments (JSONC: `//`, `/* */`, trailing commas, as gemini's and opencode's settings
+    allow) as plain JSON; the text of strings is kept byte for byte."""
+    out: list[str] = []
+    plain: list[str] = []  # the run of text outside strings since the last string
+
+    def flush() -> None:
+        out.append(re.sub(r",(\s*[}\]])", r"\1", "".join(plain)))
+        plain.clear()
+
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            flush()
+            out.append(text[i:j + 1])
+            i = j + 1
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            if j < 0:
+                raise ValueError("a comment is not closed")
+            plain.append(" ")
+            i = j + 2
+        else:
+            plain.append(ch)
+            i += 1
+    flush()
+    return "".join(out)
+
+
+def parse_jsonc(raw: bytes | None) -> Any:
+    """The file as JSON, comments and trailing commas allowed (ValueError when it is not even that)."""
+    try:
+        return parse(raw)
+    except ValueError:
+        pass
+    try:
+        text = _bounded(raw).decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    try:
+        return json.loads(_without_comments(text))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 _ENV_LINE = re.compile(r"^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.]*)(\s*=\s*)(.*?)(\s*)$")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -641,7 +642,7 @@ def _login_files(d: _Draft) -> bool:
     for route in d.routes:
         if route.login is not None:
             specs.setdefault(route.login.file, []).append(route.login.token)
-    in_box = False
+    in_box = _unmaskable(d)
     opt = login_opt_in(d.backend.name)
     for host_path, paths in specs.items():
         shown = "~/" + os.path.relpath(host_path, d.home)
@@ -679,6 +680,56 @@ def _login_files(d: _Draft) -> bool:
         d.login_files.append(LoginFileUse(host_path, LoginHold.IN_BOX, found, tuple(dict.fromkeys(paths))))
         d.notes.append(f"credentials: in box for {d.backend.name}: {shown} is copied into the box as it is "
                        f"({opt}=1): its real token is readable there")
+    return in_box
+
+
+# A settings value that names a variable or file instead of holding a secret (`$GITHUB_TOKEN`, `${X}`,
+# opencode's `{env:X}` and `{file:~/k}`, after a header's scheme: `Bearer $GH_TOKEN`): the CLI reads
+# the real value itself, at its start.
+_REFERENCE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{(env|file):[^}]*\}")
+
+
+def _unmaskable(d: _Draft) -> bool:
+    """The backend's `unmaskable:` files (guarded settings: ~/.claude/settings.json's `env`, an MCP server's
+    env and headers in gemini's and opencode's settings) in the box's copy of its state: their sync-back
+    and review compare the box's file with the host's, so a placeholder there could come back over the
+    real value. A secret found in one refuses the run (exit 3) unless the opt-in, and so does one that
+    is not JSON even with comments (it cannot be checked). Returns whether one is in the box by opt-in."""
+    opt = login_opt_in(d.backend.name)
+    in_box = False
+    for path, paths in d.backend.unmaskable:
+        host_path = expand(path, d.home, d.uid)
+        if not _in_state_dirs(d, host_path):
+            continue
+        if d.fs.lkind(host_path) == "link":
+            # The copy holds the link as a link: what the box reads through it is the file it points to,
+            # when that is in the copy too (a settings file linked within its state dir).
+            host_path = d.fs.realpath(host_path)
+            if not _in_state_dirs(d, host_path):
+                continue
+        if d.fs.lkind(host_path) != "file":
+            continue
+        shown = "~/" + os.path.relpath(host_path, d.home)
+        try:
+            data = credential_files.parse_jsonc(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1))
+            found = [".".join(map(str, at)) for at, value in credential_files.found(data, paths)
+                     if not _REFERENCE.fullmatch(value.split(" ", 1)[-1])]
+        except ValueError as e:
+            if d.env.get(opt) != "1":
+                raise RefusedError(f"{d.backend.name}: {shown} cannot be checked for credentials ({e}), and the box "
+                                   "would get it as it is; fix: repair it (the CLI cannot read it either), or "
+                                   f"{opt}=1 to take it into the box as it is") from None
+            found = ["(unchecked)"]
+        if not found:
+            continue
+        if d.env.get(opt) != "1":
+            raise RefusedError(f"{d.backend.name}: {shown} holds credentials ({', '.join(found[:3])}) in a settings "
+                               "file the box's copy cannot mask, so they would be readable in the box; fix: move them "
+                               f"to the host's environment (or an `auth:` grant), or {opt}=1 to take them into the box as they are")
+        in_box = True
+        d.login_files.append(LoginFileUse(host_path, LoginHold.IN_BOX, tuple(found), paths))
+        d.notes.append(f"credentials: in box for {d.backend.name}: {shown} holds credentials ({opt}=1): "
+                       "they are readable there")
     return in_box
 
 
