@@ -148,7 +148,12 @@ CLAUDE_JSON = {"numStartups": 1, "primaryApiKey": f"sk-ant-api03-{MARK}012345678
                "mcpServers": {"gh": {"type": "http", "url": "https://api.githubcopilot.com/mcp/",
                                      "headers": {"Authorization": f"Bearer ghp_{MARK}abc", "Accept": "application/json"}},
                               "db": {"command": "db-mcp", "env": {"DB_PASSWORD": f"pw{MARK}", "NODE_ENV": "production"}}},
-               "projects": {"/w": {"mcpServers": {"x": {"command": "x", "env": {"X_API_KEY": f"k{MARK}"}}}}}}
+               "projects": {"/w": {"mcpServers": {"x": {"command": "x", "env": {"X_API_KEY": f"k{MARK}"}},
+                                                  # tokens where no key name says so: argv and a url's query
+                                                  "c7": {"command": "npx", "args": ["-y", "@upstash/context7-mcp",
+                                                                                    "--api-key", f"ctx7sk-{MARK}0123"]},
+                                                  "exa": {"type": "http",
+                                                          "url": f"https://mcp.exa.ai/mcp?exaApiKey={MARK}-42&tools=web"}}}}}
 
 
 def test_claude_json_refuses_without_a_route_and_is_masked_with_one(sandbox: Sandbox) -> None:
@@ -164,7 +169,8 @@ def test_claude_json_refuses_without_a_route_and_is_masked_with_one(sandbox: San
     assert MARK not in proc.stdout + proc.stderr
     proc = s.relay("claude", "local", "--dry-run", "--json", extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
     use = json.loads(proc.stdout)["login_files"][str(path)]
-    assert proc.returncode == 0 and use["held"] == "masked" and len(use["secrets"]) == 6, use  # every env and header value
+    assert proc.returncode == 0 and use["held"] == "masked" and len(use["secrets"]) == 8, use  # every env and header value
+    assert "projects./w.mcpServers.c7.args.3" in use["secrets"] and "projects./w.mcpServers.exa.url" in use["secrets"], use
 
 
 @pytest.fixture
@@ -191,6 +197,9 @@ def test_claude_json_in_the_box_holds_placeholders_and_syncs_back_only_what_the_
     assert MARK not in proc.stdout + proc.stderr
     assert copy["primaryApiKey"].startswith("sk-ant-api03-") and copy["mcpServers"]["gh"]["headers"]["Authorization"].startswith("Bearer ghp_")
     assert copy["mcpServers"]["db"]["command"] == "db-mcp" and copy["mcpServers"]["gh"]["url"] == CLAUDE_JSON["mcpServers"]["gh"]["url"]
+    servers = copy["projects"]["/w"]["mcpServers"]
+    assert servers["c7"]["args"][:3] == ["-y", "@upstash/context7-mcp", "--api-key"] and len(servers["c7"]["args"][3]) == len(f"ctx7sk-{MARK}0123")
+    assert servers["exa"]["url"].startswith("https://mcp.exa.ai/mcp?exaApiKey=") and servers["exa"]["url"].endswith("&tools=web")
     # The box's data change comes back; the placeholders it left alone are the host's values again.
     back = json.loads(path.read_text())
     assert back == {**CLAUDE_JSON, "numStartups": 7}, back
@@ -360,8 +369,68 @@ def test_a_token_in_a_commented_or_linked_or_broken_settings_file_still_refuses(
     assert proc.returncode == 0 and json.loads(proc.stdout)["login_files"][str(path)]["held"] == "in_box", proc.stderr
 
     target = plant(s, ".claude/settings.d/main.json", json.dumps({"env": {"GITHUB_TOKEN": f"ghp_{MARK}"}}))
+    (s.home / ".claude" / "settings.json").unlink(missing_ok=True)
     (s.home / ".claude" / "settings.json").symlink_to("settings.d/main.json")
     refused("claude", "~/.claude/settings.d/main.json holds credentials (env.GITHUB_TOKEN)")
     target.write_text(json.dumps({"env": {"GITHUB_TOKEN": "${GITHUB_TOKEN}"}}))
     proc = s.relay("claude", "local", "--dry-run", "--json", extra_env=key)
     assert proc.returncode == 0, proc.stderr
+
+
+# token shapes: (value, the argv element before it, the secret part found; None: not a secret)
+SHAPES = [
+    (f"ctx7sk-{MARK}0123", None, f"ctx7sk-{MARK}0123"),
+    ("ghp_abcdefghijklmnopqrstu", None, "ghp_abcdefghijklmnopqrstu"),
+    ("Bearer glpat-abcdefghijklmnop", None, "glpat-abcdefghijklmnop"),
+    ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln", None, "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln"),
+    ("AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", None, "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"),
+    ("3f2a9c1e-uuid-key", "--api-key", "3f2a9c1e-uuid-key"),
+    ("--token=abc123", None, "abc123"),
+    ("Authorization: Bearer abc123", None, "abc123"),
+    ("https://mcp.exa.ai/mcp?exaApiKey=k1&tools=web", None, "k1"),
+    ("postgres://user:pw123@db/app", None, "pw123"),
+    # twins: what an MCP server's argv and a settings file hold every day
+    ("claude-sonnet-4-5-20250929", None, None), ("@upstash/context7-mcp@1.0.2", None, None), ("-y", None, None),
+    ("/home/me/project", "--path", None), ("https://mcp.exa.ai/mcp?tools=web", None, None),
+    ("$GITHUB_TOKEN", None, None), ("Bearer ${GH_TOKEN}", None, None), ("{env:OPENAI_API_KEY}", None, None),
+    ("--api-key=${KEY}", None, None), ("Authorization: Bearer $T", None, None), ("https://u:${PW}@h/", None, None),
+    ("Bash(git commit:*)", None, None), ("WebFetch(domain:github.com)", None, None), ("me@example.com", "--author", None),
+]
+
+
+@pytest.mark.parametrize("value, before, secret", SHAPES)
+def test_a_token_is_known_by_its_shape_where_no_key_names_it(value: str, before: str | None, secret: str | None) -> None:
+    from relay.model import token_shapes
+
+    spans = token_shapes.secret_spans(value, before)
+    assert [value[a:b] for a, b in spans] == ([secret] if secret else []), spans
+
+
+GATED = {
+    "gemini": (".gemini/settings.json", {"mcpServers": {"c7": {"command": "npx", "args": ["-y", "c7", "--api-key", f"k{MARK}"]}}},
+               {"mcpServers": {"c7": {"command": "npx", "args": ["-y", "c7", "--api-key", "$C7_KEY"]}}}, "mcpServers.c7.args.3"),
+    "opencode": (".config/opencode/opencode.json", {"mcp": {"exa": {"type": "remote", "url": f"https://mcp.exa.ai/mcp?exaApiKey={MARK}"}}},
+                 {"mcp": {"exa": {"type": "remote", "url": "https://mcp.exa.ai/mcp?exaApiKey={env:EXA_API_KEY}"}}}, "mcp.exa.url"),
+    "codex": (".codex/config.toml", f'model = "o3"\n[mcp_servers.gh]\nurl = "https://api.githubcopilot.com/mcp/"\nbearer_token = "ghp_{MARK}abc"\n',
+              'model = "o3"\n[mcp_servers.gh]\nurl = "https://api.githubcopilot.com/mcp/"\nbearer_token_env_var = "GH_TOKEN"\n',
+              "mcp_servers.gh.bearer_token"),
+}
+
+
+@pytest.mark.parametrize("backend", list(GATED))
+def test_a_token_in_an_mcp_servers_args_url_or_toml_refuses_and_a_reference_runs(sandbox: Sandbox, backend: str) -> None:
+    """Attack: a token in an MCP server's argv (`--api-key k…`), in a remote server's url query, or in
+    codex's TOML config (`bearer_token`): each is readable in the box's copy, so the run refuses (exit 3,
+    one line naming the path, never the value). Twin: the same server reading its key from a variable."""
+    s = sandbox
+    rel, secret, reference, at = GATED[backend]
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    path = plant(s, rel, secret if isinstance(secret, str) else json.dumps(secret))
+    key = {KEYS[backend]: "sk-test-not-real"}
+    proc = s.relay(backend, "local", "--dry-run", "--json", extra_env=key)
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 3 and len(lines) == 1 and f"~/{rel} holds credentials ({at})" in proc.stderr, proc.stderr
+    assert MARK not in proc.stdout + proc.stderr
+    path.write_text(reference if isinstance(reference, str) else json.dumps(reference))
+    proc = s.relay(backend, "local", "--dry-run", "--json", extra_env=key)
+    assert proc.returncode == 0 and str(path) not in json.loads(proc.stdout)["login_files"], proc.stderr

@@ -242,7 +242,7 @@ LOGIN_KEYS = {"file", "token", "refresh_token", "expires", "refresh_url", "clien
 LOGIN_OPTIONAL_KEYS = {"expires", "id_token", "refreshed_at", "unless", "client_secret", "refresh_body"}  # no expires: the token's own JWT `exp`
 _JSON_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _SECRET_PART = r"(\*\*?|[A-Za-z_][A-Za-z0-9_]*|[A-Za-z0-9_*?\[\]-]*[*?\[][A-Za-z0-9_*?\[\]-]*)"  # a key, * or **, a glob
-_SECRET_PATH = re.compile(_SECRET_PART + r"(\." + _SECRET_PART + r")*")
+_SECRET_PATH = re.compile(r"\??" + _SECRET_PART + r"(\." + _SECRET_PART + r")*")  # ?: shape-gated
 _ENV_NAME_GLOB = re.compile(r"[A-Za-z0-9_*]+")  # a dotenv file's secret_files entries: variable-name globs
 _ROUTE_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 

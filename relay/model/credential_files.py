@@ -39,6 +39,8 @@ import string
 from collections.abc import Iterator
 from typing import Any
 
+from relay.model import token_shapes
+
 MAX_FILE = 1 << 20  # a login file is a few KiB; beyond this it is not a login this table knows
 FAR_FUTURE_S = 4_102_444_800  # 2100-01-01: a placeholder JWT's `exp`
 _KEY_PREFIX = re.compile(r"^(?:[A-Za-z]{1,8}[-_])+(?:[A-Za-z0-9]{1,8}[-_])?|^AIza|^ya29\.|^1//")
@@ -81,12 +83,32 @@ def _walk(data: Any, parts: list[str], at: tuple[Step, ...]) -> Iterator[tuple[t
 
 
 def found(data: Any, paths: tuple[str, ...]) -> list[tuple[tuple[Step, ...], str]]:
-    """Every (concrete path, value) of a non-empty string at one of `paths` (each value once)."""
+    """Every (concrete path, value) of a non-empty string at one of `paths` (each value once). A path
+    that starts with `?` is shape-gated: it takes only the values that look like a credential by
+    themselves (relay/model/token_shapes.py: a vendor prefix, a URL's key, the argv value after a
+    `--token` flag), for places where a key name says nothing (an MCP server's args or url)."""
     out: dict[tuple[Step, ...], str] = {}
     for path in paths:
-        for at, value in _walk(data, path.split("."), ()):
+        gated = path.startswith("?")
+        for at, value in _walk(data, path.removeprefix("?").split("."), ()):
+            if gated and not token_shapes.looks_secret(value, _before(data, at)):
+                continue
             out.setdefault(at, value)
     return list(out.items())
+
+
+def _spans(data: Any, at: tuple[Step, ...], value: str) -> list[tuple[int, int]]:
+    """Where the secret is in a value found at `at`: the part that looks like one (a URL's key, the
+    value of `--api-key=`), else all of it (a value under a key that names a secret)."""
+    return token_shapes.secret_spans(value, _before(data, at)) or [(0, len(value))]
+
+
+def _before(data: Any, at: tuple[Step, ...]) -> Any:
+    """The list element in front of the one at `at` (the flag of an argv value), or None."""
+    if not at or not isinstance(at[-1], int) or at[-1] == 0:
+        return None
+    parent = _at(data, at[:-1])
+    return parent[at[-1] - 1] if isinstance(parent, list) else None
 
 
 def is_dotenv(path: str) -> bool:
@@ -145,6 +167,21 @@ def _without_comments(text: str) -> str:
             i += 1
     flush()
     return "".join(out)
+
+
+def parse_settings(raw: bytes | None, path: str) -> Any:
+    """A settings file as data: TOML for `.toml` (codex's config.toml), else JSON with comments allowed
+    (ValueError when it is neither)."""
+    if not path.endswith(".toml"):
+        return parse_jsonc(raw)
+    import tomllib
+
+    try:
+        return tomllib.loads(_bounded(raw).decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def parse_jsonc(raw: bytes | None) -> Any:
@@ -215,7 +252,9 @@ def values(raw: bytes | None, paths: tuple[str, ...], dotenv: bool = False) -> l
     ValueError: not a file of its kind this reads."""
     if dotenv:
         return [(name, parts[1]) for _, name, parts in _env_lines(_bounded(raw), paths) if name and parts]
-    return [(".".join(map(str, at)), value) for at, value in found(parse(raw), paths)]
+    data = parse(raw)
+    return [(".".join(map(str, at)), value[a:b]) for at, value in found(data, paths)
+            for a, b in _spans(data, at, value)]
 
 
 def secret_paths(raw: bytes | None, paths: tuple[str, ...], dotenv: bool = False) -> list[str]:
@@ -373,7 +412,11 @@ def mask(raw: bytes, paths: tuple[str, ...], keep: frozenset[str] = frozenset(),
     for at, value in found(data, paths):
         if value in keep:
             continue
-        placeholder = placeholder_for(value)
+        placeholder, end = "", 0
+        for a, b in _spans(data, at, value):  # only the secret's part: a URL, a flag, a scheme stay as they are
+            placeholder += value[end:a] + placeholder_for(value[a:b])
+            end = b
+        placeholder += value[end:]
         _set(data, at, placeholder)
         if written is not None:
             written.append((at, placeholder))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -18,7 +17,7 @@ from relay.box.overlay import unsafe_path
 from relay.config.presets import expand as expand_presets
 from relay.config.profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, gvisor_init_script, own_paths, state_dir, tool_dir
-from relay.model import credential_files
+from relay.model import credential_files, token_shapes
 from relay.model.allow_rules import HostRule, explain
 from relay.model.backend import Backend, CredentialRoute, Matrix
 from relay.model.errors import RefusedError, UsageError
@@ -683,12 +682,6 @@ def _login_files(d: _Draft) -> bool:
     return in_box
 
 
-# A settings value that names a variable or file instead of holding a secret (`$GITHUB_TOKEN`, `${X}`,
-# opencode's `{env:X}` and `{file:~/k}`, after a header's scheme: `Bearer $GH_TOKEN`): the CLI reads
-# the real value itself, at its start.
-_REFERENCE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{(env|file):[^}]*\}")
-
-
 def _unmaskable(d: _Draft) -> bool:
     """The backend's `unmaskable:` files (guarded settings: ~/.claude/settings.json's `env`, an MCP server's
     env and headers in gemini's and opencode's settings) in the box's copy of its state: their sync-back
@@ -711,9 +704,9 @@ def _unmaskable(d: _Draft) -> bool:
             continue
         shown = "~/" + os.path.relpath(host_path, d.home)
         try:
-            data = credential_files.parse_jsonc(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1))
+            data = credential_files.parse_settings(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1), host_path)
             found = [".".join(map(str, at)) for at, value in credential_files.found(data, paths)
-                     if not _REFERENCE.fullmatch(value.split(" ", 1)[-1])]
+                     if not token_shapes.is_reference(value)]
         except ValueError as e:
             if d.env.get(opt) != "1":
                 raise RefusedError(f"{d.backend.name}: {shown} cannot be checked for credentials ({e}), and the box "
