@@ -91,9 +91,10 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
             req = json.loads(body or b"{}")
         except ValueError:
             req = {}
-        if self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
-            req = dict(urllib.parse.parse_qsl(body.decode()))
         path = self.path.split("?")[0]
+        # Google's token endpoint takes a form; elsewhere curl's `-d '{json}'` is labelled a form too.
+        if path == "/token" and self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
+            req = dict(urllib.parse.parse_qsl(body.decode()))
         if path.endswith("/oauth/token") or path == "/token":  # an OAuth refresh: a known refresh token -> a new pair
             answer = self.server.oauth_tokens.pop(str(req.get("refresh_token")), None)  # single use, as rotated
             return self._json(answer or {"error": "invalid_grant"}, 200 if answer else 400)
