@@ -395,6 +395,23 @@ SHAPES = [
     ("$GITHUB_TOKEN", None, None), ("Bearer ${GH_TOKEN}", None, None), ("{env:OPENAI_API_KEY}", None, None),
     ("--api-key=${KEY}", None, None), ("Authorization: Bearer $T", None, None), ("https://u:${PW}@h/", None, None),
     ("Bash(git commit:*)", None, None), ("WebFetch(domain:github.com)", None, None), ("me@example.com", "--author", None),
+    # inside a longer string (red team): argv as one string, NAME=value, JSON or headers in a string
+    ("GITHUB_PERSONAL_ACCESS_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123", "-e", "ghp_abcdefghijklmnopqrstuvwxyz0123"),
+    ("npx -y @upstash/context7-mcp --api-key ctx7sk-abcdef0123456789", "-c", "ctx7sk-abcdef0123456789"),
+    ("echo sk-ant-api03-abcdefghijklmnopqrstuvwxyz", None, "sk-ant-api03-abcdefghijklmnopqrstuvwxyz"),
+    ('{"Authorization": "Bearer ntn_abcdefghijklmnop0123", "Notion-Version": "2022-06-28"}', None, "ntn_abcdefghijklmnop0123"),
+    ("Authorization=Bearer abcd1234efgh", None, "abcd1234efgh"),
+    ("/usr/bin/env BRAVE_API_KEY=BSAreal0123456789 npx -y server-brave-search", None, "BSAreal0123456789"),
+    # the rest of a URL: user name, path segment, fragment, a percent-encoded name, a password with @
+    ("https://ghp_abcdefghijklmnopqrstuvwxyz0123@github.com/o/r.git", None, "ghp_abcdefghijklmnopqrstuvwxyz0123"),
+    ("https://mcp.firecrawl.dev/fc-0123456789abcdef0123456789abcdef/v2/mcp", None, "fc-0123456789abcdef0123456789abcdef"),
+    ("https://x.example/mcp#token=hunter2", None, "hunter2"), ("https://x.example/mcp?api%5Fkey=hunter2", None, "hunter2"),
+    ("postgresql://app:p@ssw0rd!x@db/app", None, "p@ssw0rd!x"),
+    # twins: a flag about a secret is not one, nor is an id after an id's flag, nor a plain setting
+    ("/run/secrets/gh", "--token-file", None), ("oauth", "--auth-type", None), ("GITHUB_TOKEN", "--api-key-env", None),
+    ("prod/db", "--secret-name", None), ("none", "--auth", None),
+    ("1BxiMVs0XRA5nFMdKvBdBZjgmUUqptlbs74OgvE2upms", "--spreadsheet-id", None),
+    ("TOKENIZERS_PARALLELISM=false", None, None), ("NODE_TLS_REJECT_UNAUTHORIZED=0", None, None),
 ]
 
 
@@ -411,6 +428,10 @@ GATED = {
                {"mcpServers": {"c7": {"command": "npx", "args": ["-y", "c7", "--api-key", "$C7_KEY"]}}}, "mcpServers.c7.args.3"),
     "opencode": (".config/opencode/opencode.json", {"mcp": {"exa": {"type": "remote", "url": f"https://mcp.exa.ai/mcp?exaApiKey={MARK}"}}},
                  {"mcp": {"exa": {"type": "remote", "url": "https://mcp.exa.ai/mcp?exaApiKey={env:EXA_API_KEY}"}}}, "mcp.exa.url"),
+    "opencode.jsonc": (".config/opencode/opencode.jsonc", '{\n  // GitHub\n  "mcp": {"gh": {"type": "remote", "url": "https://x",\n'
+                       f'    "headers": {{"Authorization": "Bearer ghp_{MARK}abcdef"}}}}}},\n}}\n',
+                       '{\n  "mcp": {"gh": {"type": "remote", "url": "https://x", "headers": {"Authorization": "Bearer {env:GH}"}}},\n}\n',
+                       "mcp.gh.headers.Authorization"),
     "codex": (".codex/config.toml", f'model = "o3"\n[mcp_servers.gh]\nurl = "https://api.githubcopilot.com/mcp/"\nbearer_token = "ghp_{MARK}abc"\n',
               'model = "o3"\n[mcp_servers.gh]\nurl = "https://api.githubcopilot.com/mcp/"\nbearer_token_env_var = "GH_TOKEN"\n',
               "mcp_servers.gh.bearer_token"),
@@ -424,6 +445,7 @@ def test_a_token_in_an_mcp_servers_args_url_or_toml_refuses_and_a_reference_runs
     one line naming the path, never the value). Twin: the same server reading its key from a variable."""
     s = sandbox
     rel, secret, reference, at = GATED[backend]
+    backend = backend.split(".")[0]
     (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
     path = plant(s, rel, secret if isinstance(secret, str) else json.dumps(secret))
     key = {KEYS[backend]: "sk-test-not-real"}
@@ -434,3 +456,44 @@ def test_a_token_in_an_mcp_servers_args_url_or_toml_refuses_and_a_reference_runs
     path.write_text(reference if isinstance(reference, str) else json.dumps(reference))
     proc = s.relay(backend, "local", "--dry-run", "--json", extra_env=key)
     assert proc.returncode == 0 and str(path) not in json.loads(proc.stdout)["login_files"], proc.stderr
+
+
+@pytest.mark.parametrize("backend, rel, settings", [
+    ("claude", ".claude/settings.json", {"apiKeyHelper": "~/bin/key.sh", "model": "claude-sonnet-4-5-20250929",
+                                         "env": {"CLAUDE_CODE_API_KEY_HELPER_TTL_MS": "3600000", "CLAUDE_CODE_USE_VERTEX": "1",
+                                                 "GOOGLE_APPLICATION_CREDENTIALS": "/home/me/.config/gcloud/adc.json"},
+                                         "permissions": {"allow": ["Bash(git commit:*)", "WebFetch(domain:github.com)"]}}),
+    ("gemini", ".gemini/settings.json", {"mcpServers": {"q": {"command": "uvx", "args": ["mcp-server-qdrant", "--auth-type", "oauth"],
+                                                              "env": {"TOKENIZERS_PARALLELISM": "false", "NODE_TLS_REJECT_UNAUTHORIZED": "0"}}}}),
+    ("codex", ".codex/config.toml", '[model_providers.azure]\nname = "Azure"\nbase_url = "https://my.openai.azure.com/openai"\n'
+                                    'env_key = "AZURE_OPENAI_API_KEY"\nquery_params = { api-version = "2025-04-01-preview" }\n'
+                                    '[mcp_servers.notion]\nurl = "https://mcp.notion.com/mcp"\nbearer_token_env_var = "NOTION_TOKEN"\n'
+                                    'http_headers = { "Notion-Version" = "2022-06-28" }\n'),
+])
+def test_everyday_settings_with_secret_sounding_names_run(sandbox: Sandbox, backend: str, rel: str, settings: object) -> None:
+    """The twin of the refusals (red team): a TTL, a path to a credentials file, `false` and `0` under
+    names with KEY, TOKEN, AUTH or CREDENTIAL in them, an Azure api-version and a Notion-Version header
+    are settings, not secrets: the run goes on."""
+    s = sandbox
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    plant(s, rel, settings if isinstance(settings, str) else json.dumps(settings))
+    proc = s.relay(backend, "local", "--dry-run", "--json", extra_env={KEYS[backend]: "sk-test-not-real"})
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_restore_owns_a_url_by_its_server_and_a_placeholder_keeps_no_passphrase() -> None:
+    """A box that adds another MCP server leaves the untouched servers' urls and args to come back as
+    the host's (their owner is the server, not the whole map). A passphrase's words are not a
+    vendor prefix: the placeholder keeps none of them."""
+    host = {"mcpServers": {"exa": {"url": f"https://mcp.exa.ai/mcp?exaApiKey={MARK}-1234"},
+                           "c7": {"command": "npx", "args": ["--api-key", f"ctx7sk-{MARK}0123"]}}}
+    written: list = []
+    masked, _ = credential_files.mask(json.dumps(host).encode(), table("claude", ".claude.json"), written=written)
+    box = json.loads(masked)
+    box["mcpServers"]["new"] = {"command": "x"}
+    out = json.loads(credential_files.restore(json.dumps(box).encode(), json.dumps(host).encode(), written))
+    assert out["mcpServers"]["exa"] == host["mcpServers"]["exa"] and out["mcpServers"]["c7"] == host["mcpServers"]["c7"]
+    for secret in ("correct-horse-battery-staple", "Summer_2024_db"):
+        fake = credential_files.placeholder_for(secret)
+        assert len(fake) == len(secret) and not any(w in fake for w in ("correct", "horse", "battery", "Summer", "2024"))
+    assert credential_files.placeholder_for("sk-ant-api03-" + "a" * 95).startswith("sk-ant-api03-")

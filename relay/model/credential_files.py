@@ -154,8 +154,8 @@ def _without_comments(text: str) -> str:
             out.append(text[i:j + 1])
             i = j + 1
         elif text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
+            m = re.compile(r"[\r\n]").search(text, i)
+            i = n if m is None else m.start()
         elif text.startswith("/*", i):
             j = text.find("*/", i + 2)
             if j < 0:
@@ -283,7 +283,9 @@ def shaped_text(value: str) -> str:
     if scheme:
         return scheme + shaped_text(value[len(scheme):])
     m = _KEY_PREFIX.match(value)
-    keep = m.group(0) if m and len(m.group(0)) < len(value) else ""
+    # A prefix is kept when it is a vendor's (`ghp_`) or before a long random part (`sk-ant-api03-` + 95):
+    # in `correct-horse-battery-staple` or `Summer_2024_db` the "prefix" is most of the secret.
+    keep = m.group(0) if m and (len(value) - len(m.group(0)) >= 16 or token_shapes.vendor_prefix(m.group(0))) else ""
     return keep + "".join(_same_class(c) for c in value[len(keep):])
 
 
@@ -354,7 +356,7 @@ def restore(box: bytes, host: bytes | None, written: list[tuple[tuple[Step, ...]
     changed = False
     for at, placeholder in written:
         if len(at) >= 3:
-            owners.setdefault(at[:-2], []).append((at, placeholder))
+            owners.setdefault(_owner(at), []).append((at, placeholder))
         elif _at(data, at) == placeholder and _at(real, at) is not _NONE:  # a top-level key (primaryApiKey)
             _put(data, at, _at(real, at))
             changed = True
@@ -374,6 +376,16 @@ def restore(box: bytes, host: bytes | None, written: list[tuple[tuple[Step, ...]
 
 
 _NONE = object()
+_SERVER_MAPS = ("mcpServers", "mcp_servers", "mcp")
+
+
+def _owner(at: tuple[Step, ...]) -> tuple[Step, ...]:
+    """The entry a secret belongs to: its MCP server (`mcpServers.<name>`, however deep the secret sits:
+    `.env.X`, `.args.3`, `.url`), else the level two up."""
+    for i in range(len(at) - 2, -1, -1):
+        if at[i] in _SERVER_MAPS and i + 1 < len(at) - 1:
+            return at[:i + 2]
+    return at[:-2]
 
 
 def _at(data: Any, at: tuple[Step, ...]) -> Any:

@@ -706,7 +706,7 @@ def _unmaskable(d: _Draft) -> bool:
         try:
             data = credential_files.parse_settings(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1), host_path)
             found = [".".join(map(str, at)) for at, value in credential_files.found(data, paths)
-                     if not token_shapes.is_reference(value)]
+                     if not token_shapes.is_reference(value) and not token_shapes.plain_value(value)]
         except ValueError as e:
             if d.env.get(opt) != "1":
                 raise RefusedError(f"{d.backend.name}: {shown} cannot be checked for credentials ({e}), and the box "
