@@ -385,8 +385,8 @@ SHAPES = [
     ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln", None, "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln"),
     ("AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", None, "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"),
     ("3f2a9c1e-uuid-key", "--api-key", "3f2a9c1e-uuid-key"),
-    ("--token=abc123", None, "abc123"),
-    ("Authorization: Bearer abc123", None, "abc123"),
+    ("--token=abc123def456", None, "abc123def456"),
+    ("Authorization: Bearer abc123def456", None, "abc123def456"),
     ("https://mcp.exa.ai/mcp?exaApiKey=k1&tools=web", None, "k1"),
     ("postgres://user:pw123@db/app", None, "pw123"),
     # twins: what an MCP server's argv and a settings file hold every day
@@ -412,6 +412,14 @@ SHAPES = [
     ("prod/db", "--secret-name", None), ("none", "--auth", None),
     ("1BxiMVs0XRA5nFMdKvBdBZjgmUUqptlbs74OgvE2upms", "--spreadsheet-id", None),
     ("TOKENIZERS_PARALLELISM=false", None, None), ("NODE_TLS_REJECT_UNAUTHORIZED=0", None, None),
+    # red team round 4: a header after --header is looked into; a shell's own references, permission
+    # rules and prose are not secrets
+    ("Authorization: Bearer ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "--header", "ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"),
+    ('curl -s -H "Authorization: Bearer $(gh auth token)" https://api.github.com/user', None, None),
+    ("GITHUB_TOKEN=${GITHUB_TOKEN:-} ~/.claude/hooks/check.sh", None, None),
+    ("Bash(security find-generic-password:*)", None, None), ("Bash(gh auth login --with-token < ~/token.txt)", None, None),
+    ("Never reveal a password: ask the user. Options are key=value pairs; the token: is read from GITHUB_TOKEN.", None, None),
+    ("x-api-key: {env:CONTEXT7_API_KEY}", None, None),
 ]
 
 
@@ -464,7 +472,19 @@ def test_a_token_in_an_mcp_servers_args_url_or_toml_refuses_and_a_reference_runs
                                                  "GOOGLE_APPLICATION_CREDENTIALS": "/home/me/.config/gcloud/adc.json"},
                                          "permissions": {"allow": ["Bash(git commit:*)", "WebFetch(domain:github.com)"]}}),
     ("gemini", ".gemini/settings.json", {"mcpServers": {"q": {"command": "uvx", "args": ["mcp-server-qdrant", "--auth-type", "oauth"],
-                                                              "env": {"TOKENIZERS_PARALLELISM": "false", "NODE_TLS_REJECT_UNAUTHORIZED": "0"}}}}),
+                                                              "env": {"TOKENIZERS_PARALLELISM": "false", "NODE_TLS_REJECT_UNAUTHORIZED": "0"}},
+                                                        "git": {"command": "uvx", "args": ["mcp-server-git"],
+                                                                "env": {"GIT_AUTHOR_NAME": "Jane Doe", "GIT_AUTHOR_EMAIL": "jane@example.com",
+                                                                        "AZURE_KEYVAULT_URL": "https://myvault.vault.azure.net/",
+                                                                        "AUTH_TYPE": "oauth", "TOKEN_ENDPOINT": "https://auth.example.com/oauth/token"},
+                                                                "description": "Never reveal a password: ask the user first."}}}),
+    ("claude", ".claude/settings.json", {"permissions": {"allow": ["Bash(security find-generic-password:*)"],
+                                                         "deny": ["Bash(kubectl get secret:*)", "Bash(gh auth login --with-token < ~/token.txt)"]},
+                                         "hooks": {"SessionStart": [{"hooks": [{"type": "command", "command":
+                                                   'curl -s -H "Authorization: Bearer $(gh auth token)" https://api.github.com/user'}]}],
+                                                   "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command":
+                                                   "GITHUB_TOKEN=${GITHUB_TOKEN:-} ~/.claude/hooks/check.sh"}]}]},
+                                         "env": {"GOOGLE_APPLICATION_CREDENTIALS": "C:\\Users\\alice\\AppData\\Roaming\\gcloud\\adc.json"}}),
     ("codex", ".codex/config.toml", '[model_providers.azure]\nname = "Azure"\nbase_url = "https://my.openai.azure.com/openai"\n'
                                     'env_key = "AZURE_OPENAI_API_KEY"\nquery_params = { api-version = "2025-04-01-preview" }\n'
                                     '[mcp_servers.notion]\nurl = "https://mcp.notion.com/mcp"\nbearer_token_env_var = "NOTION_TOKEN"\n'
@@ -497,3 +517,21 @@ def test_restore_owns_a_url_by_its_server_and_a_placeholder_keeps_no_passphrase(
         fake = credential_files.placeholder_for(secret)
         assert len(fake) == len(secret) and not any(w in fake for w in ("correct", "horse", "battery", "Summer", "2024"))
     assert credential_files.placeholder_for("sk-ant-api03-" + "a" * 95).startswith("sk-ant-api03-")
+
+
+def test_a_key_the_box_holds_anyway_is_no_reason_to_refuse_and_a_token_beside_it_is(sandbox: Sandbox) -> None:
+    """The caller points claude at their own base URL, so its key goes into the box as set (said in the
+    plan). ~/.claude.json's `customApiKeyResponses` keeps that key's last 20 characters: nothing more is in
+    the box, so the run goes on (the TUI's approval still holds). Attack twin: an MCP server's token in
+    the same file is not in the box otherwise: refused."""
+    s = sandbox
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    key = "sk-ant-api03-" + "k" * 20 + "0123456789abcdefghij"
+    path = plant(s, ".claude.json", json.dumps({"customApiKeyResponses": {"approved": [key[-20:]], "rejected": []}}))
+    env = {"ANTHROPIC_API_KEY": key, "ANTHROPIC_BASE_URL": "http://fake-api.test:1"}
+    proc = s.relay("claude", "local", "--dry-run", "--json", extra_env=env)
+    assert proc.returncode == 0 and str(path) not in json.loads(proc.stdout)["login_files"], proc.stderr
+    path.write_text(json.dumps({"customApiKeyResponses": {"approved": [key[-20:]]},
+                                "mcpServers": {"gh": {"type": "http", "url": "https://x", "headers": {"Authorization": f"Bearer {MARK}"}}}}))
+    proc = s.relay("claude", "local", "--dry-run", "--json", extra_env=env)
+    assert proc.returncode == 3 and "mcpServers.gh.headers.Authorization" in proc.stderr and MARK not in proc.stderr, proc.stderr

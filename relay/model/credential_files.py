@@ -91,7 +91,7 @@ def found(data: Any, paths: tuple[str, ...]) -> list[tuple[tuple[Step, ...], str
     for path in paths:
         gated = path.startswith("?")
         for at, value in _walk(data, path.removeprefix("?").split("."), ()):
-            if gated and not token_shapes.looks_secret(value, _before(data, at)):
+            if gated and not token_shapes.looks_secret(value, before(data, at)):
                 continue
             out.setdefault(at, value)
     return list(out.items())
@@ -100,10 +100,10 @@ def found(data: Any, paths: tuple[str, ...]) -> list[tuple[tuple[Step, ...], str
 def _spans(data: Any, at: tuple[Step, ...], value: str) -> list[tuple[int, int]]:
     """Where the secret is in a value found at `at`: the part that looks like one (a URL's key, the
     value of `--api-key=`), else all of it (a value under a key that names a secret)."""
-    return token_shapes.secret_spans(value, _before(data, at)) or [(0, len(value))]
+    return token_shapes.secret_spans(value, before(data, at)) or [(0, len(value))]
 
 
-def _before(data: Any, at: tuple[Step, ...]) -> Any:
+def before(data: Any, at: tuple[Step, ...]) -> Any:
     """The list element in front of the one at `at` (the flag of an argv value), or None."""
     if not at or not isinstance(at[-1], int) or at[-1] == 0:
         return None

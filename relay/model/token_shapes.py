@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 # A value that names a variable or a file instead of holding a secret (`$GITHUB_TOKEN`, `${X}`,
 # opencode's `{env:X}` and `{file:~/k}`): the CLI or the server reads the real value itself.
-REFERENCE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\{(env|file):[^}]*\}")
+REFERENCE = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*(?:[:?+=\-][^}]*)?\}|\{(env|file):[^}]*\}"
+                       r"|\$\([^)]*\)|`[^`]*`")  # and a shell's `${X:-}`, `$(gh auth token)`
 
 # Vendor prefixes of API keys and tokens, each followed by at least 12 more token characters.
 _VENDOR_PREFIX = (r"(?:gh[pousr]_|github_pat_|glpat-|gloas-|xox[abposr]-|xapp-|sk-|sk_live_|rk_live_|sk_test_|AIza|"
@@ -32,7 +33,7 @@ _RANDOM = re.compile(r"(?=[A-Za-z0-9_\-+]*[A-Z])(?=[A-Za-z0-9_\-+]*[a-z])(?=[A-Z
 # The same, found inside a longer string: not glued to other token characters on either side.
 _EMBEDDED = re.compile(r"(?<![A-Za-z0-9_\-.])(?:" + _VENDOR.pattern + "|" + _JWT.pattern + r")(?![A-Za-z0-9_\-])")
 _SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "pat", "auth", "authorization", "cookie",
-                 "credential", "credentials", "sig", "signature", "bearer")
+                 "credential", "credentials", "sig", "signature", "bearer", "dsn")
 # A name whose last word says its value is about a secret, not one: `--token-file`, `api_key_env`,
 # `token_type`, `--auth-type`, `CLAUDE_CODE_API_KEY_HELPER_TTL_MS`, `--secret-name`, `--spreadsheet-id`.
 _NOT_SECRET_LAST = ("file", "path", "env", "var", "type", "mode", "name", "id", "ids", "dir", "url", "uri", "endpoint",
@@ -42,14 +43,18 @@ _FLAG = re.compile(r"--?([A-Za-z0-9][A-Za-z0-9_\-]*)")
 # Inside a longer string: NAME=VALUE (`-e GITHUB_TOKEN=…`, `Authorization=Bearer …`), "NAME": "VALUE"
 # (JSON in a string), `--flag VALUE` and `Name: VALUE`.
 _IN_ASSIGN = re.compile(r"(?<![\w\-])-{0,2}([A-Za-z_][A-Za-z0-9_\-]*)=(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?"
-                        r"(\"[^\"\s]+\"|'[^'\s]+'|\$?\{[^}\s]*\}|[^\s&;,\"'}]+)")
+                        r"(\"[^\"\s]+\"|'[^'\s]+'|\$?\{[^}\s]*\}|\$\([^)]*\)|[^\s&;,\"'}]+)")
 _IN_JSON = re.compile(r"\"([A-Za-z0-9_\-]+)\"\s*:\s*\"(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?([^\"\s]+)\"")
 _IN_FLAG = re.compile(r"(?<!\S)--?([A-Za-z0-9][A-Za-z0-9_\-]*)\s+(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?([^\s\-\"'][^\s\"']*)")
-_IN_HEADER = re.compile(r"(?<![\w\-])([A-Za-z][A-Za-z0-9_\-]*)\s*:\s*(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?([^\s\"',}]+)")
+_IN_HEADER = re.compile(r"(?<![\w\-])([A-Za-z][A-Za-z0-9_\-]*)\s*:\s*(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?"
+                        r"(\$?\{[^}\s]*\}|\$\([^)]*\)|[^\s\"',}]+)")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
 # Values that are settings, not secrets: a number, a boolean, a path, a variable's name.
 _PLAIN = re.compile(r"(?i)[-+]?\d+(\.\d+)?|true|false|yes|no|on|off|none|null|")
-_PATHLIKE = re.compile(r"(?:~|\.{1,2})?/\S*")
+_PATHLIKE = re.compile(r"(?:~|\.{1,2})?/\S*|[A-Za-z]:[\\/].*|%[A-Za-z_][A-Za-z0-9_]*%(?:[\\/].*)?|\\\\\S.*")  # and Windows'
+# What a secret found inside prose or a command line looks like: 8+ token characters, starting with
+# one, with a digit or mixed case (`*)`, `<`, `ask`, `value` in a sentence or a permission rule are not).
+_TOKENISH = re.compile(r"(?=[^\s]*(?:[0-9]|[A-Z][^\s]*[a-z]|[a-z][^\s]*[A-Z]))[A-Za-z0-9][A-Za-z0-9_\-.+/=~:@!%]{7,}")
 _VAR_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 
 
@@ -69,6 +74,17 @@ def secret_name(name: str) -> bool:
         return False
     low = name.lower()
     return any(w in _SECRET_WORDS for w in words) or low.endswith(_SECRET_WORDS[:5] + ("credentials",))
+
+
+def secret_entry(key: object, value: str, before: object = None) -> bool:
+    """Whether a settings entry holds a secret: a value shaped like one wherever it sits, or a value
+    that is not a plain setting under a key whose name says secret (`GITHUB_TOKEN`, `apiKey`; not
+    `GIT_AUTHOR_NAME`, `AZURE_KEYVAULT_URL`, `AUTH_TYPE`, `TOKEN_ENDPOINT`)."""
+    if is_reference(value):
+        return False
+    if isinstance(key, str) and secret_name(key) and not plain_value(value):
+        return True
+    return looks_secret(value, before)
 
 
 def plain_value(value: str) -> bool:
@@ -156,7 +172,8 @@ def _embedded(value: str) -> list[tuple[int, int]]:
         spans += _url_spans(m.group(0), m.start())
     for pattern in (_IN_ASSIGN, _IN_JSON, _IN_FLAG, _IN_HEADER):
         for m in pattern.finditer(value):
-            if secret_name(m.group(1)) and _secret_value(m.group(2)) and "://" not in m.group(2):
+            if secret_name(m.group(1)) and _secret_value(m.group(2)) and "://" not in m.group(2) \
+                    and _TOKENISH.fullmatch(m.group(2).strip("\"'")):
                 a, b = m.span(2)
                 if value[a:b][:1] in "\"'":
                     a, b = a + 1, b - 1
@@ -189,9 +206,9 @@ def secret_spans(value: str, before: object = None) -> list[tuple[int, int]]:
     if isinstance(before, str):
         m = _FLAG.fullmatch(before)
         if m and not secret_name(m.group(1)) and _words(m.group(1))[-1:] and _words(m.group(1))[-1] in _NOT_SECRET_LAST \
-                and not _VENDOR.fullmatch(_bare(core)) and not _JWT.fullmatch(_bare(core)):
+                and _RANDOM.fullmatch(core):
             return []  # `--spreadsheet-id 1Bxi…`: an id after an id's flag, however random it looks
-        if m and secret_name(m.group(1)) and not core.startswith("-") and _secret_value(core):
+        if m and secret_name(m.group(1)) and core[:1].isalnum() and _secret_value(core):
             return [(lead + _scheme_end(core), lead + len(core))]
     if _shaped(core):
         return [(lead + _scheme_end(core), lead + len(core))]

@@ -643,6 +643,9 @@ def _login_files(d: _Draft) -> bool:
             specs.setdefault(route.login.file, []).append(route.login.token)
     in_box = _unmaskable(d)
     opt = login_opt_in(d.backend.name)
+    # What the box gets as it is anyway (a key the caller pointed at its own base URL): a value in a file
+    # that is one of these (claude's customApiKeyResponses keeps that key's last 20 characters) adds nothing.
+    in_box_values = {d.env[n] for n in _env_names(d.profile, d.backend, d.env) if d.env.get(n) and n not in d.withheld}
     for host_path, paths in specs.items():
         shown = "~/" + os.path.relpath(host_path, d.home)
         if d.fs.lkind(host_path) == "link" and _in_state_dirs(d, host_path) and d.env.get(opt) != "1":
@@ -654,8 +657,9 @@ def _login_files(d: _Draft) -> bool:
         if d.fs.lkind(host_path) != "file" or not _in_state_dirs(d, host_path):
             continue
         try:
-            found = tuple(credential_files.secret_paths(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1),
-                                                        tuple(paths), credential_files.is_dotenv(host_path)))
+            pairs = credential_files.values(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1),
+                                            tuple(paths), credential_files.is_dotenv(host_path))
+            found = tuple(dict.fromkeys(at for at, value in pairs if not _in_box_anyway(value, in_box_values)))
         except ValueError:
             # masked means: no copy at all (agentstate cannot mask it; an encrypted token store, say)
             found = ("(a file it cannot read)",) if credential_files.is_dotenv(host_path) else ("(not JSON)",)
@@ -682,6 +686,11 @@ def _login_files(d: _Draft) -> bool:
     return in_box
 
 
+def _in_box_anyway(value: str, in_box_values: set[str]) -> bool:
+    """A secret of a file that the box holds anyway: one of `in_box_values`, or the end of one (8+ characters)."""
+    return any(v == value or (len(value) >= 8 and v.endswith(value)) for v in in_box_values)
+
+
 def _unmaskable(d: _Draft) -> bool:
     """The backend's `unmaskable:` files (guarded settings: ~/.claude/settings.json's `env`, an MCP server's
     env and headers in gemini's and opencode's settings) in the box's copy of its state: their sync-back
@@ -706,7 +715,7 @@ def _unmaskable(d: _Draft) -> bool:
         try:
             data = credential_files.parse_settings(d.fs.read_bounded(host_path, credential_files.MAX_FILE + 1), host_path)
             found = [".".join(map(str, at)) for at, value in credential_files.found(data, paths)
-                     if not token_shapes.is_reference(value) and not token_shapes.plain_value(value)]
+                     if token_shapes.secret_entry(at[-1], value, credential_files.before(data, at))]
         except ValueError as e:
             if d.env.get(opt) != "1":
                 raise RefusedError(f"{d.backend.name}: {shown} cannot be checked for credentials ({e}), and the box "
