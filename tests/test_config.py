@@ -198,7 +198,8 @@ def test_repo_config_may_drop_keep_patterns_but_not_add_one(tmp_path: Path) -> N
 def test_shipped_credential_routes() -> None:
     backends = load_shipped()
     routes = {r.name: r for r in backends["claude"].credentials}
-    assert list(routes) == ["anthropic-token", "anthropic", "anthropic-oauth", "anthropic-login"]  # claude's precedence
+    assert list(routes) == ["anthropic-token", "anthropic", "anthropic-oauth", "anthropic-login",
+                            "anthropic-console"]  # claude's precedence
     claude = routes["anthropic"]
     assert (claude.name, claude.upstream_host, claude.upstream_port, claude.send) == (
         "anthropic", "api.anthropic.com", 443, "x-api-key")

@@ -74,6 +74,8 @@ CLAUDE_CREDS = {"claudeAiOauth": {"accessToken": CLAUDE_ACCESS, "refreshToken": 
                     "clientSecret": "cs_" + MARK + "3"}},
                 "mcpOAuthClientConfig": {"linear|0123456789abcdef": {"clientSecret": "cs_" + MARK + "4"}}}
 
+CLAUDE_CONSOLE = {"primaryApiKey": "sk-ant-api03-" + MARK + "ConsoleKey0123456789abcdefghijklmnopqrstuvwxyzABCDEF",
+                  "hasCompletedOnboarding": True, "theme": "dark", "numStartups": 3}
 FILES = {"codex": ".codex/auth.json", "gemini": ".gemini/oauth_creds.json",
          "opencode": ".local/share/opencode/auth.json", "claude": ".claude/.credentials.json"}
 
@@ -124,8 +126,8 @@ def test_a_file_that_is_not_json_is_not_masked_but_refused() -> None:
 
 # --- the plan: masked, refused, or in the box by opt-in --------------------------------------------------
 
-def plant(s: Sandbox, backend: str, data: dict) -> Path:
-    path = s.home / FILES[backend]
+def plant(s: Sandbox, backend: str, data: dict, rel: str | None = None) -> Path:
+    path = s.home / (rel or FILES[backend])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     path.chmod(0o600)
@@ -245,7 +247,11 @@ CASES = {
                          "opencode auth list", "nthropic", "key"),
     "claude-mcp-oauth": ("claude", CLAUDE_CREDS, {}, CLAUDE_ACCESS, '"clientId": "mcp-client-id-kept"',
                          "true", "", "clientSecret"),
+    # A Console /login: the key in ~/.claude.json (a synced file), routed by anthropic-console.
+    "claude-console": ("claude", CLAUDE_CONSOLE, {}, CLAUDE_CONSOLE["primaryApiKey"], '"primaryApiKey": "sk-ant-api03-',
+                       "true", "", "primaryApiKey"),
 }
+CASE_FILES = {"claude-console": ".claude.json"}
 MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("container", marks=pytest.mark.container)]
 
 
@@ -269,13 +275,13 @@ def test_real_cli_with_a_login_file_sees_only_placeholders(request, ca, tls_api,
         s = request.getfixturevalue("sandbox")
     backend, data, env, real_key, seen, status, status_says, source = CASES[case]
     setup_home(s, backend, "HOME")
-    path = plant(s, backend, data)
+    path = plant(s, backend, data, CASE_FILES.get(case))
     before = path.read_bytes()
     if status != "true":  # the pinned CLI: the host's tools dir (local), the image's prefix (container)
         cli, args = status.split(" ", 1)
         status = " || ".join(f"{d}/node_modules/.bin/{cli} {args}" for d in (TOOLS, "/opt/hive-relay/npm"))
         status = f"{{ {status}; }}"
-    probe = PROBE.replace("SEEN", seen).replace("STATUS", status).replace("TWIN", twin(FILES[backend], source))
+    probe = PROBE.replace("SEEN", seen).replace("STATUS", status).replace("TWIN", twin(CASE_FILES.get(case, FILES[backend]), source))
     (s.workdir / "probe-creds.sh").write_text(probe)
     (s.workdir / "probe-creds.sh").chmod(0o644)
     tls_api.tool_command = "sh probe-creds.sh"
@@ -301,7 +307,10 @@ def test_real_cli_with_a_login_file_sees_only_placeholders(request, ca, tls_api,
     assert twins and all(MARK not in t and len(t) > len("Bearer ") + 8 for t in twins), twins
     assert MARK not in bodies and MARK not in out
     # The host's login file is as it was; nothing under HOME or the workdir holds a real value elsewhere.
-    assert path.read_bytes() == before
+    if case in CASE_FILES:  # a synced file: the box's data-key changes come back, the host's key stays
+        assert json.loads(path.read_bytes())["primaryApiKey"] == data["primaryApiKey"]
+    else:
+        assert path.read_bytes() == before
     leaks = [p for p in files_holding(s.home, MARK.encode()) if p != str(path)]
     assert leaks == [] and files_holding(s.workdir, MARK.encode()) == []
 

@@ -517,6 +517,30 @@ def test_a_codex_api_key_login_file_reaches_only_the_clusters_proxy(tmp_path: Pa
     assert secret_values(plan, env) == {"HIVE_RELAY_KEY_0": real}  # read from the host file, for the Secret only
 
 
+def test_a_claude_console_key_reaches_only_the_clusters_proxy(tmp_path: Path) -> None:
+    """claude's Console `/login` (the key in ~/.claude.json): the pod gets no copy of the file, the route
+    carries the key from the host file to the proxy's Secret, and claude in the pod sends the placeholder
+    (ANTHROPIC_API_KEY) to the route."""
+    work = tmp_path / "w"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
+                    "--allow-empty", "-m", "i"], check=True)
+    real = "sk-ant-api03-REALCONSOLE" + "x" * 60
+    (tmp_path / ".claude.json").write_text(json.dumps({"primaryApiKey": real, "numStartups": 1}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
+    dry = subprocess.run([sys.executable, "-m", "relay", "claude", "kube", "--prompt", "hi", "--workdir", str(work),
+                          "--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert real not in dry.stdout
+    data = json.loads(dry.stdout)
+    assert data["kube"]["credentials_carried"] == [{"route": "anthropic-console", "key": "HIVE_RELAY_KEY_0", "from": "login"}]
+    job = data["kube"]["objects"][-1]
+    box_env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert box_env["ANTHROPIC_API_KEY"] == "hive-relay-placeholder" and box_env["ANTHROPIC_BASE_URL"].endswith("/anthropic-console")
+
+
 def test_isolation_gvisor_asks_for_the_gvisor_runtime_class_on_the_box_pods_only(fake_checkout: None,
                                                                                   fixed_seccomp: None) -> None:
     """`kube --isolation gvisor`: the plan names the class, the Job's pods ask for it (golden), the proxy

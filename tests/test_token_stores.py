@@ -159,17 +159,25 @@ CLAUDE_JSON = {"numStartups": 1, "primaryApiKey": f"sk-ant-api03-{MARK}012345678
 def test_claude_json_refuses_without_a_route_and_is_masked_with_one(sandbox: Sandbox) -> None:
     """A Console `/login` leaves its API key in ~/.claude.json (`primaryApiKey`, Linux has no keychain for
     it), and MCP servers carry tokens in headers and env: the file is synced into the box, so it is masked
-    like a state file, and refuses the run when no route holds claude's credential."""
+    like a state file. The Console key is a route's (anthropic-console, read from the host's file); MCP
+    tokens with no claude credential on the host refuse the run."""
     s = sandbox
     path = plant(s, ".claude.json", json.dumps(CLAUDE_JSON))
     (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
     proc = s.relay("claude", "local", "--dry-run", "--json")
+    plan = json.loads(proc.stdout)
+    assert proc.returncode == 0 and [r["route"] for r in plan["credentials"]] == ["anthropic-console"], proc.stderr
+    assert plan["login_files"][str(path)]["held"] == "masked" and MARK not in proc.stdout + proc.stderr
+    path.write_text(json.dumps({k: v for k, v in CLAUDE_JSON.items() if k != "primaryApiKey"}))
+    proc = s.relay("claude", "local", "--dry-run", "--json")
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert proc.returncode == 3 and len(lines) == 1 and "~/.claude.json holds a login (primaryApiKey" in proc.stderr
+    assert proc.returncode == 3 and len(lines) == 1 and "~/.claude.json holds a login (mcpServers." in proc.stderr, proc.stderr
     assert MARK not in proc.stdout + proc.stderr
+    path.write_text(json.dumps(CLAUDE_JSON))
     proc = s.relay("claude", "local", "--dry-run", "--json", extra_env={"ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
     use = json.loads(proc.stdout)["login_files"][str(path)]
     assert proc.returncode == 0 and use["held"] == "masked" and len(use["secrets"]) == 8, use  # every env and header value
+    assert [r["route"] for r in json.loads(proc.stdout)["credentials"]] == ["anthropic"]  # the env key comes first
     assert "projects./w.mcpServers.c7.args.3" in use["secrets"] and "projects./w.mcpServers.exa.url" in use["secrets"], use
 
 

@@ -240,7 +240,7 @@ def kube_routes(plan: Plan) -> tuple:
 # A login route's token reaches the pod's proxy, but the CLI in the pod has no login file to send
 # with (a pod gets no copy of the host's state): this variable, by backend and route, makes it send
 # the placeholder as its key, which the proxy swaps for the real one on the pinned upstream.
-LOGIN_BOX_ENV = {("claude", "anthropic-login"): "CLAUDE_CODE_OAUTH_TOKEN",
+LOGIN_BOX_ENV = {("claude", "anthropic-login"): "CLAUDE_CODE_OAUTH_TOKEN", ("claude", "anthropic-console"): "ANTHROPIC_API_KEY",
                  ("codex", "openai-login"): "CODEX_API_KEY",
                  ("opencode", "anthropic-login"): "ANTHROPIC_API_KEY",
                  ("opencode", "openai-login"): "OPENAI_API_KEY"}
