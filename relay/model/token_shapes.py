@@ -16,22 +16,38 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
+
+class _Lazy:
+    """A regex compiled on first use: every launch imports this module, few runs ever use it (its
+    patterns cost about 3 ms to compile)."""
+
+    __slots__ = ("pattern", "_re")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern, self._re = pattern, None
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - the compiled pattern's methods
+        if self._re is None:
+            self._re = re.compile(self.pattern)
+        return getattr(self._re, name)
+
+
 # A value that names a variable or a file instead of holding a secret (`$GITHUB_TOKEN`, `${X}`,
 # opencode's `{env:X}` and `{file:~/k}`): the CLI or the server reads the real value itself.
-REFERENCE = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*(?:[:?+=\-][^}]*)?\}|\{(env|file):[^}]*\}"
+REFERENCE = _Lazy(r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*(?:[:?+=\-][^}]*)?\}|\{(env|file):[^}]*\}"
                        r"|\$\([^)]*\)|`[^`]*`")  # and a shell's `${X:-}`, `$(gh auth token)`
 
 # Vendor prefixes of API keys and tokens, each followed by at least 12 more token characters.
 _VENDOR_PREFIX = (r"(?:gh[pousr]_|github_pat_|glpat-|gloas-|xox[abposr]-|xapp-|sk-|sk_live_|rk_live_|sk_test_|AIza|"
                   r"ya29\.|AKIA|ASIA|npm_|hf_|lin_api_|lin_oauth_|ntn_|sntrys_|pplx-|gsk_|tvly-|ctx7sk-|dop_v1_|"
                   r"shpat_|figd_|r8_|fw_|fc-|csk-|xai-|nvapi-|pat_|bearer_|ABSK)")
-_VENDOR = re.compile(_VENDOR_PREFIX + r"[A-Za-z0-9_\-.+=]{12,}")
-_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
+_VENDOR = _Lazy(_VENDOR_PREFIX + r"[A-Za-z0-9_\-.+=]{12,}")
+_JWT = _Lazy(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 # A random-looking run: 32+ token characters with upper case, lower case and digits; or padded base64.
-_RANDOM = re.compile(r"(?=[A-Za-z0-9_\-+]*[A-Z])(?=[A-Za-z0-9_\-+]*[a-z])(?=[A-Za-z0-9_\-+]*[0-9])[A-Za-z0-9_\-+]{32,}"
+_RANDOM = _Lazy(r"(?=[A-Za-z0-9_\-+]*[A-Z])(?=[A-Za-z0-9_\-+]*[a-z])(?=[A-Za-z0-9_\-+]*[0-9])[A-Za-z0-9_\-+]{32,}"
                      r"|[A-Za-z0-9+/]{30,}={1,2}")
 # The same, found inside a longer string: not glued to other token characters on either side.
-_EMBEDDED = re.compile(r"(?<![A-Za-z0-9_\-.])(?:" + _VENDOR.pattern + "|" + _JWT.pattern + r")(?![A-Za-z0-9_\-])")
+_EMBEDDED = _Lazy(r"(?<![A-Za-z0-9_\-.])(?:" + _VENDOR.pattern + "|" + _JWT.pattern + r")(?![A-Za-z0-9_\-])")
 _SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "pat", "auth", "authorization", "cookie",
                  "credential", "credentials", "sig", "signature", "bearer", "dsn")
 # A name whose last word says its value is about a secret, not one: `--token-file`, `api_key_env`,
@@ -39,23 +55,23 @@ _SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "pat", "auth", 
 _NOT_SECRET_LAST = ("file", "path", "env", "var", "type", "mode", "name", "id", "ids", "dir", "url", "uri", "endpoint",
                     "helper", "ttl", "ms", "version", "header", "headers", "length", "count", "size", "limit",
                     "timeout", "method", "scope", "scopes", "provider", "kind", "format", "prefix", "command", "cmd")
-_FLAG = re.compile(r"--?([A-Za-z0-9][A-Za-z0-9_\-]*)")
+_FLAG = _Lazy(r"--?([A-Za-z0-9][A-Za-z0-9_\-]*)")
 # Inside a longer string: NAME=VALUE (`-e GITHUB_TOKEN=…`, `Authorization=Bearer …`), "NAME": "VALUE"
 # (JSON in a string), `--flag VALUE` and `Name: VALUE`.
-_IN_ASSIGN = re.compile(r"(?<![\w\-])-{0,2}([A-Za-z_][A-Za-z0-9_\-]*)=(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?"
+_IN_ASSIGN = _Lazy(r"(?<![\w\-])-{0,2}([A-Za-z_][A-Za-z0-9_\-]*)=(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?"
                         r"(\"[^\"\s]+\"|'[^'\s]+'|\$?\{[^}\s]*\}|\$\([^)]*\)|[^\s&;,\"'}]+)")
-_IN_JSON = re.compile(r"\"([A-Za-z0-9_\-]+)\"\s*:\s*\"(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?([^\"\s]+)\"")
-_IN_FLAG = re.compile(r"(?<!\S)--?([A-Za-z0-9][A-Za-z0-9_\-]*)\s+(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?([^\s\-\"'][^\s\"']*)")
-_IN_HEADER = re.compile(r"(?<![\w\-])([A-Za-z][A-Za-z0-9_\-]*)\s*:\s*(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?"
+_IN_JSON = _Lazy(r"\"([A-Za-z0-9_\-]+)\"\s*:\s*\"(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?([^\"\s]+)\"")
+_IN_FLAG = _Lazy(r"(?<!\S)--?([A-Za-z0-9][A-Za-z0-9_\-]*)\s+(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?([^\s\-\"'][^\s\"']*)")
+_IN_HEADER = _Lazy(r"(?<![\w\-])([A-Za-z][A-Za-z0-9_\-]*)\s*:\s*(?:(?:[Bb]earer|[Bb]asic|[Tt]oken)\s+)?"
                         r"(\$?\{[^}\s]*\}|\$\([^)]*\)|[^\s\"',}]+)")
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
+_URL = _Lazy(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
 # Values that are settings, not secrets: a number, a boolean, a path, a variable's name.
-_PLAIN = re.compile(r"(?i)[-+]?\d+(\.\d+)?|true|false|yes|no|on|off|none|null|")
-_PATHLIKE = re.compile(r"(?:~|\.{1,2})?/\S*|[A-Za-z]:[\\/].*|%[A-Za-z_][A-Za-z0-9_]*%(?:[\\/].*)?|\\\\\S.*")  # and Windows'
+_PLAIN = _Lazy(r"(?i)[-+]?\d+(\.\d+)?|true|false|yes|no|on|off|none|null|")
+_PATHLIKE = _Lazy(r"(?:~|\.{1,2})?/\S*|[A-Za-z]:[\\/].*|%[A-Za-z_][A-Za-z0-9_]*%(?:[\\/].*)?|\\\\\S.*")  # and Windows'
 # What a secret found inside prose or a command line looks like: 8+ token characters, starting with
 # one, with a digit or mixed case (`*)`, `<`, `ask`, `value` in a sentence or a permission rule are not).
-_TOKENISH = re.compile(r"(?=[^\s]*(?:[0-9]|[A-Z][^\s]*[a-z]|[a-z][^\s]*[A-Z]))[A-Za-z0-9][A-Za-z0-9_\-.+/=~:@!%]{7,}")
-_VAR_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+_TOKENISH = _Lazy(r"(?=[^\s]*(?:[0-9]|[A-Z][^\s]*[a-z]|[a-z][^\s]*[A-Z]))[A-Za-z0-9][A-Za-z0-9_\-.+/=~:@!%]{7,}")
+_VAR_NAME = _Lazy(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 
 
 def _words(name: str) -> list[str]:
