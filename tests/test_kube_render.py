@@ -541,6 +541,32 @@ def test_a_claude_console_key_reaches_only_the_clusters_proxy(tmp_path: Path) ->
     assert box_env["ANTHROPIC_API_KEY"] == "hive-relay-placeholder" and box_env["ANTHROPIC_BASE_URL"].endswith("/anthropic-console")
 
 
+def test_a_codex_chatgpt_login_is_refused_in_kube_and_an_api_key_runs(tmp_path: Path) -> None:
+    """codex's ChatGPT login signs in from auth.json's tokens, and a pod gets no copy of the host's
+    state: the run stops before any object (exit 3, one line naming the fixes) instead of a pod that
+    starts logged out. Twin: CODEX_API_KEY on the host is carried as before."""
+    work = tmp_path / "w"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
+                    "--allow-empty", "-m", "i"], check=True)
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "auth.json").write_text(json.dumps({
+        "auth_mode": "chatgpt", "OPENAI_API_KEY": None,
+        "tokens": {"access_token": "eyJhbGciOiJub25lIn0.eyJleHAiOjQxMDI0NDQ4MDB9.REALSIG", "refresh_token": "rt-REAL",
+                   "id_token": "eyJhbGciOiJub25lIn0.eyJleHAiOjQxMDI0NDQ4MDB9.REALSIG", "account_id": "acc"}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
+    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
+    cmd = [sys.executable, "-m", "relay", "codex", "kube", "--prompt", "hi", "--workdir", str(work), "--dry-run", "--json"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    lines = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert refused.returncode == 3 and len(lines) == 1 and "route chatgpt-login" in refused.stderr, refused.stderr
+    assert "fix: set CODEX_API_KEY" in refused.stderr and "REAL" not in refused.stdout + refused.stderr
+    ran = subprocess.run(cmd, capture_output=True, text=True, env={**env, "CODEX_API_KEY": "sk-test-not-real"}, cwd=REPO,
+                         timeout=120)
+    assert ran.returncode == 0 and json.loads(ran.stdout)["kube"]["credentials_carried"][0]["route"] == "openai", ran.stderr
+
+
 def test_isolation_gvisor_asks_for_the_gvisor_runtime_class_on_the_box_pods_only(fake_checkout: None,
                                                                                   fixed_seccomp: None) -> None:
     """`kube --isolation gvisor`: the plan names the class, the Job's pods ask for it (golden), the proxy

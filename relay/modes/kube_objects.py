@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from relay.model.backend import CredentialRoute
+from relay.model.errors import RefusedError
 from relay.model.hashing import sha256
 from relay.plan.resolve import Plan
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER
@@ -246,6 +247,22 @@ LOGIN_BOX_ENV = {("claude", "anthropic-login"): "CLAUDE_CODE_OAUTH_TOKEN", ("cla
                  ("opencode", "openai-login"): "OPENAI_API_KEY"}
 
 
+# A login route whose CLI signs in only from its login file (codex's provider for a ChatGPT login reads
+# auth.json's tokens and account id): a pod gets no copy of the host's state, so that CLI would start
+# logged out. Refused, with the fixes, rather than a pod that fails inside.
+LOGIN_NEEDS_FILE = {("codex", "chatgpt-login"): "set CODEX_API_KEY on the host (an API key the proxy carries)"}
+
+
+def refuse_unreachable_logins(plan: Plan) -> None:
+    """Stop a kube run whose CLI could not use its login in a pod (LOGIN_NEEDS_FILE), in one line."""
+    for route in plan.credentials:
+        fix = LOGIN_NEEDS_FILE.get((plan.backend, route.name))
+        if route.login is not None and fix:
+            raise RefusedError(f"{plan.backend}: kube mode cannot carry the login {route.login.file} into a pod "
+                               f"(route {route.name}: the CLI signs in from that file, and a pod gets no copy of the "
+                               f"host's state); fix: {fix}, or --mode local or --mode container")
+
+
 def _route(route: CredentialRoute) -> dict:
     """Exactly what relay/egress/proxy_main.py's routes_from reads (a new field elsewhere never leaks in)."""
     return {"name": route.name, "secret_env": list(route.secret_env), "upstream_host": route.upstream_host,
@@ -278,6 +295,7 @@ def render_objects(plan: Plan, run: KubeRun, bundle: bytes, secret_values: Mappi
     bundle itself is in no object: only its sha256 and size (the runner streams it to the proxy pod)."""
     if plan.container is not None or plan.mode != "kube":
         raise ValueError("render_objects needs a kube-mode plan")
+    refuse_unreachable_logins(plan)
     run = with_bundle(run, bundle)
     ns = namespace(run.run_id)
     profile = seccomp_profile(plan)
