@@ -150,17 +150,30 @@ class FakeAPI(http.server.BaseHTTPRequestHandler):
                  "output_tokens_details": None, "total_tokens": 2}
         tool = self.server.tool_command
         wants_tool = tool is not None and b"function_call_output" not in body
-        if wants_tool:
+        if wants_tool and self.server.tool_name == "bash":  # opencode's shell tool (its ChatGPT login's provider)
+            item = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "bash", "status": "completed",
+                    "arguments": json.dumps({"command": tool, "description": "run the probe"})}
+        elif wants_tool:
             item = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "exec_command",
                     "arguments": json.dumps({"cmd": tool})}
         else:
-            item = {"type": "message", "role": "assistant", "id": "msg_1",
+            item = {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
                     "content": [{"type": "output_text", "text": ANSWER, "annotations": []}]}
-        self._stream([
-            sse("response.created", {"type": "response.created", "response": {"id": "resp_1"}}),
+        events = [sse("response.created", {"type": "response.created", "response": {"id": "resp_1"}})]
+        if self.server.tool_name == "bash":  # the AI SDK (opencode) builds its parts from the item's start and deltas
+            start = {**item, "status": "in_progress"}
+            if item["type"] == "message":
+                start["content"] = []
+            events.append(sse("response.output_item.added", {"type": "response.output_item.added", "output_index": 0,
+                                                             "item": start}))
+            if item["type"] == "message":
+                events.append(sse("response.output_text.delta", {"type": "response.output_text.delta", "item_id": "msg_1",
+                                                                 "output_index": 0, "content_index": 0, "delta": ANSWER}))
+        events += [
             sse("response.output_item.done", {"type": "response.output_item.done", "output_index": 0, "item": item}),
             sse("response.completed", {"type": "response.completed", "response": {"id": "resp_1", "usage": usage}}),
-        ])
+        ]
+        self._stream(events)
 
     def _code_assist(self, method: str, req: dict) -> None:
         """Google's Code Assist API as gemini's Google login uses it: an onboarded free-tier user, and

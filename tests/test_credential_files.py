@@ -62,9 +62,11 @@ GEMINI_OAUTH = {"access_token": "ya29.a0" + MARK + "AfB_byC1d2e3f4g5h6", "refres
 # A Google login no route holds: no access token beside the refresh token (the google-login route reads
 # the access token; a full login is routed: tests/escape/test_google_login.py).
 GEMINI_REFRESH_ONLY = {k: v for k, v in GEMINI_OAUTH.items() if k != "access_token"}
+# opencode's GitHub Copilot login: no route holds it (its ChatGPT login is a route's:
+# tests/test_opencode_chatgpt.py), so with no other opencode credential it refuses.
 OPENCODE_AUTH = {"anthropic": {"type": "api", "key": "sk-ant-api03-" + MARK + "xYz0123456789abcdefAA"},
-                 "openai": {"type": "oauth", "access": jwt(OPENAI_CLAIMS), "refresh": "rt_" + MARK + "opencode",
-                            "expires": 1_800_000_000_000, "accountId": ACCOUNT}}
+                 "github-copilot": {"type": "oauth", "refresh": "gho_" + MARK + "copilotRefresh0123456789",
+                                    "access": "tid=" + MARK + "copilot;exp=1800000000;sku=free", "expires": 1_800_000_000_000}}
 CLAUDE_ACCESS = "sk-ant-oat01-" + MARK + "claudeAccessToken0123456789"
 CLAUDE_CREDS = {"claudeAiOauth": {"accessToken": CLAUDE_ACCESS, "refreshToken": "sk-ant-ort01-" + MARK + "refresh",
                                   "expiresAt": FAR_MS, "scopes": ["user:inference"], "subscriptionType": "max"},
@@ -116,7 +118,8 @@ def test_every_secret_of_the_shipped_tables_is_masked_and_the_rest_kept(backend:
         entry = out["mcpOAuth"]["linear|0123456789abcdef"]
         assert entry["clientId"] == "mcp-client-id-kept" and entry["serverUrl"] == "https://mcp.linear.app/sse"
     if backend == "opencode":
-        assert out["anthropic"]["key"].startswith("sk-ant-api03-") and out["openai"]["accountId"] == ACCOUNT
+        assert out["anthropic"]["key"].startswith("sk-ant-api03-") and out["github-copilot"]["type"] == "oauth"
+        assert out["github-copilot"]["expires"] == data["github-copilot"]["expires"]
 
 
 def test_a_file_that_is_not_json_is_not_masked_but_refused() -> None:
@@ -163,7 +166,7 @@ def test_the_found_case_auth_json_beside_codex_api_key_is_masked(sandbox: Sandbo
 # codex's ChatGPT login and gemini's Google login are routes now (tests/escape/test_chatgpt_login.py,
 # test_google_login.py), so they are masked.
 @pytest.mark.parametrize("backend, data, key", [("gemini", GEMINI_REFRESH_ONLY, "GEMINI_API_KEY"),
-                                                ("opencode", {"openai": OPENCODE_AUTH["openai"]}, "ANTHROPIC_API_KEY")])
+                                                ("opencode", {"github-copilot": OPENCODE_AUTH["github-copilot"]}, "ANTHROPIC_API_KEY")])
 def test_a_login_no_route_holds_refuses_unless_opted_in(sandbox: Sandbox, backend: str, data: dict, key: str) -> None:
     path = plant(sandbox, backend, data)
     rc, _, err = dry(sandbox, backend)

@@ -567,6 +567,33 @@ def test_a_codex_chatgpt_login_is_refused_in_kube_and_an_api_key_runs(tmp_path: 
     assert ran.returncode == 0 and json.loads(ran.stdout)["kube"]["credentials_carried"][0]["route"] == "openai", ran.stderr
 
 
+def test_opencode_chatgpt_login_in_kube_refuses_alone_and_yields_to_a_key(tmp_path: Path) -> None:
+    """opencode's ChatGPT login is a route that inspects chatgpt.com: a pod has no copy of the login and
+    kube's proxy has no run CA, so alone it refuses (exit 3, one line with the fixes); with an API key on
+    the host the key's route carries and nothing is inspected."""
+    work = tmp_path / "w"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
+                    "--allow-empty", "-m", "i"], check=True)
+    auth = tmp_path / ".local" / "share" / "opencode" / "auth.json"
+    auth.parent.mkdir(parents=True)
+    auth.write_text(json.dumps({"openai": {"type": "oauth", "access": "eyJhbGciOiJub25lIn0.eyJleHAiOjQxMDI0NDQ4MDB9.REALSIG",
+                                           "refresh": "rt-REAL", "expires": 4_102_444_800_000}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
+    cmd = [sys.executable, "-m", "relay", "opencode", "kube", "--prompt", "hi", "--workdir", str(work), "--dry-run", "--json"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    lines = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert refused.returncode == 3 and len(lines) == 1 and "route openai-chatgpt inspects chatgpt.com" in refused.stderr
+    assert "REAL" not in refused.stdout + refused.stderr
+    ran = subprocess.run(cmd, capture_output=True, text=True, env={**env, "OPENAI_API_KEY": "sk-test-not-real"}, cwd=REPO,
+                         timeout=120)
+    data = json.loads(ran.stdout)
+    assert ran.returncode == 0 and [c["route"] for c in data["kube"]["credentials_carried"]] == ["openai"], ran.stderr
+    assert data["inspected_hosts"] == []
+
+
 def test_isolation_gvisor_asks_for_the_gvisor_runtime_class_on_the_box_pods_only(fake_checkout: None,
                                                                                   fixed_seccomp: None) -> None:
     """`kube --isolation gvisor`: the plan names the class, the Job's pods ask for it (golden), the proxy

@@ -566,6 +566,7 @@ def _credentials(d: _Draft) -> None:
         _login_files(d)
         return
     passable = set(_env_names(d.profile, d.backend, d.env))
+    unusable: list[CredentialRoute] = []
     for route in d.backend.credentials:
         login = _login_file(d, route)
         if login is None and not any(d.env.get(n) for n in route.secret_env if n in passable):
@@ -575,6 +576,9 @@ def _credentials(d: _Draft) -> None:
             continue  # a key in a login file beside a key a route already holds: the file is masked, that route carries
         if login is not None and route.box_args and any(r.box_args for r in d.routes):
             continue  # the CLI takes one provider (codex: an API key before its ChatGPT login); the file is masked
+        if login is not None and route.inspect and d.request.mode == "kube":
+            unusable.append(route)  # a pod has no copy of the login file, and kube's proxy has no run CA
+            continue
         url = f"http://{PROXY_LISTEN}/{route.name}"
         own = [n for n, _ in route.box_env if n not in route.secret_env and d.env.get(n) and n in passable]
         if own:
@@ -593,6 +597,12 @@ def _credentials(d: _Draft) -> None:
         # /bin/sh, say) would run them; it gets the variables only.
         if d.request.argv_override is None and route.box_args and _runs_the_cli(d):
             d.argv[1:1] = [_render(a, render) for a in route.box_args]
+    if unusable and not d.routes:
+        route = unusable[0]
+        raise RefusedError(f"{d.backend.name}: kube mode cannot use the login {route.login.file if route.login else ''} "
+                           f"(route {route.name} inspects {route.upstream_host}, the CLI's fixed endpoint; a pod gets "
+                           "no copy of the login and kube's proxy pod has no run CA yet); fix: an API key by env for "
+                           f"{d.backend.name}, or --mode local or --mode container")
     in_box = _login_files(d)
     loose = [n for n in sorted(passable) if d.env.get(n) and n not in d.withheld and n.endswith(_SECRET_SUFFIXES)]
     if loose:

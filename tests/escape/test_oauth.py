@@ -395,11 +395,12 @@ def test_dry_run_names_the_login_file_never_its_token(box: Sandbox, report: Repo
     assert plan["env_set"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:3128/anthropic-login"
 
 
-# codex's ChatGPT login and gemini's Google login are routed (tests/escape/test_chatgpt_login.py,
-# test_google_login.py); gemini's file without an access token is no login the route can read.
+# codex's ChatGPT login, gemini's Google login and opencode's ChatGPT login are routed (tests/escape/
+# test_chatgpt_login.py, test_google_login.py, tests/test_opencode_chatgpt.py); gemini's file without an access
+# token is no login the route can read, and opencode's GitHub Copilot login has no route.
 @pytest.mark.parametrize("backend, path, login", [
     ("gemini", ".gemini/oauth_creds.json", {"refresh_token": "y"}),
-    ("opencode", ".local/share/opencode/auth.json", {"openai": {"type": "oauth", "access": "x", "refresh": "y"}})])
+    ("opencode", ".local/share/opencode/auth.json", {"github-copilot": {"type": "oauth", "access": "x", "refresh": "y"}})])
 def test_a_login_no_route_holds_is_refused_not_noted(box: Sandbox, backend: str, path: str, login: dict) -> None:
     (box.home / path).parent.mkdir(parents=True, exist_ok=True)
     (box.home / path).write_text(json.dumps(login))
