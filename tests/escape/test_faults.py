@@ -119,6 +119,11 @@ def test_ctrl_c_storm_interactive(box: Sandbox, report) -> None:
     child.sendline("echo READY$((1+1))")
     child.expect("READY2")
     child.sendline("sleep 100")
+    # The storm hits the running sleep, not the line before bash has read it: on a busy machine a storm
+    # sent at once can end before `sleep 100` starts, which then holds the shell past every try below.
+    deadline = time.time() + 20
+    while not any(c.startswith("sleep 100") for c in _own_cmdlines()) and time.time() < deadline:
+        time.sleep(0.05)
     for _ in range(50):
         child.sendintr()
     # A late ^C may discard a line typed right after the storm; the shell must answer one of them.
