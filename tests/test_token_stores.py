@@ -543,3 +543,24 @@ def test_a_key_the_box_holds_anyway_is_no_reason_to_refuse_and_a_token_beside_it
                                 "mcpServers": {"gh": {"type": "http", "url": "https://x", "headers": {"Authorization": f"Bearer {MARK}"}}}}))
     proc = s.relay("claude", "local", "--dry-run", "--json", extra_env=env)
     assert proc.returncode == 3 and "mcpServers.gh.headers.Authorization" in proc.stderr and MARK not in proc.stderr, proc.stderr
+
+
+def test_a_grants_variable_is_not_in_the_box_so_the_same_token_in_a_file_is_masked(sandbox: Sandbox) -> None:
+    """Red team: an `auth:` grant withholds its variable from the box even when the profile passes it;
+    the same token in ~/.claude.json (an MCP server's env) is then nowhere else in the box, so the file is
+    masked. And a Console login beside a base URL the caller set refuses with the fix that works."""
+    s = sandbox
+    pat = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text(
+        "version: 1\nprofiles:\n  agent:\n    env: [PATH, HOME, LANG, TERM, USER, SHELL, GH_TOKEN]\n"
+        "auth:\n  github:\n    host: github.com\n    secret: {env: [GH_TOKEN]}\n    send: authorization-basic\n")
+    path = plant(s, ".claude.json", json.dumps({"mcpServers": {"gh": {"command": "npx", "env": {"GITHUB_PERSONAL_ACCESS_TOKEN": pat}}}}))
+    proc = s.relay("claude", "local", "--dry-run", "--json", extra_env={"GH_TOKEN": pat, "ANTHROPIC_API_KEY": "sk-ant-test-not-real"})
+    plan = json.loads(proc.stdout)
+    assert proc.returncode == 0 and plan["login_files"][str(path)]["held"] == "masked", proc.stderr
+    assert "GH_TOKEN" not in plan["env_pass"]
+    (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
+    path.write_text(json.dumps({"primaryApiKey": f"sk-ant-api03-{MARK}" + "k" * 40}))
+    proc = s.relay("claude", "local", "--dry-run", "--json", extra_env={"ANTHROPIC_BASE_URL": "https://gw.example"})
+    assert proc.returncode == 3 and "fix: unset ANTHROPIC_BASE_URL" in proc.stderr and "log in on the host" not in proc.stderr
+    assert MARK not in proc.stderr

@@ -339,6 +339,7 @@ class _Draft:
     route_env: dict[str, str] = field(default_factory=dict)
     git_config: list[tuple[str, str]] = field(default_factory=list)
     withheld: set[str] = field(default_factory=set)
+    pointed: list[str] = field(default_factory=list)  # base-URL variables the caller set (a route then steps aside)
     auth_grants: tuple[tuple[str, str], ...] = ()
     limits: Limits | None = None
     command: list[str] = field(default_factory=list)
@@ -582,6 +583,7 @@ def _credentials(d: _Draft) -> None:
         url = f"http://{PROXY_LISTEN}/{route.name}"
         own = [n for n, _ in route.box_env if n not in route.secret_env and d.env.get(n) and n in passable]
         if own:
+            d.pointed.append(own[0])
             what = f"~/{os.path.relpath(login, d.home)} (the login) stays in the box, and" if login else "the key"
             d.notes.append(f"credentials: in box for route {route.name}: {own[0]} is set, so {what} goes where it "
                            f"points, not through the proxy; fix: unset {own[0]} to keep it on the host")
@@ -655,7 +657,10 @@ def _login_files(d: _Draft) -> bool:
     opt = login_opt_in(d.backend.name)
     # What the box gets as it is anyway (a key the caller pointed at its own base URL): a value in a file
     # that is one of these (claude's customApiKeyResponses keeps that key's last 20 characters) adds nothing.
-    in_box_values = {d.env[n] for n in _env_names(d.profile, d.backend, d.env) if d.env.get(n) and n not in d.withheld}
+    # Not a value any grant reads (grants withhold theirs later, in _grants), nor one a route or the backend sets.
+    kept_out = set(d.withheld) | {n for g in d.matrix.grants for n in g.secret_env} | set(d.route_env) | \
+        {n for n, _ in d.backend.env_set}
+    in_box_values = {d.env[n] for n in _env_names(d.profile, d.backend, d.env) if d.env.get(n) and n not in kept_out}
     for host_path, paths in specs.items():
         shown = "~/" + os.path.relpath(host_path, d.home)
         if d.fs.lkind(host_path) == "link" and _in_state_dirs(d, host_path) and d.env.get(opt) != "1":
@@ -682,10 +687,11 @@ def _login_files(d: _Draft) -> bool:
         if d.env.get(opt) != "1":
             keys = sorted(dict.fromkeys(n for r in d.backend.credentials for n in r.secret_env),
                           key=lambda n: not n.endswith("_API_KEY"))
-            fixes = ([f"set {keys[0]} on the host (the proxy adds it)"] if keys else []) + \
+            fixes = ([f"unset {n} (the route steps aside for a base URL you set)" for n in dict.fromkeys(d.pointed)]
+                     or [f"set {keys[0]} on the host (the proxy adds it)"] if keys or d.pointed else []) + \
                 ([f"log in on the host ({ENTRY} login {d.backend.name})"]
-                 if d.backend.login_command and any(r.login and r.login.refresh_url for r in d.backend.credentials)
-                 else [])
+                 if d.backend.login_command and not d.pointed
+                 and any(r.login and r.login.refresh_url for r in d.backend.credentials) else [])
             raise RefusedError(f"{d.backend.name}: {shown} holds a login ({', '.join(found[:3])}) no credential route "
                                f"can hold, so its real token would be readable in the box; fix: "
                                f"{', or '.join(fixes + [f'{opt}=1 to take it into the box as it is'])}")
