@@ -387,3 +387,57 @@ def test_a_gvisor_plan_is_refused_by_the_kube_play_proof_never_played_on_runc(tm
     plain = resolve(get_backend(matrix, "shell"), matrix, replace(req, isolation=None), facts, env, fs=HostFs())
     assert kube_run_for(plain, req.run_id, 1, 1, {**env, "HIVE_RELAY_KUBE_IMAGE": image,
                                                    "HIVE_RELAY_KUBE_PROXY_IMAGE": image}).runtime_class is None
+
+
+def test_a_real_gemini_turn_with_a_google_login_in_a_kube_pod(tmp_path: Path, image: str) -> None:
+    """gemini's Google login on the cluster, for real under podman kube play: the pod gets no copy of
+    oauth_creds.json (nothing of the host's state goes to a pod), only GOOGLE_GENAI_USE_GCA and the
+    placeholder as GOOGLE_CLOUD_ACCESS_TOKEN, which gemini uses without a file; the proxy pod's Secret
+    holds the real token and sends it to the pinned Code Assist upstream. The pod's probe finds no real
+    value."""
+    import json as _json
+    import time as _time
+
+    from relay.modes.kube_secrets import secret_values
+
+    from . import fake_api
+    from .servers import make_ca
+
+    names = ("cloudcode-pa.googleapis.com", "oauth2.googleapis.com", "generativelanguage.googleapis.com")
+    ca, tls = make_ca(tmp_path, names)
+    ca.chmod(0o644)
+    server, port = fake_api.start(tls=tls)
+    work = _checkout(tmp_path)
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    access = "ya29.a0REAL-GOOGLE-" + os.urandom(12).hex()
+    (home / ".gemini" / "oauth_creds.json").write_text(_json.dumps({
+        "access_token": access, "refresh_token": "1//0gREAL-REFRESH", "token_type": "Bearer",
+        "scope": "https://www.googleapis.com/auth/cloud-platform", "expiry_date": int((_time.time() + 10 * 3600) * 1000)}))
+    conf = _storage_conf()
+    if conf:
+        (home / ".config" / "containers").mkdir(parents=True)
+        (home / ".config" / "containers" / "storage.conf").write_text(conf)
+    env = {k: v for k, v in podman_env().items() if not k.startswith(("GEMINI_", "GOOGLE_"))}
+    env.update({"HOME": str(home)})
+    script = ("gemini --skip-trust -p 'say the answer'; "
+              "(env; cat /proc/*/environ 2>/dev/null; find \"$HOME\" /tmp -type f -exec cat {} + 2>/dev/null) "
+              "| grep -q -e REAL-GOOGLE -e REAL-REFRESH && echo REAL-FOUND; true")
+    req = Request("gemini", mode="kube", workdir=str(work), run_id=f"kubegem-{os.getpid()}-{os.urandom(3).hex()}",
+                  prompt="x", argv_override=("/bin/bash", "-c", script),
+                  allow_hosts=tuple(f"{n}:443=127.0.0.1:{port}" for n in names))
+    matrix = load_matrix(env, workdir=None)
+    plan = resolve(get_backend(matrix, "gemini"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
+    assert [r.name for r in plan.credentials] == ["google-login"], plan.credentials
+    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
+    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
+    try:
+        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300,
+                                  secret_values=secret_values(plan, env), proxy_ca=str(ca))
+    finally:
+        server.shutdown()
+    log = played.logs[0]
+    assert fake_api.ANSWER in log and "REAL-FOUND" not in log and access not in log, log + played.proxy_log[-3000:]
+    seen = {h.get("authorization", "") for h in server.headers_seen if h.get("host") == names[0]}
+    assert seen == {f"Bearer {access}"}, seen
+    assert access not in played.proxy_log
