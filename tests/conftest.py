@@ -310,6 +310,16 @@ def _storage_conf() -> str | None:
 
 
 @pytest.fixture
+def mode_sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    """The sandbox for a test parametrized over `mode`: container mode's (the image, its storage), else a
+    box sandbox (bubblewrap required, and CI fails rather than skips without it)."""
+    if request.node.callspec.params["mode"] == "container":
+        return request.getfixturevalue("csandbox")
+    require_box()
+    return request.getfixturevalue("sandbox")
+
+
+@pytest.fixture
 def csandbox(sandbox: Sandbox, image: str) -> Sandbox:
     conf = _storage_conf()
     if conf:

@@ -68,6 +68,28 @@ def _host_ip() -> str:
     return out[0] if out else "192.0.2.1"
 
 
+def _podman_storage(home: Path) -> None:
+    """Rootless podman finds its storage through $HOME: the real user's, where the image is."""
+    conf = _storage_conf()
+    if conf:
+        (home / ".config" / "containers").mkdir(parents=True)
+        (home / ".config" / "containers" / "storage.conf").write_text(conf)
+
+
+def _play_with_secrets(plan, run_id: str, work: Path, env: dict, tmp_path: Path, ca: Path, server):  # noqa: ANN001, ANN202
+    """One box pod and the proxy pod under podman kube play, the proxy's Secret read on the host from the
+    plan's routes, the upstreams' throwaway CA trusted by the proxy; the fake upstream stops after."""
+    from relay.modes.kube_secrets import secret_values
+
+    run = kube_podman.local_run(kube_run_for(plan, run_id, 1, 1, env), env)
+    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
+    try:
+        return kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300,
+                                secret_values=secret_values(plan, env), proxy_ca=str(ca))
+    finally:
+        server.shutdown()
+
+
 def _checkout(tmp_path: Path) -> Path:
     work = tmp_path / "checkout"
     work.mkdir()
@@ -303,8 +325,6 @@ def test_a_grant_and_a_login_route_work_from_a_pod_with_the_secret_only_in_the_p
     import json as _json
     import time as _time
 
-    from relay.modes.kube_secrets import secret_values
-
     from . import fake_api
     from .servers import make_ca
 
@@ -318,10 +338,7 @@ def test_a_grant_and_a_login_route_work_from_a_pod_with_the_secret_only_in_the_p
     (home / ".claude" / ".credentials.json").write_text(_json.dumps({"claudeAiOauth": {
         "accessToken": access, "refreshToken": "sk-ant-ort01-REAL-REFRESH", "scopes": ["user:inference"],
         "expiresAt": int((_time.time() + 10 * 3600) * 1000)}}))
-    conf = _storage_conf()  # rootless podman finds its storage through $HOME: the real user's, where the image is
-    if conf:
-        (home / ".config" / "containers").mkdir(parents=True)
-        (home / ".config" / "containers" / "storage.conf").write_text(conf)
+    _podman_storage(home)
     grant = "ghp_REALGRANT" + os.urandom(8).hex()
     cfg = tmp_path / "config.yaml"
     cfg.write_text(f"auth:\n  gr:\n    host: grant.test:{port}\n    secret: {{env: [TEST_GRANT]}}\n"
@@ -346,13 +363,7 @@ def test_a_grant_and_a_login_route_work_from_a_pod_with_the_secret_only_in_the_p
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "claude"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
     assert {r.name for r in plan.credentials} >= {"gr", "anthropic-login"}, plan.credentials
-    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
-    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
-    try:
-        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300,
-                                  secret_values=secret_values(plan, env), proxy_ca=str(ca))
-    finally:
-        server.shutdown()
+    played = _play_with_secrets(plan, req.run_id, work, env, tmp_path, ca, server)
     log = played.logs[0]
     assert "grant 200" in log and "login 200" in log, log + played.proxy_log[-3000:]
     assert "REAL-FOUND" not in log and access not in log and grant not in log, log
@@ -398,8 +409,6 @@ def test_a_real_gemini_turn_with_a_google_login_in_a_kube_pod(tmp_path: Path, im
     import json as _json
     import time as _time
 
-    from relay.modes.kube_secrets import secret_values
-
     from . import fake_api
     from .servers import make_ca
 
@@ -414,10 +423,7 @@ def test_a_real_gemini_turn_with_a_google_login_in_a_kube_pod(tmp_path: Path, im
     (home / ".gemini" / "oauth_creds.json").write_text(_json.dumps({
         "access_token": access, "refresh_token": "1//0gREAL-REFRESH", "token_type": "Bearer",
         "scope": "https://www.googleapis.com/auth/cloud-platform", "expiry_date": int((_time.time() + 10 * 3600) * 1000)}))
-    conf = _storage_conf()
-    if conf:
-        (home / ".config" / "containers").mkdir(parents=True)
-        (home / ".config" / "containers" / "storage.conf").write_text(conf)
+    _podman_storage(home)
     env = {k: v for k, v in podman_env().items() if not k.startswith(("GEMINI_", "GOOGLE_"))}
     env.update({"HOME": str(home)})
     script = ("gemini --skip-trust -p 'say the answer'; "
@@ -429,13 +435,7 @@ def test_a_real_gemini_turn_with_a_google_login_in_a_kube_pod(tmp_path: Path, im
     matrix = load_matrix(env, workdir=None)
     plan = resolve(get_backend(matrix, "gemini"), matrix, req, with_image(probe(env), matrix, req, env), env, fs=HostFs())
     assert [r.name for r in plan.credentials] == ["google-login"], plan.credentials
-    run = kube_podman.local_run(kube_run_for(plan, req.run_id, 1, 1, env), env)
-    kube_proxy_image.build_proxy_image(["podman"], run.image, env)
-    try:
-        played = kube_podman.play(plan, run, make_bundle(str(work)), env, str(tmp_path / "play"), timeout=300,
-                                  secret_values=secret_values(plan, env), proxy_ca=str(ca))
-    finally:
-        server.shutdown()
+    played = _play_with_secrets(plan, req.run_id, work, env, tmp_path, ca, server)
     log = played.logs[0]
     assert fake_api.ANSWER in log and "REAL-FOUND" not in log and access not in log, log + played.proxy_log[-3000:]
     seen = {h.get("authorization", "") for h in server.headers_seen if h.get("host") == names[0]}

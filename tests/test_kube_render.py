@@ -299,11 +299,7 @@ def pod_list(ns: str, count: int, phase: str = "Succeeded") -> dict:
 def scripted_cluster(tmp_path: Path, pods: int, **extra: str) -> tuple[Path, dict[str, str]]:
     """A checkout with one commit, the scripted kubectl first on PATH answering `pods` box pods, and
     the environment that runs the real CLI against it (MODE=ok unless `extra` says otherwise)."""
-    work = tmp_path / "w"
-    work.mkdir()
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
-                    "--allow-empty", "-m", "i"], check=True)
+    work = _checkout(tmp_path)
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "kubectl").write_text(STUB_KUBECTL)
@@ -431,6 +427,29 @@ def test_a_kill_9_of_the_launcher_still_deletes_the_namespace(tmp_path: Path) ->
                 pass
 
 
+def _checkout(tmp_path: Path) -> Path:
+    """A git checkout with one empty commit, at tmp_path/w."""
+    work = tmp_path / "w"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
+                    "--allow-empty", "-m", "i"], check=True)
+    return work
+
+
+def _kube_dry_run(tmp_path: Path, backend: str, work: Path, strip: tuple[str, ...]):  # noqa: ANN202
+    """(env, run): HOME at tmp_path with none of the caller's variables named `strip*`, and a function
+    that runs `BACKEND kube --dry-run --json` there, with extra variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(strip)}
+    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
+    cmd = [sys.executable, "-m", "relay", backend, "kube", "--prompt", "hi", "--workdir", str(work), "--dry-run", "--json"]
+
+    def run(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, capture_output=True, text=True, env={**env, **extra}, cwd=REPO, timeout=120)
+
+    return env, run
+
+
 def _login(home: Path, access: str, expires_ms: int, refresh: str | None = "sk-ant-ort01-REAL-REFRESH") -> None:
     path = home / ".claude" / ".credentials.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -488,18 +507,12 @@ def test_a_codex_api_key_login_file_reaches_only_the_clusters_proxy(tmp_path: Pa
     """codex's `auth.json` holding an API key: the pod gets no copy of it (nothing of the host's
     state goes to a pod, so the plan does not refuse), the route carries the key from the host file
     to the proxy's Secret, and codex in the pod sends the placeholder (CODEX_API_KEY) to the route."""
-    work = tmp_path / "w"
-    work.mkdir()
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
-                    "--allow-empty", "-m", "i"], check=True)
+    work = _checkout(tmp_path)
     (tmp_path / ".codex").mkdir()
     real = "sk-proj-REALKEY" + "x" * 40
     (tmp_path / ".codex" / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": real}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
-    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
-    dry = subprocess.run([sys.executable, "-m", "relay", "codex", "kube", "--prompt", "hi", "--workdir", str(work),
-                          "--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    env, run = _kube_dry_run(tmp_path, "codex", work, ("OPENAI_", "CODEX_"))
+    dry = run()
     assert dry.returncode == 0, dry.stderr
     assert real not in dry.stdout
     data = json.loads(dry.stdout)
@@ -521,17 +534,11 @@ def test_a_claude_console_key_reaches_only_the_clusters_proxy(tmp_path: Path) ->
     """claude's Console `/login` (the key in ~/.claude.json): the pod gets no copy of the file, the route
     carries the key from the host file to the proxy's Secret, and claude in the pod sends the placeholder
     (ANTHROPIC_API_KEY) to the route."""
-    work = tmp_path / "w"
-    work.mkdir()
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
-                    "--allow-empty", "-m", "i"], check=True)
+    work = _checkout(tmp_path)
     real = "sk-ant-api03-REALCONSOLE" + "x" * 60
     (tmp_path / ".claude.json").write_text(json.dumps({"primaryApiKey": real, "numStartups": 1}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
-    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
-    dry = subprocess.run([sys.executable, "-m", "relay", "claude", "kube", "--prompt", "hi", "--workdir", str(work),
-                          "--dry-run", "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    _, run = _kube_dry_run(tmp_path, "claude", work, ("ANTHROPIC_", "CLAUDE_"))
+    dry = run()
     assert dry.returncode == 0, dry.stderr
     assert real not in dry.stdout
     data = json.loads(dry.stdout)
@@ -545,25 +552,18 @@ def test_a_codex_chatgpt_login_is_refused_in_kube_and_an_api_key_runs(tmp_path: 
     """codex's ChatGPT login signs in from auth.json's tokens, and a pod gets no copy of the host's
     state: the run stops before any object (exit 3, one line naming the fixes) instead of a pod that
     starts logged out. Twin: CODEX_API_KEY on the host is carried as before."""
-    work = tmp_path / "w"
-    work.mkdir()
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
-                    "--allow-empty", "-m", "i"], check=True)
+    work = _checkout(tmp_path)
     (tmp_path / ".codex").mkdir()
     (tmp_path / ".codex" / "auth.json").write_text(json.dumps({
         "auth_mode": "chatgpt", "OPENAI_API_KEY": None,
         "tokens": {"access_token": "eyJhbGciOiJub25lIn0.eyJleHAiOjQxMDI0NDQ4MDB9.REALSIG", "refresh_token": "rt-REAL",
                    "id_token": "eyJhbGciOiJub25lIn0.eyJleHAiOjQxMDI0NDQ4MDB9.REALSIG", "account_id": "acc"}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
-    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
-    cmd = [sys.executable, "-m", "relay", "codex", "kube", "--prompt", "hi", "--workdir", str(work), "--dry-run", "--json"]
-    refused = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    _, run = _kube_dry_run(tmp_path, "codex", work, ("OPENAI_", "CODEX_"))
+    refused = run()
     lines = [x for x in refused.stderr.splitlines() if x.strip()]
     assert refused.returncode == 3 and len(lines) == 1 and "route chatgpt-login" in refused.stderr, refused.stderr
     assert "fix: set CODEX_API_KEY" in refused.stderr and "REAL" not in refused.stdout + refused.stderr
-    ran = subprocess.run(cmd, capture_output=True, text=True, env={**env, "CODEX_API_KEY": "sk-test-not-real"}, cwd=REPO,
-                         timeout=120)
+    ran = run(CODEX_API_KEY="sk-test-not-real")
     assert ran.returncode == 0 and json.loads(ran.stdout)["kube"]["credentials_carried"][0]["route"] == "openai", ran.stderr
 
 
@@ -571,24 +571,17 @@ def test_opencode_chatgpt_login_in_kube_refuses_alone_and_yields_to_a_key(tmp_pa
     """opencode's ChatGPT login is a route that inspects chatgpt.com: a pod has no copy of the login and
     kube's proxy has no run CA, so alone it refuses (exit 3, one line with the fixes); with an API key on
     the host the key's route carries and nothing is inspected."""
-    work = tmp_path / "w"
-    work.mkdir()
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    subprocess.run(["git", "-C", str(work), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
-                    "--allow-empty", "-m", "i"], check=True)
+    work = _checkout(tmp_path)
     auth = tmp_path / ".local" / "share" / "opencode" / "auth.json"
     auth.parent.mkdir(parents=True)
     auth.write_text(json.dumps({"openai": {"type": "oauth", "access": "eyJhbGciOiJub25lIn0.eyJleHAiOjQxMDI0NDQ4MDB9.REALSIG",
                                            "refresh": "rt-REAL", "expires": 4_102_444_800_000}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
-    env.update({"HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")})
-    cmd = [sys.executable, "-m", "relay", "opencode", "kube", "--prompt", "hi", "--workdir", str(work), "--dry-run", "--json"]
-    refused = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    _, run = _kube_dry_run(tmp_path, "opencode", work, ("OPENAI_", "ANTHROPIC_"))
+    refused = run()
     lines = [x for x in refused.stderr.splitlines() if x.strip()]
     assert refused.returncode == 3 and len(lines) == 1 and "route openai-chatgpt inspects chatgpt.com" in refused.stderr
     assert "REAL" not in refused.stdout + refused.stderr
-    ran = subprocess.run(cmd, capture_output=True, text=True, env={**env, "OPENAI_API_KEY": "sk-test-not-real"}, cwd=REPO,
-                         timeout=120)
+    ran = run(OPENAI_API_KEY="sk-test-not-real")
     data = json.loads(ran.stdout)
     assert ran.returncode == 0 and [c["route"] for c in data["kube"]["credentials_carried"]] == ["openai"], ran.stderr
     assert data["inspected_hosts"] == []

@@ -17,7 +17,6 @@ import time
 import pytest
 
 from . import fake_api
-from .conftest import require_box
 from .test_credential_files import ACCOUNT, MARK, OPENAI_CLAIMS, files_holding, jwt
 from .test_credential_turns import setup_home
 
@@ -32,22 +31,14 @@ echo "probe-elsewhere=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization
 """
 
 
-@pytest.fixture
-def mode_box(request: pytest.FixtureRequest):  # noqa: ANN201
-    if request.node.callspec.params["mode"] == "container":
-        return request.getfixturevalue("csandbox")
-    require_box()
-    return request.getfixturevalue("sandbox")
-
-
 @pytest.mark.parametrize("mode", [pytest.param("local", marks=pytest.mark.box),
                                   pytest.param("container", marks=pytest.mark.container)])
 @pytest.mark.parametrize("expiring", [False, True], ids=["fresh", "expiring"])
-def test_opencode_with_a_chatgpt_login_runs_through_the_inspected_route(mode_box, ca, tls_api, mode: str,  # noqa: ANN001
+def test_opencode_with_a_chatgpt_login_runs_through_the_inspected_route(mode_sandbox, ca, tls_api, mode: str,  # noqa: ANN001
                                                                         expiring: bool) -> None:
     from .test_agents import TOOLS
 
-    s = mode_box
+    s = mode_sandbox
     setup_home(s, "opencode", "HOME")
     config = s.workdir / "opencode.json"
     config.write_text(json.dumps({"model": "openai/gpt-5.5", "autoupdate": False, "share": "disabled"}))

@@ -181,19 +181,10 @@ def test_claude_json_refuses_without_a_route_and_is_masked_with_one(sandbox: San
     assert "projects./w.mcpServers.c7.args.3" in use["secrets"] and "projects./w.mcpServers.exa.url" in use["secrets"], use
 
 
-@pytest.fixture
-def mode_box(request: pytest.FixtureRequest) -> tuple[Sandbox, str]:
-    mode = request.node.callspec.params["mode"]
-    if mode == "container":
-        return request.getfixturevalue("csandbox"), mode
-    require_box()
-    return request.getfixturevalue("sandbox"), mode
-
-
 @pytest.mark.parametrize("mode", [pytest.param("local", marks=pytest.mark.box),
                                   pytest.param("container", marks=pytest.mark.container)])
-def test_claude_json_in_the_box_holds_placeholders_and_syncs_back_only_what_the_box_changed(mode_box, mode: str) -> None:
-    s, _ = mode_box
+def test_claude_json_in_the_box_holds_placeholders_and_syncs_back_only_what_the_box_changed(mode_sandbox: Sandbox, mode: str) -> None:
+    s = mode_sandbox
     path = plant(s, ".claude.json", json.dumps(CLAUDE_JSON))
     edit = ("python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d[\"numStartups\"]=7; "
             "json.dump(d, open(p, \"w\"))' ~/.claude.json")

@@ -567,7 +567,7 @@ def _credentials(d: _Draft) -> None:
         _login_files(d)
         return
     passable = set(_env_names(d.profile, d.backend, d.env))
-    unusable: list[CredentialRoute] = []
+    unusable: list[CredentialRoute] = []  # login routes a kube pod could not use (each has a login)
     for route in d.backend.credentials:
         login = _login_file(d, route)
         if login is None and not any(d.env.get(n) for n in route.secret_env if n in passable):
@@ -601,7 +601,7 @@ def _credentials(d: _Draft) -> None:
             d.argv[1:1] = [_render(a, render) for a in route.box_args]
     if unusable and not d.routes:
         route = unusable[0]
-        raise RefusedError(f"{d.backend.name}: kube mode cannot use the login {route.login.file if route.login else ''} "
+        raise RefusedError(f"{d.backend.name}: kube mode cannot use the login {route.login.file} "
                            f"(route {route.name} inspects {route.upstream_host}, the CLI's fixed endpoint; a pod gets "
                            "no copy of the login and kube's proxy pod has no run CA yet); fix: an API key by env for "
                            f"{d.backend.name}, or --mode local or --mode container")

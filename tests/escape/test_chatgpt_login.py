@@ -33,7 +33,7 @@ from relay.model.allow_rules import parse_rule
 from relay.trust import logins
 
 from .. import fake_api
-from ..conftest import Sandbox, require_box
+from ..conftest import Sandbox
 from .conftest import Report
 from .test_credentials import entries
 
@@ -330,21 +330,13 @@ echo "probe-seen=$(grep -rl 'hive-relay-placeholder' "$HOME" 2>/dev/null | wc -l
 MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("container", marks=pytest.mark.container)]
 
 
-@pytest.fixture
-def mode_box(request: pytest.FixtureRequest) -> Sandbox:
-    if request.node.callspec.params["mode"] == "container":
-        return request.getfixturevalue("csandbox")
-    require_box()
-    return request.getfixturevalue("sandbox")
-
-
 @pytest.mark.parametrize("mode", MODES)
-def test_real_codex_turn_with_a_chatgpt_login_refreshed_on_the_host(mode_box: Sandbox, ca, api, mode: str,
+def test_real_codex_turn_with_a_chatgpt_login_refreshed_on_the_host(mode_sandbox: Sandbox, ca, api, mode: str,
                                                                     report: Report) -> None:
     from ..test_agents import TOOLS
     from ..test_credential_turns import files_holding
 
-    s = mode_box
+    s = mode_sandbox
     (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
     path = write_login(s.home, near_expiry())  # the proxy refreshes it before the first request
     probe = s.workdir / "probe-creds.sh"

@@ -35,7 +35,7 @@ from relay.model.vocab import RefreshBody
 from relay.trust import logins
 
 from .. import fake_api
-from ..conftest import Sandbox, require_box
+from ..conftest import Sandbox
 from .conftest import Report
 from .test_credentials import entries
 
@@ -299,21 +299,13 @@ echo "probe-env=$GOOGLE_CLOUD_ACCESS_TOKEN"
 MODES = [pytest.param("local", marks=pytest.mark.box), pytest.param("container", marks=pytest.mark.container)]
 
 
-@pytest.fixture
-def mode_box(request: pytest.FixtureRequest) -> Sandbox:
-    if request.node.callspec.params["mode"] == "container":
-        return request.getfixturevalue("csandbox")
-    require_box()
-    return request.getfixturevalue("sandbox")
-
-
 @pytest.mark.parametrize("mode", MODES)
-def test_real_gemini_turn_with_a_google_login_refreshed_on_the_host(mode_box: Sandbox, ca, api, mode: str,
+def test_real_gemini_turn_with_a_google_login_refreshed_on_the_host(mode_sandbox: Sandbox, ca, api, mode: str,
                                                                    report: Report) -> None:
     from ..test_agents import TOOLS
     from ..test_credential_turns import files_holding
 
-    s = mode_box
+    s = mode_sandbox
     (s.home / ".config" / "hive-relay" / "config.yaml").write_text("{}\n")
     (s.home / ".gemini").mkdir(exist_ok=True)
     (s.home / ".gemini" / "settings.json").write_text(json.dumps({
