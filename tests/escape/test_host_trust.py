@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -90,9 +91,18 @@ def test_sync_back_never_copies_through_a_link_the_box_made(mode_box, report) ->
 def _leftovers(s: Sandbox) -> list[str]:
     run_dir = Path(s.env["XDG_RUNTIME_DIR"])
     runs = [p.name for p in run_dir.glob("hive-relay-*")] if run_dir.is_dir() else []
-    holders = [p.name for p in s.workdir.iterdir() if p.name.startswith(".") and p.lstat().st_size == 0
-               and p.is_file()]
+    holders = [p.name for p in s.workdir.iterdir() if p.name.startswith(".") and _empty_file(p)]
     return runs + holders
+
+
+def _empty_file(p: Path) -> bool:
+    """An empty regular file (a placeholder left behind); one the janitor removes between the listing
+    and this look is gone, not left over (the census raced the cleanup it waits for)."""
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return False
+    return st.st_size == 0 and stat.S_ISREG(st.st_mode)
 
 
 def _wait_for(predicate, timeout: float = 20.0) -> bool:  # noqa: ANN001
