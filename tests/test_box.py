@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, Sandbox
+from .conftest import REPO, Sandbox, own_processes
 
 pytestmark = pytest.mark.box
 
@@ -281,6 +281,71 @@ def test_fork_bomb_is_contained(box_sandbox: Sandbox) -> None:
     assert _eventually(lambda: _leftovers(s) == []), _leftovers(s)
     # The host still forks fine.
     assert subprocess.run(["true"]).returncode == 0
+
+
+def _cgroups_of(pid: int) -> dict[str, str]:
+    """controller -> path of PID's cgroups on the v1 hierarchies that hold limits."""
+    found = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(","):
+            if c in ("memory", "pids"):
+                found[c] = path
+    return found
+
+
+@pytest.mark.parametrize("workdir", ["staged", "live"])
+def test_the_box_runs_in_its_cgroup_from_its_first_instruction(box_sandbox: Sandbox, workdir: str) -> None:
+    """The box joins its cgroup from inside, before bwrap's exec (the cheap kernel path): seen from the
+    host, the box's process is in the run's memory and pids cgroups, with the plan's limits; the
+    launcher is not. Without a cgroup (unprivileged on v1), the box has the plan's rlimits instead."""
+    s = box_sandbox
+    marker = f"hive-cgroup-{os.getpid()}-{workdir}"
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "--quiet", f"--{workdir}",
+                                 "--profile", "tight", "--prompt", f"sleep 30; : {marker}"],
+                                cwd=s.workdir, env=s.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert _eventually(lambda: bool(_box_sleeps(marker))), "box never started"
+        pid = _box_sleeps(marker)[0]
+        box, ours = _cgroups_of(pid), _cgroups_of(launcher.pid)
+        if os.getuid() == 0 and Path("/sys/fs/cgroup/pids/cgroup.procs").exists():
+            for controller in ("memory", "pids"):
+                assert box[controller].startswith("/hive-relay-"), (controller, box)
+                assert ours[controller] != box[controller], (controller, ours)
+            limit = Path("/sys/fs/cgroup/pids" + box["pids"]) / "pids.max"
+            assert limit.read_text().strip() == "64", limit.read_text()
+        else:  # the twin without cgroups: the box is where we are, and limited by rlimits
+            assert box == ours
+            nproc = next(line for line in Path(f"/proc/{pid}/limits").read_text().splitlines()
+                         if line.startswith("Max processes"))
+            assert nproc.split()[2] == "64", nproc
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert _eventually(lambda: _leftovers(s) == []), _leftovers(s)
+
+
+def _box_sleeps(marker: str) -> list[int]:
+    """The box's shell that runs the marked prompt (the launcher's own argv carries the marker too)."""
+    return [pid for pid, cmd in own_processes() if marker in cmd and cmd.split(" ", 1)[0] in ("/bin/sh", "/bin/bash")]
+
+
+def test_a_box_that_cannot_join_its_cgroup_never_starts(tmp_path: Path) -> None:
+    """The fork path's own refusal: a join that fails is one line and exit 3, and the command never runs;
+    the twin with nothing to join runs it."""
+    flag = tmp_path / "ran"
+    script = ("import os, sys; from relay.box import fork_spawn; "
+              "pid = fork_spawn.spawn('/bin/sh', ['sh', '-c', 'touch ' + sys.argv[1]], dict(os.environ), [], None, "
+              "join=sys.argv[2:]); sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    refused = subprocess.run([sys.executable, "-c", script, str(flag), str(tmp_path / "no-cgroup" / "tasks")],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 3 and not flag.exists(), refused
+    assert refused.stderr.startswith("hive-relay: cannot join the box's cgroup (No such file or directory); "
+                                     "the box did not start; fix: "), refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    ran = subprocess.run([sys.executable, "-c", script, str(flag)], env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and flag.exists(), ran
 
 
 def test_kill_9_of_launcher_leaves_nothing(box_sandbox: Sandbox) -> None:

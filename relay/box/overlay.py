@@ -13,8 +13,7 @@ review reads the upper layer alone), `redirect_dir=off` (`nofollow` in a user na
 renamed lower directory is copied, never pointed at), `index=off`, `xino=off`; `userxattr` in a user namespace, where `trusted.` xattrs
 are not ours.
 
-Exec happens with nothing else changed: the caller's file actions and process group are applied
-here exactly as posix_spawn would, then `execve` replaces the child with bwrap (same pid).
+The fork, the caller's file actions and the exec around `enter` are relay/box/fork_spawn.py's.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from relay.model.record import record
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS = 0x00020000
@@ -36,7 +35,7 @@ MS_NODEV = 0x4
 UNSAFE_CHARS = ",:\\="
 
 
-@dataclass(frozen=True)
+@record
 class Layer:
     """One staged run's mount: `lower` (the checkout, real path), `upper` and `work` (owner-only,
     hive relay's state dir), mounted at `lower` itself."""
@@ -104,38 +103,6 @@ def enter(layer: Layer) -> None:
     _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
     _check(_libc.mount(b"overlay", layer.lower.encode(), b"overlay", MS_NOSUID | MS_NODEV,
                        layer.options(userns).encode()), f"mounting the staged layer on {layer.lower}")
-
-
-def spawn(path: str, argv: Sequence[str], env: Mapping[str, str], file_actions: Sequence[tuple],
-          setpgroup: int | None, layer: Layer) -> int:
-    """posix_spawn's contract (the same file actions and process group), with the overlay entered
-    between fork and exec. A failure there is one line on stderr and exit 3 (refused): the box
-    never starts on the live checkout instead."""
-    pid = os.fork()
-    if pid:
-        return pid
-    try:  # pragma: no cover - the forked child
-        if setpgroup is not None:
-            os.setpgid(0, setpgroup)
-        enter(layer)
-        for action in file_actions:
-            if action[0] == os.POSIX_SPAWN_DUP2:
-                os.dup2(action[1], action[2], inheritable=True)
-            elif action[0] == os.POSIX_SPAWN_CLOSE:
-                try:
-                    os.close(action[1])
-                except OSError:
-                    pass
-        os.execve(path, list(argv), dict(env))
-    except OSError as err:
-        try:
-            os.write(2, (f"hive-relay: cannot start the staged workdir ({err.strerror or err}); the box did not "
-                         "start; fix: run without --staged, or check `invoke doctor`\n").encode())
-        except OSError:
-            pass
-    finally:
-        os._exit(3)
-    return -1  # unreachable
 
 
 if __name__ == "__main__":  # a manual probe: python -m relay.box.overlay LOWER UPPER WORK -- CMD...

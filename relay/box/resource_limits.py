@@ -13,20 +13,26 @@ import os
 import resource
 import signal
 import time
-from dataclasses import dataclass
 
 from relay.host.liveness import gone
+from relay.model.record import record
 from relay.model.vocab import LimitsMethod
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PREFIX = "hive-relay-"
 
 
-@dataclass
+@record(frozen=False)
 class Cgroup:
     """The directories of one box's cgroup (one per v1 controller, or one v2 dir)."""
 
     dirs: list[str]
+    v1: bool = False
+
+    def self_join_files(self) -> list[str]:
+        """Where a single-threaded process writes "0" to move itself in: `tasks` on v1 (the kernel's
+        cheap path, no global lock; see relay/box/fork_spawn.py), `cgroup.procs` on v2."""
+        return [os.path.join(d, "tasks" if self.v1 else "cgroup.procs") for d in self.dirs]
 
     def procs_files(self) -> list[str]:
         return [os.path.join(d, "cgroup.procs") for d in self.dirs]
@@ -84,7 +90,7 @@ def create(method: str, run_id: str, memory: int, pids: int) -> Cgroup | None:
         if method == LimitsMethod.CGROUP_V1:
             mem, pid = os.path.join(CGROUP_ROOT, "memory", name), os.path.join(CGROUP_ROOT, "pids", name)
             os.mkdir(mem)
-            group = Cgroup([mem])
+            group = Cgroup([mem], v1=True)
             os.mkdir(pid)
             group.dirs.append(pid)
             _write(os.path.join(mem, "memory.limit_in_bytes"), str(memory))
@@ -150,12 +156,6 @@ def raise_nofile() -> tuple[int, int]:
     return original
 
 
-def join(group: Cgroup, pid: int) -> None:
-    """Move a (blocked, not yet forking) box process into the cgroup from outside."""
-    for path in group.procs_files():
-        _write(path, str(pid))
-
-
 def apply_to(pid: int, memory: int, pids: int, use_rlimits: bool, nofile: tuple[int, int]) -> None:
     """Set the box's rlimits from outside (prlimit), before it forks anything: the fallback when no
     cgroup is writable. The fd limit goes back to what the caller had (the launcher raised its own)."""
@@ -171,7 +171,7 @@ def child_setup(group: Cgroup | None, memory: int, pids: int, use_rlimits: bool,
     if nofile is not None:
         resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
     if group is not None:
-        for path in group.procs_files():
+        for path in group.self_join_files():
             _write(path, "0")
     if use_rlimits:
         resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))

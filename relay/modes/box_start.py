@@ -54,6 +54,7 @@ class BoxProcess:
         # handed to the next one made (lowest free first), so without this hold a box that ended could
         # name another box's fresh namespace, and its teardown would SIGKILL that box (exit 137).
         self.pidns_fd: int | None = None
+        self._exit_fd: int | None = None  # a pidfd: readable once the process has exited (wait's wake-up)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -69,13 +70,32 @@ class BoxProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """Reap the process, noticing a stop (Ctrl-Z) within 5 ms: its exit wakes the wait at once
+        through a pidfd (a stop does not make one readable, hence the 5 ms ticks), else each tick."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired("bwrap", timeout or 0)
-            time.sleep(0.005)
+        try:
+            while self.poll() is None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired("bwrap", timeout or 0)
+                self._tick()
+        finally:
+            if self.returncode is not None and self._exit_fd is not None:
+                if self._exit_fd >= 0:
+                    os.close(self._exit_fd)
+                self._exit_fd = None
         assert self.returncode is not None
         return self.returncode
+
+    def _tick(self) -> None:
+        if self._exit_fd is None:
+            try:
+                self._exit_fd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError):  # no pidfd on this kernel, or the process is reaped already
+                self._exit_fd = -1
+        if self._exit_fd < 0:
+            time.sleep(0.005)
+        else:
+            select.select([self._exit_fd], [], [], 0.005)
 
     def kill(self) -> None:
         if self.returncode is None:

@@ -1,6 +1,7 @@
-"""The supervised tier: bubblewrap started blocked with posix_spawn (fixed fds, its own process
-group), put in its cgroup or rlimits, the proxy listener opened in its network namespace, then
-released, so the agent's first request finds the proxy serving."""
+"""The supervised tier: bubblewrap started blocked (posix_spawn's contract: fixed fds, its own process
+group), in its cgroup from before its exec (relay/box/fork_spawn.py) or under rlimits, the proxy
+listener opened in its network namespace, then released, so the agent's first request finds the
+proxy serving."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import fcntl
 import os
 import stat
 from collections.abc import Mapping
-from functools import partial
 
-from relay.box import jobctl, overlay
+from relay.box import fork_spawn, jobctl
 from relay.box import resource_limits as limits
 from relay.egress.proxy import EgressProxy
 from relay.host import procs
@@ -42,10 +42,9 @@ def start(
     # Only 0, 1, 2 and bwrap's own fds reach the box: a directory fd the caller's shell left open
     # would be a key to the host's filesystem.
     closes = [(os.POSIX_SPAWN_CLOSE, fd) for fd in procs.inheritable_fds() if fd not in targets]
-    spawn = os.posix_spawn
-    if plan.staged is not None:  # the same spawn, with the overlay mounted between fork and exec
-        layer = staged.create(plan.staged, plan.workdir, staged.launch_meta(plan))
-        spawn = partial(overlay.spawn, layer=layer)  # type: ignore[assignment]
+    # The same spawn, with the cgroup joined and the staged overlay mounted between fork and exec.
+    layer = staged.create(plan.staged, plan.workdir, staged.launch_meta(plan)) if plan.staged is not None else None
+    spawn = fork_spawn.spawner(state.cgroup.self_join_files() if state.cgroup is not None else (), layer)
     try:
         pid = spawn(plan.command[0], list(plan.command), box_env(plan, caller_env),
                     file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high] + closes, setpgroup=0)
@@ -69,15 +68,6 @@ def start(
             proc.pidns = os.readlink(f"/proc/self/fd/{proc.pidns_fd}")
         except OSError:
             pass
-        if state.cgroup is not None:
-            # The box's init only: all the box will ever run descends from it, still blocked. bwrap's
-            # monitor outside stays where we are (each cgroup-v1 move costs milliseconds of launch).
-            try:
-                limits.join(state.cgroup, child)
-            except ProcessLookupError:
-                if proc.poll() is not None:
-                    return proc, None  # bwrap failed and said why on stderr; its exit code is passed on
-                raise
         limits.apply_to(child, plan.limits.memory, plan.limits.pids, use_rlimits, nofile)
         if plan.proxy_listen:
             try:
