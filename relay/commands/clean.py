@@ -25,18 +25,18 @@ import os
 import shutil
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from relay.commands.logs import human_bytes
 from relay.egress import log_files as logs_mod
 from relay.host import liveness, safefs
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, cache_dir, tool_dir
+from relay.model.record import record
 from relay.trust import rundirs
 
 STRAY_SYNC_LOCK = ".hive-relay-sync.lock"
 
 
-@dataclass
+@record(frozen=False)
 class Item:
     """One thing `clean` found: what it is, where, its size, and why it was kept when it was."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from relay.config.load import load_shipped
 from relay.host.container_engine import EngineInfo, info
@@ -13,6 +13,7 @@ from relay.host.paths import tool_dir
 from relay.host.probe import probe
 from relay.model.errors import RelayError
 from relay.model.host_facts import HostFacts
+from relay.model.record import record
 from relay.render.container_argv import uses_rlimits
 
 
@@ -79,7 +80,7 @@ def vm_image_row(facts: HostFacts, env: dict[str, str]) -> tuple[str, bool, str]
     return ("vm: root image", True, f"{tag} (container mode's image; `invoke build-image` builds it)")
 
 
-@dataclass(frozen=True)
+@record
 class EngineSurvey:
     """Each installed engine asked once (`info` costs ~450 ms), and the one container mode would use."""
 

@@ -17,7 +17,6 @@ import stat
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from relay.box.stdio_redirect import redirected
@@ -28,6 +27,7 @@ from relay.host.liveness import new_run_id
 from relay.host.paths import cache_dir
 from relay.host.probe import probe
 from relay.model.errors import RefusedError, RelayError, UsageError
+from relay.model.record import record
 from relay.modes.image import with_image
 from relay.modes.runner import run
 from relay.plan.resolve import PROXY_LISTEN, Plan, Request, resolve
@@ -37,7 +37,7 @@ PROBES = Path(__file__).resolve().parents[1] / "box" / "escape_probes.py"
 ALLOWED_NAME = "selftest.hive-relay.test"
 
 
-@dataclass
+@record(frozen=False)
 class Row:
     """One escape probe's result in one tier and profile: the table row selftest prints and --json gives."""
 
@@ -62,7 +62,7 @@ def _upstream() -> tuple[socketserver.TCPServer, int]:
     return server, server.server_address[1]
 
 
-@dataclass
+@record(frozen=False)
 class PlantedKey:
     """A fake private key in the host's ~/.ssh for the "read ~/.ssh" probe to attack (the dir is made,
     0700, when the user has none, and removed again with the key). Reached with no link followed."""

@@ -8,10 +8,10 @@ widen a box by falling back to a default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from relay.model.backend import ProfileSpec
 from relay.model.errors import UsageError
+from relay.model.record import record
 
 GIB = 1 << 30
 
@@ -44,7 +44,7 @@ BUILTIN: dict[str, ProfileSpec] = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Profile:
     """A fully resolved profile: every field known, nothing inherited."""
 

@@ -22,18 +22,18 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from relay.config.load import read_yaml
 from relay.model.errors import ConfigError
+from relay.model.record import record
 from relay.model.vocab import KeyClass
 
 INVENTORY_DIR = Path(__file__).resolve().parents[2] / "config" / "settings"
 MISSING = object()  # a key absent on one side
 
 
-@dataclass(frozen=True)
+@record
 class Node:
     """The rule for one key: its class (when not judged below), its known children, or one rule for
     every child (a map such as ~/.claude.json's projects.<path>)."""
@@ -43,7 +43,7 @@ class Node:
     each: Node | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Verdict:
     """`live`: the bytes the host's file should hold (None: absent); `review`: what the box changed
     that is not data (empty: the box's version is taken as it is)."""

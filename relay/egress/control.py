@@ -26,11 +26,11 @@ import socket
 import stat
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from relay.host import liveness, safefs
 from relay.model.allow_rules import HostRule, parse_rule
 from relay.model.errors import EXIT_NO_RUN, RefusedError, RelayError, UsageError
+from relay.model.record import record
 from relay.trust import rundirs
 
 SOCKET_NAME = "control"
@@ -147,7 +147,7 @@ def apply(rules: tuple[HostRule, ...], op: str, entry: str) -> tuple[tuple[HostR
 
 # --- the caller's end --------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@record
 class Run:
     """A live run's control socket, found by scanning run dirs: its run id and the socket's path."""
 

@@ -9,10 +9,10 @@ repaired: the proxy answers 400 with the reason.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from relay.model.allow_rules import fmt_hostport, normalize_host, split_hostport
 from relay.model.errors import UsageError
+from relay.model.record import record
 from relay.policy import egress
 
 MAX_HEAD = 32 * 1024
@@ -28,7 +28,7 @@ class RequestError(Exception):
         self.port = port
 
 
-@dataclass(frozen=True)
+@record
 class Request:
     """A parsed request head. `head` is the canonical head to send upstream (None for CONNECT, and for an
     origin-form request, whose head `route_head` builds once its route is known); `framing` is "none",

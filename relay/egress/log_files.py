@@ -16,12 +16,12 @@ import re
 import stat
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from relay.host import liveness, safefs
 from relay.host.liveness import RUN_ID_RE
 from relay.host.paths import state_dir
 from relay.model.errors import UsageError
+from relay.model.record import record
 from relay.model.refusal import ENTRY
 
 KEEP_DAYS = 14
@@ -32,7 +32,7 @@ NAME = re.compile(rf"^(?P<stamp>\d{{8}}-\d{{6}})-(?P<backend>[A-Za-z0-9_.-]+?)-(
 LIST_FIX = f"`{ENTRY} logs` lists the runs"
 
 
-@dataclass(frozen=True)
+@record
 class LogFile:
     """One decision log on disk, named by stamp, backend and run, so `logs` can list and prune without opening it."""
 

@@ -15,7 +15,6 @@ import json
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from relay.egress.answers import policy, response
 from relay.egress.http_head import Request
@@ -24,6 +23,7 @@ from relay.model import http_rules
 from relay.model import refusal as denial
 from relay.model.allow_rules import HostRule, find_rule, fmt_hostport
 from relay.model.errors import UsageError
+from relay.model.record import record
 from relay.policy import egress
 from relay.policy.egress import NOT_LISTED, Decision
 
@@ -56,7 +56,7 @@ def decide(rules: tuple[HostRule, ...], host: str, port: int, resolver: Resolver
     return egress.decide(rules, host, port, tuple(addrs))
 
 
-@dataclass(frozen=True)
+@record
 class _Tunnel:
     """An open upstream connection, with what it was allowed for and where it actually went."""
 

@@ -26,10 +26,10 @@ import re
 import threading
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from urllib.parse import quote
 
 from relay.egress.redact import Redactor
+from relay.model.record import record
 
 STEP = 1 << 16  # the most a decoder produces from one step of input (a gzip bomb is read this much at a time)
 MAX_LINE = 4096
@@ -149,7 +149,7 @@ _JWT = re.compile(r"^[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{16,}$")
 SHORTEST_PART = 12  # a secret's own part shorter than this is searched for whole (the value as it is)
 
 
-@dataclass(frozen=True)
+@record
 class Secret:
     """One host secret as it is searched for: `name` says which (a route, a file and JSON path, a key
     file: never the value), `forms` its spellings, `least` the shortest run of each that counts."""

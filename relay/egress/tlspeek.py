@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import socket
 import time
-from dataclasses import dataclass
 
 from relay.model.hostname import HostError, canonical_host, is_ip
+from relay.model.record import record
 
 MAX_HELLO = 64 * 1024  # a ClientHello with post-quantum key shares is ~2 KiB; a record is at most 16 KiB
 HELLO_TIMEOUT = 10.0
@@ -30,7 +30,7 @@ _EXT_ECH = 0xFE0D
 ALERT_ACCESS_DENIED = bytes((0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31))
 
 
-@dataclass(frozen=True)
+@record
 class Hello:
     """The verdict on a tunnel's first bytes. `kind`: "tls" (a whole ClientHello; `sni` its
     canonical server_name, None when it has none), "opaque" (not TLS, `reason` says what it

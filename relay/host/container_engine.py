@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from dataclasses import dataclass
+
+from relay.model.record import record
 
 
 def engine_kind(path: str) -> str:
@@ -16,7 +17,7 @@ def engine_kind(path: str) -> str:
     return "docker" if os.path.basename(path).startswith("docker") else "podman"
 
 
-@dataclass(frozen=True)
+@record
 class EngineInfo:
     """What the container engine on PATH is (podman or docker, rootless or not, its storage) or why none works."""
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 
 from relay.model.fs_view import FsView
+from relay.model.record import record
 
 
-@dataclass
+@record(frozen=False)
 class HostFs(FsView):
     """The real host, asked on demand."""
 

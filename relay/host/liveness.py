@@ -16,9 +16,9 @@ the record was made: a process that started after it cannot be its owner.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from relay.host.procs import pid_alive, stat_fields
+from relay.model.record import record
 
 _BOOT: list[str] = []
 
@@ -55,7 +55,7 @@ def _wall_start(pid: int) -> float | None:
     return btime + ticks / os.sysconf("SC_CLK_TCK")
 
 
-@dataclass(frozen=True)
+@record
 class Owner:
     """Who owns a run dir: a pid with its start time and boot id, so a reused pid is never taken for the live owner."""
 

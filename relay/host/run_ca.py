@@ -19,7 +19,8 @@ import os
 import secrets
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from relay.model.record import record
 
 OPENSSL = "/usr/bin/openssl"
 DIR = "inspect"
@@ -32,7 +33,7 @@ class CAError(OSError):
     """The run CA or a leaf could not be made (openssl missing or failing): the run stops."""
 
 
-@dataclass(frozen=True)
+@record
 class Leaf:
     """One inspected host's leaf in the run dir: its certificate and its key (the proxy's, never the box's)."""
 

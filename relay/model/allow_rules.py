@@ -7,16 +7,16 @@ address tables) that `egress.decide` and `egress.allowed_rules` build the one po
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 
 from relay.model.errors import RelayError, UsageError
 from relay.model.hostname import HostError, canonical_host
+from relay.model.record import record
 
 DEFAULT_PORT = 443
 MAX_ENTRY_LEN = 300
 
 
-@dataclass(frozen=True)
+@record
 class HostRule:
     """One allowlist entry. `wildcard` means `*.name`: subdomains only, never the apex.
 

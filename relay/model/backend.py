@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from dataclasses import field as _field
 
 from relay.model.http_rules import HttpRules
+from relay.model.record import record
 from relay.model.vocab import RefreshBody
 
 
-@dataclass(frozen=True)
+@record
 class CredentialRoute:
     """A backend's API key kept on the host: the box talks plain HTTP to the proxy at
     `http://127.0.0.1:3128/<name>`, and the proxy re-originates TLS to `upstream` with the real key.
@@ -50,7 +50,7 @@ class CredentialRoute:
         return HttpRules(self.methods, self.paths, self.push, self.git)
 
 
-@dataclass(frozen=True)
+@record
 class LoginFile:
     """A CLI's OAuth login file on the host (`file`, ~/…, inside one of the backend's home.rw dirs):
     the proxy reads the access token at `token` (a dotted JSON path), refreshes it on the host at
@@ -80,7 +80,7 @@ class LoginFile:
     refresh_body: RefreshBody = RefreshBody.JSON
 
 
-@dataclass(frozen=True)
+@record
 class Backend:
     """One agent CLI as the matrix describes it; all paths still in `~/…` form."""
 
@@ -117,7 +117,7 @@ class Backend:
     login_command: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class ProfileSpec:
     """A profile as written in config; `None` means "inherit", an empty tuple means "nothing"."""
 
@@ -133,7 +133,7 @@ class ProfileSpec:
     pids: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Matrix:
     """Everything config says, after all layers: backends, user profiles, user opt-ins, sources."""
 

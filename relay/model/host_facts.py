@@ -3,10 +3,12 @@ tests. What each tier can enforce with these facts is relay/policy/tiers.py's an
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
+
+from relay.model.record import record
 
 
-@dataclass(frozen=True)
+@record
 class HostFacts:
     """Everything resolve() needs to know about the host, as plain data (tests build their own)."""
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from urllib.parse import unquote
+
+from relay.model.record import record
 
 _METHOD = re.compile(r"[A-Z]{1,16}")
 _BAD_ENCODED = re.compile(r"%(2f|5c|00)", re.IGNORECASE)
@@ -99,7 +100,7 @@ def path_matches(rule: str, path: str) -> bool:
     return path == rule or path.startswith(rule + "/")
 
 
-@dataclass(frozen=True)
+@record
 class HttpRules:
     """What one rule, route or grant lets through. `methods`/`paths` empty: any. `push`: git's
     receive-pack is carried; `git_only`: nothing but git's fetch (and push, with `push`)."""

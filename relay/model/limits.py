@@ -6,12 +6,11 @@ import the planner that imports it: data flows plan -> argv, never back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from relay.model.record import record
 from relay.model.vocab import LimitsMethod
 
 
-@dataclass(frozen=True)
+@record
 class Limits:
     """Memory (bytes) and pids for one box, and how they are enforced (cgroup or rlimit)."""
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from relay.model.record import record
 from relay.model.vocab import MountKind
 
 
-@dataclass(frozen=True)
+@record
 class Mount:
     """One filesystem operation in the box.
 
@@ -21,7 +20,7 @@ class Mount:
     size: int | None = None  # tmpfs (and dev: its /dev/shm) only: bytes, so a disk fill cannot eat the host's memory
 
 
-@dataclass(frozen=True)
+@record
 class Grant:
     """A path of the host the user or profile lets into the box, read-only or writable."""
 

@@ -12,8 +12,9 @@ not the callers.
 from __future__ import annotations
 
 import stat
-from dataclasses import dataclass
 from enum import Enum
+
+from relay.model.record import record
 
 
 class RunsLater(str, Enum):
@@ -33,7 +34,7 @@ class RunsLater(str, Enum):
     SPECIAL = "special"  # links that leave the workdir, FIFOs, devices, setuid/setgid, oversized
 
 
-@dataclass(frozen=True)
+@record
 class Rule:
     """One entry of the table. `names`: a path component equal to one of these (at any depth);
     `suffixes`: the last component ends with one of these; `prefixes`: the path starts with one of
@@ -120,7 +121,7 @@ def watched_component(name: str) -> bool:
 MAX_REVIEW_BYTES = 16 << 20
 
 
-@dataclass(frozen=True)
+@record
 class Flag:
     """Why a path the box wrote runs later on the host (its class and the reason shown to the user)."""
 

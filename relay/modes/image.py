@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TextIO
 
 from relay.host.container_engine import engine_kind, info
@@ -31,6 +31,7 @@ from relay.model.backend import Backend, Matrix
 from relay.model.errors import RefusedError
 from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts
+from relay.model.record import record
 from relay.modes.install import MissingToolError, find_npm
 from relay.render.container_argv import ContainerRun
 
@@ -52,7 +53,7 @@ class ImageError(MissingToolError):
     cannot install a CLI for local mode. The message says which step failed and the fix."""
 
 
-@dataclass(frozen=True)
+@record
 class ImageSpec:
     """What one image is made of; `tag` names it by content."""
 

@@ -17,8 +17,7 @@ The decision is a pure function of the probe results (decide()); the canary runs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from relay.model.record import record
 from relay.modes.kube_objects import PROXY_NAME, PROXY_PORT
 
 # Public by default (a root DNS server's address: no name lookup needed, the box has no DNS).
@@ -44,7 +43,7 @@ def canary_script(target: str = DEFAULT_TARGET, proxy: str = f"{PROXY_NAME}:{PRO
             "else echo kernel=other; fi")
 
 
-@dataclass(frozen=True)
+@record
 class CanaryProbe:
     """What the cluster showed: None for a check that did not run (the canary never started)."""
 
@@ -55,7 +54,7 @@ class CanaryProbe:
     gvisor: bool | None = None  # the canary ran on gVisor's kernel; None: gVisor not asked for
 
 
-@dataclass(frozen=True)
+@record
 class Verdict:
     """The canary's answer: the exit code (0 or refused) and the lines that say why."""
 

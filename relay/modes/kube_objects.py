@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from relay.model.backend import CredentialRoute
 from relay.model.errors import RefusedError
 from relay.model.hashing import sha256
+from relay.model.record import record
 from relay.plan.resolve import Plan
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER
 from relay.render.seccomp_oci import default_profile, render
@@ -96,7 +96,7 @@ WAIT_PROXY = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class KubeRun:
     """What kube mode adds to a plan: the fan-out, the names and the cluster-side settings."""
 

@@ -30,9 +30,10 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from relay.model.hashing import sha256
+from relay.model.record import record
 from relay.model.vocab import LimitsMethod
 from relay.modes.kube_objects import (
     BUNDLE_PORT,
@@ -51,7 +52,7 @@ from relay.plan.resolve import Plan
 CONTAINERS_CONF = '[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n[engine]\nruntime = "runc"\n'
 
 
-@dataclass
+@record(frozen=False)
 class Played:
     """One `podman kube play` run: where its files are and what it started."""
 
@@ -354,7 +355,7 @@ def _unanswered(conn: socket.socket, reason: str, wait: bool = True) -> None:
         conn.close()
 
 
-@dataclass
+@record(frozen=False)
 class PlayResult:
     """Each box's result and log (by index), and the proxy's decision log (its stdout)."""
 

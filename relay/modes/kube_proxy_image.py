@@ -23,7 +23,7 @@ PROXY_POD_FILES = (
     "egress/routes.py", "egress/rulebook.py", "egress/tlspeek.py", "egress/watch.py", "egress/inspect.py",
     "host/__init__.py", "host/liveness.py", "host/procs.py", "host/safefs.py",
     "model/__init__.py", "model/allow_rules.py", "model/backend.py", "model/errors.py", "model/hostname.py",
-    "model/http_rules.py", "model/refusal.py", "model/vocab.py",
+    "model/http_rules.py", "model/record.py", "model/refusal.py", "model/vocab.py",
     "modes/__init__.py", "modes/kube_bundle.py",
     "policy/__init__.py", "policy/egress.py",
     "trust/__init__.py", "trust/rundirs.py",

@@ -18,12 +18,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from relay.host.fs_view import HostFs
 from relay.host.paths import state_dir
 from relay.model.errors import EXIT_TIMEOUT, RefusedError, RelayError, UsageError
 from relay.model.hashing import sha256
+from relay.model.record import record
 from relay.modes.kube_objects import (
     RESULT_BEGIN,
     RESULT_END,
@@ -42,7 +43,7 @@ NO_CLUSTER = ("kube mode needs a Kubernetes cluster: kubectl has no current cont
               "use-context NAME`, or print the objects with --dry-run")
 
 
-@dataclass(frozen=True)
+@record
 class Kubectl:
     """kubectl pinned to the context the run began on: every call names it, so a `kubectl config
     use-context` in another terminal mid-run cannot send the follow, the logs or the namespace
@@ -65,7 +66,7 @@ class KubeTimeout(RelayError):
     exit_code = EXIT_TIMEOUT
 
 
-@dataclass(frozen=True)
+@record
 class BoxResult:
     """What one box's log carried back: its patch (None when the box never reached the end) and exit code."""
 

@@ -19,16 +19,17 @@ import socket
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from relay.model.backend import CredentialRoute
 from relay.model.errors import RefusedError
+from relay.model.record import record
 
 KEY_PREFIX = "HIVE_RELAY_KEY_"
 MARGIN_S = 600  # a login token must outlive the run's deadline by this much
 
 
-@dataclass(frozen=True)
+@record
 class Carried:
     """One route as the cluster's proxy serves it: the route with its key under `key`, and where the
     value comes from on the host (`source`: env | grant | login)."""

@@ -30,9 +30,9 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from relay.model.errors import RefusedError, RelayError
+from relay.model.record import record
 from relay.modes import vm_initrd
 from relay.render.vm_run import VmRun  # noqa: F401 - the plan's part, named here too for the runner
 
@@ -41,7 +41,7 @@ MAX_SHARES = 20  # microvm has 24 virtio-mmio slots: the disk, the NIC and the c
 ROOT_SIZE_SLACK = 1.25
 
 
-@dataclass(frozen=True)
+@record
 class Share:
     """One host directory in the guest, at the same path (a denied path simply has no Share)."""
 
@@ -50,7 +50,7 @@ class Share:
     writable: bool
 
 
-@dataclass(frozen=True)
+@record
 class Guest:
     """Everything one boot needs; `argv()` is a pure function of it."""
 

@@ -11,13 +11,12 @@ Pure: a function of the plan, shown by `--dry-run --json` as `host_steps`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from relay.model.record import record
 from relay.model.vocab import HostStep, Tier
 from relay.policy import passwd
 
 
-@dataclass(frozen=True)
+@record
 class Step:
     """One step the host takes before the box starts, with what it does and how it is undone (listed in --dry-run
     --json)."""

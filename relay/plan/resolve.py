@@ -10,7 +10,7 @@ import json
 import os
 import shlex
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, field, replace
 
 from relay.box.nodeproxy import node_options
 from relay.box.overlay import unsafe_path
@@ -26,6 +26,7 @@ from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts
 from relay.model.limits import Limits, limit_method
 from relay.model.mounts import Grant, Mount
+from relay.model.record import record
 from relay.model.refusal import ENTRY
 from relay.model.vocab import MODES, LoginHold, MountKind, Tier, WorkdirMode
 from relay.plan.host_steps import host_steps
@@ -73,7 +74,7 @@ BOX_GIT_EXCLUDES = "/run/hive-relay/git-excludes"
 
 
 
-@dataclass(frozen=True)
+@record
 class Request:
     """What the user asked for, straight from the command line."""
 
@@ -101,7 +102,7 @@ class Request:
     argv_override: tuple[str, ...] | None = None
 
 
-@dataclass(frozen=True)
+@record
 class LoginFileUse:
     """One credential file of the agent's state in this run: where it is, the JSON paths of the
     secrets it holds (names, never values), how the box gets it, and the routes that hold it."""
@@ -113,7 +114,7 @@ class LoginFileUse:
     routes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class Plan:
     """Everything one launch will do. Secrets appear by name only (env_pass), never by value."""
 
@@ -299,7 +300,7 @@ def java_proxy_options(listen: str) -> str:
                     ) + " -Dhttp.nonProxyHosts=localhost|127.*|[::1]"
 
 
-@dataclass
+@record(frozen=False)
 class _Draft:
     """One plan while resolve() builds it: the inputs, then what each step adds. Steps run in a
     fixed order and only append (notes keep the order in which the user reads them)."""
@@ -1292,7 +1293,7 @@ def _unsandboxed_plan(
     )
 
 
-@dataclass(frozen=True)
+@record
 class _ContainerChoice:
     """The container run rendered for this plan and how its limits are enforced (the engine's or none)."""
 

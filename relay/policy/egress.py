@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relay.model.allow_rules import (
@@ -27,6 +26,7 @@ from relay.model.allow_rules import (
     parse_rule,
 )
 from relay.model.errors import RefusedError
+from relay.model.record import record
 
 if TYPE_CHECKING:
     from relay.config.profiles import Profile
@@ -36,7 +36,7 @@ NOT_LISTED = "not in the egress allowlist"
 IP_NOT_LISTED = "IP literals are refused unless listed explicitly"
 
 
-@dataclass(frozen=True)
+@record
 class Decision:
     """`allowed` is the policy's verdict; `unreachable` marks an allowed host that could not be
     reached (no DNS answer, refused, timed out, no route), with `cause` its short name. `addrs` are
@@ -139,7 +139,7 @@ ROUTE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPT
 _KEY_VALUE = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
-@dataclass(frozen=True)
+@record
 class RouteMatch:
     """Which route an origin-form target names, and the path to request upstream; or why none."""
 

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from relay.model.fs_view import FsView
 from relay.model.mounts import Grant, Mount
+from relay.model.record import record
 from relay.model.vocab import MountKind
 
 
-@dataclass(frozen=True)
+@record
 class FsPlan:
     """The box's whole filesystem as a pure plan: mounts in order, placeholders to create, and what is denied or
     protected."""

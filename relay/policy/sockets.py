@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from relay.model.allow_rules import HostRule, is_loopback, normalize_host
 from relay.model.errors import RefusedError, UsageError
+from relay.model.record import record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ SSH_PORT = 22
 CONNECT_ENV = "HIVE_RELAY_SSH_CONNECT"
 
 
-@dataclass(frozen=True)
+@record
 class BoxSocket:
     """One host socket bound into the box: what the user named, the host file, where the box sees it."""
 

@@ -8,12 +8,12 @@ facts and requests in, a choice or a reason out.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from relay.config.profiles import resolve_profile
 from relay.model.backend import Backend, Matrix
 from relay.model.errors import RefusedError, UsageError
 from relay.model.host_facts import HostFacts
+from relay.model.record import record
 from relay.model.vocab import Tier
 
 TYPE_CHECKING = False  # avoids importing typing at launch
@@ -46,7 +46,7 @@ def vm_accel(request: Request) -> str:
 DEFAULT_PROFILE = "default"  # fail-closed: no network, no backend state; what every fallback lands on
 
 
-@dataclass(frozen=True)
+@record
 class TierChoice:
     """The tier and profile one launch runs at, and the notes that say why (shown with the plan)."""
 

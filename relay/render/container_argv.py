@@ -20,10 +20,10 @@ AF_UNIX socket.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from relay.model.limits import Limits
 from relay.model.mounts import Mount
+from relay.model.record import record
 from relay.model.vocab import MountKind
 from relay.render import gvisor_oci
 
@@ -36,7 +36,7 @@ SKIPPED_KINDS = (MountKind.DEV, MountKind.PROC)
 BOX_PYTHON = "/usr/bin/python3"  # the image's (relay/modes/image.py BASE_PACKAGES): runs the gvisor init
 
 
-@dataclass(frozen=True)
+@record
 class ContainerRun:
     """The engine-facing facts of one container launch (in the plan, so --dry-run shows them)."""
 

@@ -20,10 +20,11 @@ group is unmapped (root:shadow /etc/shadow), so the mask over it fails and the b
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from relay.model.limits import Limits
 from relay.model.mounts import Mount
+from relay.model.record import record
 from relay.model.vocab import MountKind
 
 # Inside the box: where the init and what it needs are bound (read-only). /run is box-private tmpfs.
@@ -36,7 +37,7 @@ BOX_UID = 0  # the Sentry's root, without capabilities: the caller on the host (
 HOSTNAME = "hive-relay"
 
 
-@dataclass(frozen=True)
+@record
 class GvisorRun:
     """How one gvisor box is started: runsc and its flags, and the host paths of the run's bundle,
     runsc state, proxy socket and seccomp program (all in the run dir, which only the caller can

@@ -19,10 +19,10 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from relay.host import memo
 from relay.host.paths import LIBSECCOMP_DIRS
+from relay.model.record import record
 
 AF_UNIX = 1
 AF_INET = 2
@@ -54,7 +54,7 @@ ALWAYS_DENIED = (
 NAMESPACE_SYSCALLS = ("unshare",)
 
 
-@dataclass(frozen=True)
+@record
 class SeccompPolicy:
     """What the filter refuses; rendered into the plan so `--dry-run` shows it."""
 

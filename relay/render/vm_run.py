@@ -5,10 +5,11 @@ relay/modes/vm_boot.py, run by relay/modes/vm_runner.py."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+
+from relay.model.record import record
 
 
-@dataclass(frozen=True)
+@record
 class VmRun:
     """How one VM box is booted (the plan's part; `--dry-run --json` shows it as `vm`): qemu, the guest
     kernel, the accelerator (`emulated` is TCG: the CPU is emulated, the boundary the same), the root

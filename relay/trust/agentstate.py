@@ -32,7 +32,7 @@ import re
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from relay.config import settings_keys
 from relay.host import safefs
@@ -40,6 +40,7 @@ from relay.host.liveness import RUN_ID_RE
 from relay.model import credential_files
 from relay.model.backend import LoginFile
 from relay.model.hashing import sha256
+from relay.model.record import record
 from relay.model.refusal import ENTRY
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER
 from relay.trust import guard, logins
@@ -63,7 +64,7 @@ def _ident(st: os.stat_result) -> Ident:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-@dataclass
+@record(frozen=False)
 class Copied:
     """One entry of the copy: what the host had (identity, None: absent) and what the copy was."""
 
@@ -73,7 +74,7 @@ class Copied:
     before: bytes | None = None  # guarded files only: the host's bytes at copy-in
 
 
-@dataclass
+@record(frozen=False)
 class AgentState:
     """What the launcher and the janitor know about one run's state copies (decided by the plan)."""
 
@@ -355,7 +356,7 @@ def _mask_logins(state: AgentState, bfd: int) -> None:
 
 # --- sync-back ------------------------------------------------------------------------------------------
 
-@dataclass
+@record(frozen=False)
 class _Change:
     """One file of the box's private agent state, compared with the host's: what sync-back does with it and why."""
 

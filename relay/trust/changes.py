@@ -27,11 +27,12 @@ import pwd
 import stat
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 
 from relay.host import safefs
 from relay.model.errors import RelayError, UsageError
 from relay.model.hashing import sha256
+from relay.model.record import record
 from relay.model.refusal import ENTRY
 from relay.trust import staged
 from relay.trust.checkout_owner import checkout_owner, give, missing_parents
@@ -44,7 +45,7 @@ REDIRECT = ("user.overlay.redirect", "trusted.overlay.redirect")
 GIT = ".git"
 
 
-@dataclass
+@record(frozen=False)
 class Entry:
     """One changed path. `kind`: added | modified | deleted | mode | symlink | dir | special."""
 
@@ -73,7 +74,7 @@ class Entry:
         return data
 
 
-@dataclass
+@record(frozen=False)
 class Review:
     """What a staged run changed, read from its upper layer: the entries the user reviews before anything lands."""
 

@@ -35,10 +35,11 @@ import json
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from relay.host import safefs
 from relay.model import runs_later
+from relay.model.record import record
 
 SKIP_DIRS = {".git", "__pycache__"}
 SITE_DIRS = {"site-packages", "dist-packages"}
@@ -63,7 +64,7 @@ def _kind_of(rel: str) -> str | None:
     return flags[0].cls.value if flags else None
 
 
-@dataclass
+@record(frozen=False)
 class Walk:
     """One bounded walk of the workdir: directory times, names and watched files, to tell what the box added."""
 
@@ -80,7 +81,7 @@ class Walk:
         return self.over_budget or bool(self.unreadable)
 
 
-@dataclass
+@record(frozen=False)
 class Watch:
     """The workdir as it was when the box started, to compare against at exit (live runs)."""
 
@@ -278,7 +279,7 @@ def _lifecycle(root_fd: int, rel: str) -> str | None:
     return ",".join(k for k in LIFECYCLE if k in scripts)
 
 
-@dataclass
+@record(frozen=False)
 class Findings:
     """What the exit check found the box left in a live workdir that could run later, and what was moved aside."""
 

@@ -49,12 +49,13 @@ import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from relay.host import safefs
 from relay.model.fs_view import FsView
 from relay.model.hashing import sha256
 from relay.model.mounts import Mount
+from relay.model.record import record
 from relay.model.vocab import MountKind
 from relay.trust import gitindex
 
@@ -89,7 +90,7 @@ MAX_ENTRIES = 2000  # worktrees + modules + names: a git dir with more is not pl
 ASIDE_LIMIT = 64 << 20
 
 
-@dataclass(frozen=True)
+@record
 class GitDir:
     """One git dir the box sees through a private copy. `private` is relative to the run dir."""
 
@@ -100,7 +101,7 @@ class GitDir:
     top: bool  # bound at `host` itself (else part of its parent's private copy)
 
 
-@dataclass(frozen=True)
+@record
 class GitPlan:
     """`gitlinks`: the submodule paths (relative to the workdir) that had their own `.git` at launch;
     any other gitlink that has one after the box is a repository the box made, with its own config."""
@@ -447,7 +448,7 @@ def validate(name: str, data: bytes) -> str | None:
     return "not an allowlisted file"
 
 
-@dataclass
+@record(frozen=False)
 class SyncResult:
     """What syncing the private .git back did: refs synced, what was kept aside, and the lines to print."""
 

@@ -41,11 +41,12 @@ import os
 import stat
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Protocol
 
 from relay.host import safefs
 from relay.model.hashing import sha1, sha256
+from relay.model.record import record
 
 SIGNATURE = b"DIRC"
 VERSIONS = (2, 3, 4)
@@ -73,7 +74,7 @@ class BadIndex(ValueError):
     """Not an index git would write; the message says where and why."""
 
 
-@dataclass(frozen=True)
+@record
 class Entry:
     """One entry of git's index, as stored: its stat fields, mode, object id, flags and path."""
 
@@ -105,7 +106,7 @@ class Entry:
         return replace(self, ctime_s=0, ctime_ns=0, mtime_s=0, mtime_ns=0, dev=0, ino=0, uid=0, gid=0, size=0)
 
 
-@dataclass(frozen=True)
+@record
 class Index:
     """A parsed git index: its version, hash length, entries and the extensions kept."""
 
@@ -313,7 +314,7 @@ def content_ids(content: bytes, hash_len: int) -> set[bytes]:
 # ---------------------------------------------------------------------------------------------
 # The worktree as the host sees it.
 
-@dataclass(frozen=True)
+@record
 class FileFacts:
     """What lstat says about a work-tree path, the facts the index's lie rule compares against."""
 
@@ -399,7 +400,7 @@ class Files(Protocol):
 # ---------------------------------------------------------------------------------------------
 # The rules.
 
-@dataclass
+@record(frozen=False)
 class Outcome:
     """What checking the box's git index decided: the index to write back or why it is refused, and what was
     cleared."""

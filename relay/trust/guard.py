@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 
 from relay.config import settings_keys
 from relay.host import safefs
+from relay.model.record import record
 
 # Settings files are small; anything larger is not a settings file the host should parse.
 MAX_SETTINGS = 4 << 20
 
 
-@dataclass(frozen=True)
+@record
 class Snapshot:
     """What a guarded path was before the box ran: its bytes (None: absent), or the target of a
     link the user keeps there (dotfile managers do), plus the entry's identity to spot a swap."""

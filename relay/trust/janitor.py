@@ -17,18 +17,19 @@ import stat
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from relay.box import resource_limits
 from relay.host import liveness, procs, safefs
 from relay.model import credential_files
 from relay.model.hashing import sha256
+from relay.model.record import record
 from relay.model.vocab import HostStep
 from relay.trust import agentstate, gitdir, guard, rundirs
 from relay.trust.placeholders import Registry
 
 
-@dataclass
+@record(frozen=False)
 class RunState:
     """What the janitor must undo for one run: its run dir, synced files' hashes, placeholders, guards and owner."""
 

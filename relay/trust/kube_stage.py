@@ -20,10 +20,10 @@ import os
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from relay.host import safefs
 from relay.model.hashing import sha1, sha256
+from relay.model.record import record
 from relay.trust import staged
 
 ZERO_OIDS = ("0" * 40, "0" * 64)
@@ -35,7 +35,7 @@ GIT_APPLY_DATA = 2 << 30
 MAX_STAGED_BYTES = 1 << 30  # all new blobs of one box together, read into memory to be written out
 
 
-@dataclass(frozen=True)
+@record
 class Change:
     """One path of the box's result against the base commit (`git diff-index --raw`)."""
 
@@ -46,7 +46,7 @@ class Change:
     new_mode: str  # 100644 | 100755 | 120000 | 160000 | 000000
 
 
-@dataclass(frozen=True)
+@record
 class Outcome:
     """What became of one box's patch: a staged run, nothing to stage, or why it was not staged."""
 

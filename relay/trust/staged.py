@@ -27,18 +27,19 @@ import os
 import stat
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from relay.box.overlay import Layer
 from relay.host import safefs
 from relay.host.paths import state_dir
+from relay.model.record import record
 
 META = "meta.json"
 RECEIPT = "receipt.json"
 STAMP = "stamp"
 
 
-@dataclass(frozen=True)
+@record
 class StagedLayer:
     """The plan's part: which run, and where its layer lives."""
 
@@ -115,7 +116,7 @@ def write_json(root: str, name: str, value: Mapping[str, object]) -> None:
                       base=root)
 
 
-@dataclass(frozen=True)
+@record
 class Run:
     """One staged run as listed: its layer and meta."""
 

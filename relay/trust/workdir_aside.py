@@ -23,10 +23,11 @@ import json
 import os
 import shutil
 import stat
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from relay.host import safefs
 from relay.model.hashing import sha256
+from relay.model.record import record
 from relay.model.refusal import ENTRY
 
 MANIFEST = "workdir.json"
@@ -40,7 +41,7 @@ def kept_dir(state_dir: str, run_id: str) -> str:
     return os.path.join(state_dir, "kept", f"{run_id}.workdir")
 
 
-@dataclass
+@record(frozen=False)
 class Settled:
     """How the workdir's protected paths were settled at exit: moved aside, restored, failed, or kept."""
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from relay.host import safefs
+from relay.model.record import record
 from relay.model.refusal import ENTRY
 from relay.trust import staged
 
 
-@dataclass(frozen=True)
+@record
 class Counts:
     """The counts a staged run's exit line shows: changed, flagged, conflicting, refused and git files."""
 

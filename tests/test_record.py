@@ -1,0 +1,95 @@
+"""relay.model.record against the dataclass it stands for: the same equality, hash, repr, frozen
+refusals and dataclasses helpers, with only __init__ compiled per class (relay/model/record.py)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+from dataclasses import dataclass, field
+
+import pytest
+
+from relay.model.record import record
+
+
+@record
+class Point:
+    """A frozen record."""
+
+    x: int
+    y: str = "y"
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PointDC:
+    """Its dataclass twin."""
+
+    x: int
+    y: str = "y"
+    tags: tuple[str, ...] = ()
+
+
+@record(frozen=False)
+class Bag:
+    """A mutable record."""
+
+    items: list[int] = field(default_factory=list)
+    name: str = ""
+
+
+@record
+class Empty:
+    """No fields."""
+
+
+@record
+class One:
+    """One field: the hash is of a one-tuple, as a dataclass's."""
+
+    v: int
+
+
+def test_a_frozen_record_behaves_as_its_frozen_dataclass_twin() -> None:
+    a, twin = Point(1, "b", ("t",)), PointDC(1, "b", ("t",))
+    assert repr(a) == repr(twin).replace("PointDC", "Point")
+    assert a == Point(1, "b", ("t",)) and a != Point(2, "b", ("t",)) and a != twin
+    assert hash(a) == hash(twin) == hash(Point(1, "b", ("t",)))
+    assert hash(One(3)) == hash(dataclass(frozen=True)(type("OneDC", (), {"__annotations__": {"v": "int"}}))(3))
+    assert len({a, Point(1, "b", ("t",)), Point(1)}) == 2
+    assert dataclasses.is_dataclass(a) and [f.name for f in dataclasses.fields(a)] == ["x", "y", "tags"]
+    assert dataclasses.asdict(a) == dataclasses.asdict(twin)
+    assert dataclasses.replace(a, y="c") == Point(1, "c", ("t",))
+    assert copy.deepcopy(a) == a and pickle.loads(pickle.dumps(a)) == a
+    assert Point.__match_args__ == ("x", "y", "tags")
+    assert Empty() == Empty() and hash(Empty()) == hash(()) and repr(Empty()) == "Empty()"
+
+
+def test_a_frozen_record_refuses_what_a_frozen_dataclass_refuses() -> None:
+    a = Point(1)
+    for attack in (lambda: setattr(a, "x", 2), lambda: setattr(a, "other", 1), lambda: delattr(a, "x"),
+                   lambda: delattr(a, "y")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            attack()
+    assert a == Point(1)
+    with pytest.raises(TypeError):
+        Point()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        hash(Point(1, "y", [1]))  # type: ignore[arg-type]  # an unhashable field, as a dataclass's
+
+
+def test_a_mutable_record_is_a_mutable_dataclass() -> None:
+    b = Bag()
+    b.items.append(1)
+    b.name = "n"
+    assert b == Bag([1], "n") and Bag().items is not Bag().items
+    assert repr(b) == "Bag(items=[1], name='n')"
+    with pytest.raises(TypeError):
+        hash(b)
+
+
+def test_a_recursive_repr_ends() -> None:
+    b = Bag()
+    b.items.append(b)  # type: ignore[arg-type]
+    assert repr(b) == "Bag(items=[...], name='')"
