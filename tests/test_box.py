@@ -348,6 +348,33 @@ def test_a_box_that_cannot_join_its_cgroup_never_starts(tmp_path: Path) -> None:
     assert ran.returncode == 0 and flag.exists(), ran
 
 
+def test_the_launchers_children_are_found_as_a_full_scan_finds_them() -> None:
+    """procs.children reads each thread's `children` list: it finds what a scan of every process's
+    stat finds, a thread's child after that thread ended, and an orphan that came back to us as a
+    subreaper; and nothing once they are reaped."""
+    script = """
+import os, subprocess, sys, threading, time
+from relay.host import procs
+assert procs.become_subreaper()
+me = os.getpid()
+kids = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+t = threading.Thread(target=lambda: kids.append(subprocess.Popen(["sleep", "30"])))
+t.start(); t.join()
+subprocess.run(["sh", "-c", "sleep 30 & exit 0"])  # its sleep is orphaned, and comes back to us
+deadline = time.monotonic() + 10
+while len(procs.processes_where(1, me)) < 4 and time.monotonic() < deadline:
+    time.sleep(0.01)
+found, scanned = procs.children(me), procs.processes_where(1, me)
+print(len(found), found == scanned)
+procs.reap_descendants(set())
+print(len(procs.children(me)), len(procs.processes_where(1, me)))
+"""
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["4", "True", "0", "0"], out.stdout
+
+
 def test_kill_9_of_launcher_leaves_nothing(box_sandbox: Sandbox) -> None:
     s = box_sandbox
     marker = f"hive-kill9-{os.getpid()}"
