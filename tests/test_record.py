@@ -93,3 +93,52 @@ def test_a_recursive_repr_ends() -> None:
     b = Bag()
     b.items.append(b)  # type: ignore[arg-type]
     assert repr(b) == "Bag(items=[...], name='')"
+
+
+def test_the_records_own_helpers_match_the_stdlibs() -> None:
+    from relay.model import record as rec
+
+    a = Point(1, "b", ("t",))
+    assert [f.name for f in rec.fields(a)] == [f.name for f in dataclasses.fields(PointDC)]
+    assert rec.asdict(a) == dataclasses.asdict(PointDC(1, "b", ("t",)))
+    assert rec.replace(a, y="c") == dataclasses.replace(a, y="c") == Point(1, "c", ("t",))
+    with pytest.raises(TypeError):
+        rec.replace(a, nope=1)
+    nested = Bag([1], "n")
+    assert rec.asdict(nested) == {"items": [1], "name": "n"} and rec.asdict(nested)["items"] is not nested.items
+    with pytest.raises(TypeError):
+        rec.asdict(Point)
+
+
+def test_a_record_refuses_what_a_dataclass_refuses_at_definition() -> None:
+    with pytest.raises(ValueError, match="mutable default"):
+        record(type("Bad", (), {"__annotations__": {"items": "list"}, "items": []}))
+    with pytest.raises(TypeError, match="non-default argument 'b' follows default argument"):
+        record(type("Bad", (), {"__annotations__": {"a": "int", "b": "int"}, "a": 1}))
+
+
+def test_the_launch_path_never_imports_dataclasses_and_its_refusals_still_name_frozen() -> None:
+    """The reason records exist: a launch's modules load without dataclasses (and inspect, ast, dis);
+    a frozen record's refusal is still an AttributeError that says so."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    script = """
+import sys
+import relay.commands.cli, relay.modes.runner, relay.modes.bwrap_runner, relay.egress.proxy, relay.ui.staged_exit
+loaded = sorted(m for m in ("dataclasses", "inspect", "ast", "dis", "copy") if m in sys.modules)
+from relay.model.mounts import Mount
+from relay.model.vocab import MountKind
+m = Mount(MountKind.RO_BIND, "/a", "/b")
+try:
+    m.dst = "/c"
+except AttributeError as err:
+    print("refused", type(err).__name__, err)
+print("loaded", loaded)
+"""
+    out = subprocess.run([sys.executable, "-c", script], env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["refused _FrozenError cannot assign to field 'dst'", "loaded []"], out.stdout

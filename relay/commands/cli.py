@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 
 from relay.commands.guarded import guarded
@@ -29,6 +28,7 @@ from relay.config.load import get_backend, load_matrix
 from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.model.errors import RefusedError, UsageError
+from relay.model.record import replace
 from relay.plan.resolve import Request, resolve
 from relay.policy.tiers import profile_fallback
 from relay.ui.banner import note_lines

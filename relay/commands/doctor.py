@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import replace
 
 from relay.config.load import load_shipped
 from relay.host.container_engine import EngineInfo, info
@@ -13,7 +12,7 @@ from relay.host.paths import tool_dir
 from relay.host.probe import probe
 from relay.model.errors import RelayError
 from relay.model.host_facts import HostFacts
-from relay.model.record import record
+from relay.model.record import record, replace
 from relay.render.container_argv import uses_rlimits
 
 

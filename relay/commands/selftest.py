@@ -205,15 +205,13 @@ def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str
     matrix = load_matrix(env, workdir=None)
     facts = probe(env)
     if isolation == "gvisor":
-        from dataclasses import replace
-
         from relay.host import runsc_host
+        from relay.model.record import replace
 
         facts = replace(facts, **runsc_host.facts(env))
     if isolation == "vm":
-        from dataclasses import replace
-
         from relay.host import vm_host
+        from relay.model.record import replace
         from relay.modes.image import spec_from_env
         from relay.policy.tiers import VM_ACCELS
 

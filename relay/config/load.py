@@ -15,7 +15,6 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import fields, replace
 from pathlib import Path
 
 from relay.config.presets import BUILTIN as BUILTIN_PRESETS
@@ -27,6 +26,7 @@ from relay.model.allow_rules import HostRule, parse_rule
 from relay.model.backend import Backend, CredentialRoute, LoginFile, Matrix, ProfileSpec
 from relay.model.errors import ConfigError, UsageError
 from relay.model.http_rules import check_method, check_path_rule
+from relay.model.record import fields, replace
 from relay.model.vocab import RefreshBody
 
 TYPE_CHECKING = False  # importing typing costs ~4 ms per launch; annotations are strings anyway

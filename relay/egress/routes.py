@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from dataclasses import replace
 
 from relay.egress.answers import policy, refuse, response
 from relay.egress.forward import CONNECT_TIMEOUT, connect, forward, refuse_scanned, relay_response, request_scan
@@ -23,6 +22,7 @@ from relay.egress.secret_scan import HostSecrets, SecretFound, Unscannable
 from relay.model import http_rules
 from relay.model import refusal as denial
 from relay.model.allow_rules import HostRule
+from relay.model.record import replace
 from relay.policy import egress
 from relay.policy.egress import Decision
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field as _field
 
 from relay.model.http_rules import HttpRules
+from relay.model.record import field as _field
 from relay.model.record import record
 from relay.model.vocab import RefreshBody
 

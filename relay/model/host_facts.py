@@ -3,9 +3,7 @@ tests. What each tier can enforce with these facts is relay/policy/tiers.py's an
 
 from __future__ import annotations
 
-from dataclasses import asdict, field
-
-from relay.model.record import record
+from relay.model.record import asdict, field, record
 
 
 @record

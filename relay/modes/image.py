@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TextIO
 
 from relay.host.container_engine import engine_kind, info
@@ -31,7 +30,7 @@ from relay.model.backend import Backend, Matrix
 from relay.model.errors import RefusedError
 from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts
-from relay.model.record import record
+from relay.model.record import record, replace
 from relay.modes.install import MissingToolError, find_npm
 from relay.render.container_argv import ContainerRun
 

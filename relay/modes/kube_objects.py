@@ -281,8 +281,7 @@ def _allowed_ports(plan: Plan) -> list[int]:
 
 def with_bundle(run: KubeRun, bundle: bytes) -> KubeRun:
     """The run with its bundle's sha256 and size: what the Job checks and the volumes are sized by."""
-    from dataclasses import replace
-
+    from relay.model.record import replace
     from relay.trust.kube_stage import bundle_head
 
     return replace(run, bundle_sha256=sha256(bundle).hexdigest(), bundle_bytes=len(bundle),

@@ -30,10 +30,9 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import field, replace
 
 from relay.model.hashing import sha256
-from relay.model.record import record
+from relay.model.record import field, record, replace
 from relay.model.vocab import LimitsMethod
 from relay.modes.kube_objects import (
     BUNDLE_PORT,

@@ -18,13 +18,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from relay.host.fs_view import HostFs
 from relay.host.paths import state_dir
 from relay.model.errors import EXIT_TIMEOUT, RefusedError, RelayError, UsageError
 from relay.model.hashing import sha256
-from relay.model.record import record
+from relay.model.record import record, replace
 from relay.modes.kube_objects import (
     RESULT_BEGIN,
     RESULT_END,

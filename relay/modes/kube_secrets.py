@@ -19,11 +19,10 @@ import socket
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 
 from relay.model.backend import CredentialRoute
 from relay.model.errors import RefusedError
-from relay.model.record import record
+from relay.model.record import record, replace
 
 KEY_PREFIX = "HIVE_RELAY_KEY_"
 MARGIN_S = 600  # a login token must outlive the run's deadline by this much

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 
 from relay.box.stdio_redirect import redirected
 from relay.host import safefs
 from relay.host.paths import cache_dir
 from relay.model.hashing import sha256
+from relay.model.record import replace
 from relay.model.vocab import Tier
 from relay.plan.resolve import Plan
 

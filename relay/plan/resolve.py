@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import time
-from dataclasses import asdict, field, replace
 
 from relay.box.nodeproxy import node_options
 from relay.box.overlay import unsafe_path
@@ -26,7 +25,7 @@ from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts
 from relay.model.limits import Limits, limit_method
 from relay.model.mounts import Grant, Mount
-from relay.model.record import record
+from relay.model.record import asdict, field, record, replace
 from relay.model.refusal import ENTRY
 from relay.model.vocab import MODES, LoginHold, MountKind, Tier, WorkdirMode
 from relay.plan.host_steps import host_steps

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import field
 
 from relay.model.fs_view import FsView
 from relay.model.mounts import Grant, Mount
-from relay.model.record import record
+from relay.model.record import field, record
 from relay.model.vocab import MountKind
 
 

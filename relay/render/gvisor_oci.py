@@ -20,11 +20,10 @@ group is unmapped (root:shadow /etc/shadow), so the mask over it fails and the b
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 from relay.model.limits import Limits
 from relay.model.mounts import Mount
-from relay.model.record import record
+from relay.model.record import record, replace
 from relay.model.vocab import MountKind
 
 # Inside the box: where the init and what it needs are bound (read-only). /run is box-private tmpfs.

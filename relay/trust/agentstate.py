@@ -32,7 +32,6 @@ import re
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import field
 
 from relay.config import settings_keys
 from relay.host import safefs
@@ -40,7 +39,7 @@ from relay.host.liveness import RUN_ID_RE
 from relay.model import credential_files
 from relay.model.backend import LoginFile
 from relay.model.hashing import sha256
-from relay.model.record import record
+from relay.model.record import field, record
 from relay.model.refusal import ENTRY
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER
 from relay.trust import guard, logins

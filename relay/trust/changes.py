@@ -27,12 +27,11 @@ import pwd
 import stat
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, field
 
 from relay.host import safefs
 from relay.model.errors import RelayError, UsageError
 from relay.model.hashing import sha256
-from relay.model.record import record
+from relay.model.record import asdict, field, record
 from relay.model.refusal import ENTRY
 from relay.trust import staged
 from relay.trust.checkout_owner import checkout_owner, give, missing_parents

@@ -35,11 +35,10 @@ import json
 import os
 import stat
 import time
-from dataclasses import field
 
 from relay.host import safefs
 from relay.model import runs_later
-from relay.model.record import record
+from relay.model.record import field, record
 
 SKIP_DIRS = {".git", "__pycache__"}
 SITE_DIRS = {"site-packages", "dist-packages"}

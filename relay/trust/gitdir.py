@@ -49,13 +49,12 @@ import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import field
 
 from relay.host import safefs
 from relay.model.fs_view import FsView
 from relay.model.hashing import sha256
 from relay.model.mounts import Mount
-from relay.model.record import record
+from relay.model.record import field, record
 from relay.model.vocab import MountKind
 from relay.trust import gitindex
 

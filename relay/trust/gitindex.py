@@ -41,12 +41,11 @@ import os
 import stat
 import struct
 from collections.abc import Iterable
-from dataclasses import field, replace
 from typing import Protocol
 
 from relay.host import safefs
 from relay.model.hashing import sha1, sha256
-from relay.model.record import record
+from relay.model.record import field, record, replace
 
 SIGNATURE = b"DIRC"
 VERSIONS = (2, 3, 4)

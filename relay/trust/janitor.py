@@ -17,13 +17,12 @@ import stat
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import field
 
 from relay.box import resource_limits
 from relay.host import liveness, procs, safefs
 from relay.model import credential_files
 from relay.model.hashing import sha256
-from relay.model.record import record
+from relay.model.record import field, record
 from relay.model.vocab import HostStep
 from relay.trust import agentstate, gitdir, guard, rundirs
 from relay.trust.placeholders import Registry

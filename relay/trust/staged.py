@@ -27,12 +27,11 @@ import os
 import stat
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
 
 from relay.box.overlay import Layer
 from relay.host import safefs
 from relay.host.paths import state_dir
-from relay.model.record import record
+from relay.model.record import asdict, record
 
 META = "meta.json"
 RECEIPT = "receipt.json"

@@ -23,11 +23,10 @@ import json
 import os
 import shutil
 import stat
-from dataclasses import field
 
 from relay.host import safefs
 from relay.model.hashing import sha256
-from relay.model.record import record
+from relay.model.record import field, record
 from relay.model.refusal import ENTRY
 
 MANIFEST = "workdir.json"
