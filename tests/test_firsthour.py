@@ -234,7 +234,7 @@ def test_bench_takes_no_ratio_against_a_failed_run(tmp_path: Path) -> None:
     assert launch["bin/contribute-hive"]["failures"] == 0
     assert ratio(launch, "bin/contribute-hive", "srt true (peer)") is None
     lines, targets = launch_report({"launch_scenarios": {"idle": launch}})
-    target = targets["bin/contribute-hive ≤ 0.5× srt true (idle)"]
+    target = targets["bin/contribute-hive ≤ 0.35× srt true (idle)"]
     assert target == ("no ratio: srt true (peer) failed 3 of 3 runs (exit [1])", False)
     assert any("FAILED 3 of 3 runs" in line for line in lines)
 

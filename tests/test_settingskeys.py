@@ -77,6 +77,9 @@ def test_toml_writer_round_trips() -> None:
     data = {"model": "m", "n": 1, "f": 0.5, "b": True, "l": ["a", 1], "projects": {"/a b": {"trust_level": "t"}},
             "tui": {"x": {"y": 1}}, "s": 'q"\\\n'}
     assert tomllib.loads(settings_keys.toml_dumps(data)) == data
+    # TOML's dates and times (datetime is looked up only once tomllib has loaded it)
+    dated = tomllib.loads("d = 1979-05-27\nt = 07:32:00\ndt = 1979-05-27T07:32:00Z\n")
+    assert tomllib.loads(settings_keys.toml_dumps(dated)) == dated
 
 
 def test_every_shipped_guard_and_sync_file_has_an_inventory() -> None:

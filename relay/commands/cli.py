@@ -320,7 +320,26 @@ def _argument_parser(**kwargs):  # noqa: ANN003, ANN202 - argparse is imported l
         def error(self, message: str):  # noqa: ANN201
             raise _translate_argparse(message, self)
 
-    return Parser(**kwargs)
+    def formatter(prog: str) -> argparse.HelpFormatter:
+        # argparse's own default asks shutil for the width, and argparse builds a formatter for every
+        # add_argument: shutil (with bz2 and lzma) would load on every launch just for that.
+        return argparse.HelpFormatter(prog, width=_columns() - 2)
+
+    return Parser(formatter_class=formatter, **kwargs)
+
+
+def _columns() -> int:
+    """The terminal's width as shutil.get_terminal_size reads it: $COLUMNS, else stdout's, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns if sys.__stdout__ else 0
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
 
 
 def build_parser():  # noqa: ANN201

@@ -16,11 +16,11 @@ are read once per process (`inventory()`), before any box runs, so a box that ca
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -199,7 +199,8 @@ def _value(value: object) -> str:
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string is a TOML basic string
-    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+    dt = sys.modules.get("datetime")  # a date can only come from tomllib, which loaded it (~1 ms a launch saved)
+    if dt is not None and isinstance(value, (dt.datetime, dt.date, dt.time)):
         return value.isoformat()
     if isinstance(value, list):
         return "[" + ", ".join(_value(v) for v in value) + "]"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import shutil
 import signal
 import stat
 import subprocess
@@ -22,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from relay.host import safefs
+from relay.host.paths import which
 from relay.model.backend import CredentialRoute
 from relay.model.errors import RefusedError
 from relay.policy import egress
@@ -88,7 +88,7 @@ def _run(route: CredentialRoute, env: Mapping[str, str]) -> str:
     its own, killed as a whole at the end: nothing it started outlives the read."""
     argv = list(route.secret_command)
     shown = " ".join(argv)
-    program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH") or os.defpath)
+    program = argv[0] if "/" in argv[0] else which(argv[0], path=env.get("PATH") or os.defpath)
     if program is None:
         raise _fail(route, f"`{shown}`: {argv[0]} not found on PATH", f"install {argv[0]} or use secret: {{env: [...]}}")
     try:

@@ -59,9 +59,9 @@ class HostFs(FsView):
 
     def which(self, name: str, path: str) -> str | None:
         """The executable `name` would run as on `path` (a PATH string), as shutil.which finds it."""
-        import shutil
+        from relay.host.paths import which
 
-        return shutil.which(name, path=path)
+        return which(name, path)
 
     def listdir(self, path: str) -> list[str]:
         try:

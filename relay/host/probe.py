@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from relay import __version__
 from relay.host import safefs
-from relay.host.paths import LIBSECCOMP_DIRS, cache_dir
+from relay.host.paths import LIBSECCOMP_DIRS, cache_dir, which
 from relay.model.host_facts import HostFacts
 
 CACHE_VERSION = 3
@@ -123,7 +122,7 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
     env = os.environ if env is None else env
     uid, gid = os.getuid(), os.getgid()
     home = os.path.normpath(env.get("HOME") or os.path.expanduser("~"))
-    bwrap = shutil.which("bwrap", path=env.get("PATH", os.defpath))
+    bwrap = which("bwrap", path=env.get("PATH", os.defpath))
     key = _cache_key(bwrap, uid)
     cache = cache_dir(env) / "probe.json"
     cached: dict = {}
@@ -171,8 +170,8 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
         landlock_abi=landlock_abi,
         cgroup=_cgroup_mode(uid),
         legacy_tiocsti=None if tiocsti is None else tiocsti == "1",
-        podman=shutil.which("podman", path=env.get("PATH", os.defpath)),
-        docker=shutil.which("docker", path=env.get("PATH", os.defpath)),
+        podman=which("podman", path=env.get("PATH", os.defpath)),
+        docker=which("docker", path=env.get("PATH", os.defpath)),
         box_python=_box_python(home),
         nofile=_nofile(),
     )

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import re
 import select
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 
-from relay.host.paths import tool_dir
+from relay.host.paths import tool_dir, which
 from relay.model.backend import Backend
 from relay.model.errors import EXIT_MISSING, RelayError
 
@@ -48,11 +47,11 @@ def cli_path(backend: Backend, env: Mapping[str, str]) -> str | None:
     if not backend.install_bin:
         return None
     tools = tool_dir(dict(env))
-    return shutil.which(backend.install_bin, path=f"{tools}/node_modules/.bin:{env.get('PATH', os.defpath)}")
+    return which(backend.install_bin, f"{tools}/node_modules/.bin:{env.get('PATH', os.defpath)}")
 
 
 def find_npm(env: Mapping[str, str]) -> str | None:
-    return shutil.which("npm", path=env.get("PATH", os.defpath))
+    return which("npm", env.get("PATH", os.defpath))
 
 
 def needs_install(backend: Backend, env: Mapping[str, str], program: str) -> bool:
@@ -205,6 +204,8 @@ class Progress:
     def show(self) -> None:
         if self.tty:
             line = self.text()
+            import shutil
+
             cols = shutil.get_terminal_size((80, 24)).columns
             line = line[: max(20, cols - 1)]
             if line != self._shown:

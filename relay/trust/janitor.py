@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import shutil
 import signal
 import stat
 import time
@@ -263,7 +262,29 @@ def _undo_nothing(state: RunState, messages: list[str]) -> None:
 
 def _undo_run_dir(state: RunState, messages: list[str]) -> None:
     if state.run_dir is not None:
-        shutil.rmtree(state.run_dir, ignore_errors=True)
+        _remove_run_dir(state.run_dir)
+
+
+def _remove_run_dir(run_dir: str) -> None:
+    """The run dir and all below it, no link followed (the box wrote parts of it: its git dir), each
+    directory made ours to read first. What cannot be removed that way is left to rmtree's best effort."""
+    from relay.trust.staged import remove_tree
+
+    parent, name = os.path.split(run_dir.rstrip("/"))
+    try:
+        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        remove_tree(pfd, name)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)
+    finally:
+        os.close(pfd)
 
 
 def _undo_exit_watch(state: RunState, messages: list[str]) -> None:

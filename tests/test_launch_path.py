@@ -1,0 +1,44 @@
+"""What the launch path does instead of importing a module for one call (issue 26's import budget),
+each held to the stdlib call it replaces."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from relay.host.paths import which
+
+from .conftest import REPO
+
+
+def test_which_finds_what_shutil_which_finds(tmp_path: Path) -> None:
+    bin_a, bin_b, plain = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d in (bin_a, bin_b, plain):
+        d.mkdir()
+    (bin_a / "tool").write_text("#!/bin/sh\n")  # not executable: skipped
+    (bin_b / "tool").write_text("#!/bin/sh\n")
+    (bin_b / "tool").chmod(0o755)
+    (plain / "tool").mkdir()  # a directory: skipped
+    path = os.pathsep.join([str(plain), str(bin_a), "", str(bin_b)])
+    for name in ("tool", "sh", "no-such-tool", str(bin_b / "tool"), str(bin_a / "tool")):
+        assert which(name, path) == shutil.which(name, path=path), name
+    assert which("sh") == shutil.which("sh", path=os.defpath)
+
+
+def test_a_launch_loads_neither_shutil_nor_datetime_and_help_still_fits_the_terminal() -> None:
+    script = """
+import sys
+from relay.commands.cli import build_parser
+build_parser().format_help()
+import relay.modes.runner, relay.modes.bwrap_runner, relay.egress.proxy, relay.modes.install
+print(sorted(m for m in ("shutil", "datetime", "bz2", "lzma") if m in sys.modules))
+"""
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "60"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out
+    helped = subprocess.run([sys.executable, "-m", "relay", "--help"], env=env, capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert helped.returncode == 0 and max(len(line) for line in helped.stdout.splitlines()) <= 60, helped.stdout
