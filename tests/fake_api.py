@@ -239,5 +239,5 @@ def start(tls: ssl.SSLContext | None = None) -> tuple[Server, int]:
     """The fake API on 127.0.0.1; with `tls`, it speaks HTTPS with that server context (a real API
     name's certificate from a throwaway CA: tests/servers.make_ca)."""
     server = Server(tls)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, server.server_address[1]

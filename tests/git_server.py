@@ -30,7 +30,7 @@ class GitServer(ThreadingHTTPServer):
         return self.server_address[1]
 
     def start(self) -> GitServer:
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
 

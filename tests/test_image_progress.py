@@ -12,13 +12,13 @@ import pytest
 from relay.model.errors import RelayError
 from relay.modes.image import _run
 
-SCRIPT = ("echo 'STEP 1/3: FROM base'; echo '--> 0ec293d8db4'; sleep 1.3; echo 'npm warn chatter'; "
-          "echo 'STEP 2/3: RUN npm install'; sleep 1.3; echo 'STEP 3/3: COPY x'; echo done")
+SCRIPT = ("echo 'STEP 1/3: FROM base'; echo '--> 0ec293d8db4'; sleep 0.6; echo 'npm warn chatter'; "
+          "echo 'STEP 2/3: RUN npm install'; sleep 0.6; echo 'STEP 3/3: COPY x'; echo done")
 
 
 def test_steps_are_one_line_each_and_a_quiet_stretch_is_never_silent() -> None:
     out = io.StringIO()
-    _run(["sh", "-c", SCRIPT], "image build", "no fix", out=out, tick=0.5)
+    _run(["sh", "-c", SCRIPT], "image build", "no fix", out=out, tick=0.2)
     lines = out.getvalue().splitlines()
     assert "hive-relay: image build 1/3: FROM base" in lines
     assert "hive-relay: image build 2/3: RUN npm install" in lines and "hive-relay: image build 3/3: COPY x" in lines

@@ -212,7 +212,7 @@ def test_the_bundle_server_serves_only_a_complete_checked_bundle(tmp_path: Path)
     import http.server
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), kube_bundle.handler_for(str(tmp_path)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with pytest.raises(urllib.error.HTTPError) as err:

@@ -62,7 +62,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
     subprocess.run(["git", "-C", str(root / "repo.git"), "update-server-info"], check=True)
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield port
     server.shutdown()
 
@@ -157,7 +157,7 @@ def test_the_node_preload_keeps_loopback_direct_and_stands_aside_when_a_dispatch
 
     server = Server(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(tmp_path)))
     (tmp_path / "x.txt").write_text("direct\n")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
                "NO_PROXY": "localhost,127.0.0.1,::1", "NODE_OPTIONS": node_options()}

@@ -223,7 +223,7 @@ def test_a_guest_runs_the_command_as_the_box_user_with_the_workdir_shared_and_no
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     port = server.server_address[1]
     work, home = str(sandbox.workdir), str(sandbox.home)
     os.chmod(sandbox.workdir, 0o777)  # the guest user writes through qemu's 9p (created as qemu's uid)

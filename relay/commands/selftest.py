@@ -58,7 +58,7 @@ class _Quiet(http.server.BaseHTTPRequestHandler):
 def _upstream() -> tuple[socketserver.TCPServer, int]:
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Quiet)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, server.server_address[1]
 
 
