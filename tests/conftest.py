@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 from relay.host.probe import probe  # noqa: E402
 
-from .fixtures import ca, tls_api  # noqa: E402, F401 - the shared fixtures (tests/fixtures.py), for every file
+from .fixtures import ca, proxies, tls_api  # noqa: E402, F401 - the shared fixtures (tests/fixtures.py), for every file
 
 # `workdir: live`: most box tests check what the box itself can and cannot do, and read its writes
 # straight from the workdir. The staged default has tests of its own (tests/escape/test_staged.py,

@@ -31,3 +31,40 @@ def tls_api(ca: tuple[Path, ssl.SSLContext]) -> Iterator[fake_api.Server]:
     server, _ = fake_api.start(tls=ca[1])
     yield server
     server.shutdown()
+
+
+class Proxies:
+    """Real EgressProxy instances on 127.0.0.1, each on a listener of its own and logging to one
+    file; all stopped at the test's end (the `proxies` fixture)."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.started: list = []
+
+    def __call__(self, *entries: str, backlog: int = 64, **kw) -> tuple:  # noqa: ANN003 - EgressProxy's own
+        """(the started proxy, its port) for rules ENTRIES; KW goes to EgressProxy."""
+        import socket
+
+        from relay.egress.decision_log import DecisionLog
+        from relay.egress.proxy import EgressProxy
+        from relay.model.allow_rules import parse_rule
+
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(backlog)
+        proxy = EgressProxy(listener, tuple(parse_rule(e) for e in entries), DecisionLog(str(self.log), "test"), **kw)
+        proxy.start()
+        self.started.append(proxy)
+        return proxy, listener.getsockname()[1]
+
+    def stop(self) -> None:
+        for proxy in self.started:
+            proxy.stop()
+
+
+@pytest.fixture
+def proxies(tmp_path: Path) -> Iterator[Proxies]:
+    """The proxy factory (Proxies), logging to tmp_path/egress.jsonl."""
+    made = Proxies(tmp_path / "egress.jsonl")
+    yield made
+    made.stop()

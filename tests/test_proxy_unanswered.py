@@ -11,6 +11,7 @@ filled). Each has its twin: the same proxy serves a healthy request right after.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import struct
@@ -18,16 +19,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from relay.egress import forward as forward_mod
 from relay.egress import reactor as reactor_mod
-from relay.egress.decision_log import DecisionLog
-from relay.egress.proxy import EgressProxy
-from relay.model.allow_rules import parse_rule
 
 from .servers import start_http
 
@@ -73,22 +71,8 @@ def get(pport: int, host: str, port: int) -> bytes:
 
 
 @pytest.fixture
-def make_proxy(tmp_path: Path) -> Iterator:
-    started: list[EgressProxy] = []
-
-    def make(*entries: str, **kw) -> tuple[EgressProxy, int]:  # noqa: ANN003
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(64)
-        proxy = EgressProxy(listener, tuple(parse_rule(e) for e in entries),
-                            DecisionLog(str(tmp_path / "egress.jsonl"), "test"), notify=None, **kw)
-        proxy.start()
-        started.append(proxy)
-        return proxy, listener.getsockname()[1]
-
-    yield make
-    for proxy in started:
-        proxy.stop()
+def make_proxy(proxies) -> Callable:  # noqa: ANN001 - tests/fixtures.py Proxies
+    return functools.partial(proxies, notify=None)
 
 
 def log_lines(tmp_path: Path) -> list[dict]:

@@ -11,16 +11,14 @@ import errno
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from relay.egress.decision_log import DecisionLog
 from relay.egress.forward import _cause
 from relay.egress.proxy import EgressProxy
 from relay.egress.watch import UpstreamWatch
-from relay.model.allow_rules import parse_rule
 from relay.model.errors import EXIT_UPSTREAM
 
 from .conftest import Sandbox, require_tool
@@ -37,23 +35,12 @@ def closed_port() -> int:
 
 
 @pytest.fixture
-def make_proxy(tmp_path: Path) -> Iterator:
-    started: list[EgressProxy] = []
-
+def make_proxy(proxies) -> Callable:  # noqa: ANN001 - tests/fixtures.py Proxies
     def make(*entries: str, **kw) -> tuple[EgressProxy, int, list[str]]:  # noqa: ANN003
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(64)
         said: list[str] = []
-        proxy = EgressProxy(listener, tuple(parse_rule(e) for e in entries),
-                            DecisionLog(str(tmp_path / "egress.jsonl"), "test"), hint=HINT, notify=said.append, **kw)
-        proxy.start()
-        started.append(proxy)
-        return proxy, listener.getsockname()[1], said
+        return (*proxies(*entries, hint=HINT, notify=said.append, **kw), said)
 
-    yield make
-    for proxy in started:
-        proxy.stop()
+    return make
 
 
 def ask(port: int, line: str) -> bytes:

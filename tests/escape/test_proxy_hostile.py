@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from relay.egress.decision_log import DecisionLog
 from relay.egress.http_head import MAX_HEAD
 from relay.egress.proxy import EgressProxy
 from relay.egress.reactor import MAX_CONNECTIONS
@@ -97,24 +96,13 @@ Proxy = Callable[..., tuple[EgressProxy, int]]
 
 
 @pytest.fixture
-def make_proxy(tmp_path: Path, upstream: Upstream) -> Iterator[Proxy]:
-    """Start a real EgressProxy on 127.0.0.1 with `allowed.test` pinned to the upstream (plus any rules)."""
-    started: list[EgressProxy] = []
-
+def make_proxy(proxies, upstream: Upstream) -> Proxy:  # noqa: ANN001 - tests/fixtures.py Proxies
+    """A real EgressProxy on 127.0.0.1 with `allowed.test` pinned to the upstream (plus any rules)."""
     def make(*entries: str, resolver=None, **kw) -> tuple[EgressProxy, int]:  # noqa: ANN001
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1024)
-        rules = tuple(parse_rule(e) for e in (f"allowed.test:80=127.0.0.1:{upstream.port}", *entries))
         extra = {"resolver": resolver} if resolver else {}
-        proxy = EgressProxy(listener, rules, DecisionLog(str(tmp_path / "egress.jsonl"), "test"), **extra, **kw)
-        proxy.start()
-        started.append(proxy)
-        return proxy, listener.getsockname()[1]
+        return proxies(f"allowed.test:80=127.0.0.1:{upstream.port}", *entries, backlog=1024, **extra, **kw)
 
-    yield make
-    for proxy in started:
-        proxy.stop()
+    return make
 
 
 def exchange(port: int, *parts: bytes, pause: float = 0.0, timeout: float = 5.0) -> bytes:
