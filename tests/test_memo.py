@@ -107,6 +107,25 @@ def test_a_filter_memo_of_the_wrong_shape_is_compiled_again(tmp_path: Path, fres
         assert compile_bpf(policy, env=env) == real
 
 
+def test_the_oci_profile_memo_is_the_rendered_profile_and_a_bad_one_is_rendered_again(tmp_path: Path) -> None:
+    import json
+
+    from relay.modes.container_runner import seccomp_profile
+    from relay.render.seccomp_oci import default_profile, render
+
+    env = _env(tmp_path)
+    policy = policy_for(nested_userns=False)
+    rendered = json.dumps(render(policy, default_profile())).encode()
+    assert seccomp_profile(policy, env) == rendered
+    (stored,) = _memos(tmp_path, memo.MemoKind.SECCOMP_OCI)
+    assert stored.read_bytes() == rendered and seccomp_profile(policy, env) == rendered
+    other = policy_for(nested_userns=True)  # another policy is another name
+    assert seccomp_profile(other, env) == json.dumps(render(other, default_profile())).encode() != rendered
+    for bad in (b"", b"[]", b'{"syscalls": 1}', b"{not json"):  # the wrong shape is rendered again
+        stored.write_bytes(bad)
+        assert seccomp_profile(policy, env) == rendered
+
+
 @pytest.mark.parametrize("isolation", ["supervised", "gvisor"])
 def test_no_box_can_write_the_memo_store_even_as_its_workdir(box_sandbox: Sandbox, isolation: str) -> None:
     """The attack: a live box whose workdir is ~/.cache plants a filter where the next launch looks.

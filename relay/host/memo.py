@@ -33,6 +33,7 @@ class MemoKind(str, Enum):
 
     PARSED_CONFIG = "parsed-config"  # JSON of a YAML file's data
     SECCOMP_BPF = "seccomp-bpf"  # libseccomp's exported BPF program
+    SECCOMP_OCI = "seccomp-oci"  # a container's OCI seccomp profile, as JSON
 
 
 def key_of(*parts: bytes | str) -> str:

@@ -324,7 +324,7 @@ class _Box:
                 if plan.container.runtime:
                     self.listener = container_runner.prepare_gvisor(plan)
                 else:
-                    self.go_fd = container_runner.prepare(plan)
+                    self.go_fd = container_runner.prepare(plan, caller_env)
             except OSError as err:
                 janitor.finish(self.jpid, self.lifeline)
                 raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
