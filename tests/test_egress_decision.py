@@ -232,3 +232,28 @@ def test_the_plan_carries_the_rules_the_proxy_gets(sandbox: Sandbox) -> None:
     data = plan.to_json()
     assert "rules" not in data and json.loads(json.dumps(data))["egress"] == list(plan.egress)
     assert {e["host"] for e in data["egress_rules"]} >= {"api.anthropic.com:443", "fake.test:8443"}
+
+
+def test_a_decision_recorded_after_the_log_closed_still_lands(tmp_path) -> None:  # noqa: ANN001
+    """proxy.stop() closes the log while a worker may still be ending a connection: its line is
+    appended (the file made if it is the first), never dropped; a special file there is an error, no block."""
+    import os
+
+    from relay.egress.decision_log import DecisionLog
+
+    path = tmp_path / "logs" / "run.jsonl"
+    log = DecisionLog(str(path), "shell")
+    log.record(Decision(False, "a.example", 443, NOT_LISTED), "CONNECT")
+    log.close()
+    log.record(Decision(False, "b.example", 443, NOT_LISTED), "CONNECT")
+    hosts = [json.loads(line)["host"] for line in path.read_text().splitlines()]
+    assert hosts == ["a.example", "b.example"] and log.write_errors == 0 and log.denied["b.example:443"] == 1
+    quiet = DecisionLog(str(tmp_path / "logs" / "quiet.jsonl"), "shell")
+    quiet.close()
+    quiet.record(Decision(False, "c.example", 443, NOT_LISTED), "CONNECT")
+    assert json.loads((tmp_path / "logs" / "quiet.jsonl").read_text())["host"] == "c.example"
+    os.mkfifo(tmp_path / "logs" / "fifo.jsonl")
+    odd = DecisionLog(str(tmp_path / "logs" / "fifo.jsonl"), "shell")
+    odd.close()
+    odd.record(Decision(False, "d.example", 443, NOT_LISTED), "CONNECT")
+    assert odd.write_errors == 1

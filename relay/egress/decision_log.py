@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from collections import Counter
@@ -50,6 +51,7 @@ class DecisionLog:
         self.written = 0
         self.truncated = 0
         self._opened = False  # opened on the first decision: a run without traffic leaves no empty log
+        self._closed = False  # after close(), a worker that finishes late still gets its line in (_write)
 
     def record(self, decision: Decision, method: str, extra: Mapping[str, object] | None = None) -> None:
         """One line; `extra` (a credential route's name, path and status) is added to it. Never a key."""
@@ -80,6 +82,9 @@ class DecisionLog:
 
     def _write(self, entry: dict[str, object]) -> None:
         """Append one line (the caller holds the lock); the file is opened on the first line."""
+        if self._closed:
+            self._write_late(entry)
+            return
         if not self._opened and self.path:
             self._opened = True
             try:
@@ -97,8 +102,33 @@ class DecisionLog:
             except OSError:
                 self.write_errors += 1
 
+    def _write_late(self, entry: dict[str, object]) -> None:
+        """A line after close(): a connection the proxy was still serving when it stopped ends and is
+        recorded. The log is opened for that one line (created if it is the first), never left open."""
+        if not self.path:
+            return
+        line = json.dumps(entry) + "\n"
+        if self.written + len(line) > MAX_LOG_BYTES:
+            self.truncated += 1
+            return
+        try:
+            logs = os.path.dirname(self.path)
+            with safefs.base_dir(logs) as dfd:
+                fd = safefs.open_beneath(dfd, os.path.basename(self.path),
+                                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError("the egress log is not a regular file")
+                os.write(fd, line.encode("utf-8"))
+            finally:
+                os.close(fd)
+            self.written += len(line)
+        except OSError:
+            self.write_errors += 1
+
     def close(self) -> None:
         with self.lock:
+            self._closed = True
             if self._fh is not None:
                 try:
                     self._fh.close()
