@@ -375,6 +375,27 @@ print(len(procs.children(me)), len(procs.processes_where(1, me)))
     assert out.stdout.split() == ["4", "True", "0", "0"], out.stdout
 
 
+def test_a_tree_thousands_deep_in_the_box_git_dir_is_removed_and_a_launcher_with_many_fds_runs(
+        box_sandbox: Sandbox) -> None:
+    """Teardown removes the run dir without recursion (the box's private git dir is part of it, and
+    the box made a tree 3,000 levels deep there), and a launcher that inherited 1,100 fds (numbers past
+    select's 1,024) starts and waits for its box; the twin is the same run with neither."""
+    s = box_sandbox
+    subprocess.run(["git", "init", "-q", str(s.workdir)], check=True)
+    deep = (f"{PY} -c \"import os; os.chdir('.git')\n"
+            "for _ in range(3000): os.mkdir('d'); os.chdir('d')\nprint('DEEP')\"")
+    assert "DEEP" in ok(s.box(deep))
+    assert _eventually(lambda: _leftovers(s) == []), _leftovers(s)
+    wrapper = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096)); "
+               "fds = [os.open('/dev/null', os.O_RDONLY) for _ in range(1100)]; "
+               "os.execv(sys.executable, [sys.executable, '-m', 'relay', 'shell', '--quiet', '--prompt', 'echo FDS-OK'])")
+    out = subprocess.run([sys.executable, "-c", wrapper], cwd=s.workdir, env=s.env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "FDS-OK" in out.stdout, out
+    assert "FDS-OK" in ok(s.box("echo FDS-OK"))
+    assert _eventually(lambda: _leftovers(s) == []), _leftovers(s)
+
+
 def test_kill_9_of_launcher_leaves_nothing(box_sandbox: Sandbox) -> None:
     s = box_sandbox
     marker = f"hive-kill9-{os.getpid()}"

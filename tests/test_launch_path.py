@@ -22,10 +22,27 @@ def test_which_finds_what_shutil_which_finds(tmp_path: Path) -> None:
     (bin_b / "tool").write_text("#!/bin/sh\n")
     (bin_b / "tool").chmod(0o755)
     (plain / "tool").mkdir()  # a directory: skipped
-    path = os.pathsep.join([str(plain), str(bin_a), "", str(bin_b)])
+    path = os.pathsep.join([str(plain), str(bin_a), str(bin_b), "/usr/bin", "/bin"])
     for name in ("tool", "sh", "no-such-tool", str(bin_b / "tool"), str(bin_a / "tool")):
         assert which(name, path) == shutil.which(name, path=path), name
     assert which("sh") == shutil.which("sh", path=os.defpath)
+    assert which("sh", "") is None is shutil.which("sh", path="")
+
+
+def test_which_never_finds_a_tool_the_box_planted_in_the_workdir(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A relative PATH entry (empty, `.`, `bin`) is the current directory, the box-writable workdir:
+    skipped, where shutil.which would run the planted `bwrap`; the real one on an absolute entry is the twin."""
+    planted = tmp_path / "bin"
+    planted.mkdir()
+    for d in (tmp_path, planted):
+        (d / "bwrap").write_text("#!/bin/sh\necho planted\n")
+        (d / "bwrap").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    for path in ("", ":", ".", "bin", ".:bin:"):
+        assert which("bwrap", path) is None, path
+    assert shutil.which("bwrap", path=".") is not None  # what the stdlib would have run
+    real = shutil.which("bwrap", path="/usr/bin:/bin")
+    assert real and which("bwrap", ".:bin::/usr/bin:/bin") == real
 
 
 def test_a_launch_loads_neither_shutil_nor_datetime_and_help_still_fits_the_terminal() -> None:

@@ -90,20 +90,24 @@ def own_paths(env: Mapping[str, str], realpath: Callable[[str], str] = os.path.r
 
 
 def which(name: str, path: str | None = None) -> str | None:
-    """The executable NAME would run as on PATH (a PATH string; os.defpath when None), as
-    shutil.which finds it on POSIX: a name with a slash is checked as it is; else the first entry
-    whose file is executable and not a directory. Here so that a launch need not import shutil
-    (with bz2, lzma and fnmatch: ~2.5 ms under -X importtime) to find bwrap."""
+    """The executable NAME would run as on PATH (a PATH string; os.defpath when None), found as
+    shutil.which finds it on POSIX, minus the entries that are not absolute: an empty entry or `.`
+    or `bin` means the current directory, which for a launch is the workdir, and the box writes
+    there; a `bwrap` or a grant's helper planted in it must never run on the host. An empty PATH
+    finds nothing (as shutil's). A NAME with a slash is checked as it is. Here so that a launch need
+    not import shutil (with bz2, lzma and fnmatch: ~2.5 ms under -X importtime) to find bwrap."""
     def runnable(candidate: str) -> bool:
         return os.access(candidate, os.F_OK | os.X_OK) and not os.path.isdir(candidate)
 
     if os.path.dirname(name):
         return name if runnable(name) else None
+    path = os.defpath if path is None else path
+    if not path:
+        return None
     seen = set()
-    for entry in (os.defpath if path is None else path).split(os.pathsep):
-        entry = entry or os.curdir  # an empty entry is the current directory, as shutil.which reads it
-        if entry in seen:
-            continue
+    for entry in path.split(os.pathsep):
+        if not os.path.isabs(entry) or entry in seen:
+            continue  # relative: see above
         seen.add(entry)
         candidate = os.path.join(entry, name)
         if runnable(candidate):

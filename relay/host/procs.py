@@ -154,3 +154,13 @@ def kill_pidns(pidns: str, rounds: int = 200) -> int:
         return found
 
     return _kill_until_none(members, reap=False, rounds=rounds, pause=0.005)
+
+
+def readable(fd: int, timeout: float) -> bool:
+    """Whether FD becomes readable (or hung up) within TIMEOUT seconds. poll, not select: a launcher
+    that inherited many fds gets new ones numbered past 1024, which select cannot watch (ValueError)."""
+    import select
+
+    waiter = select.poll()
+    waiter.register(fd, select.POLLIN)
+    return bool(waiter.poll(max(0, int(timeout * 1000 + 0.999))))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from relay.config.presets import origins
 from relay.egress import secret_source
 from relay.egress.decision_log import DecisionLog
 from relay.egress.proxy import EgressProxy
+from relay.host import procs
 from relay.host.paths import state_dir
 from relay.model.errors import RelayError
 from relay.model.refusal import ENTRY
@@ -95,7 +95,7 @@ class BoxProcess:
         if self._exit_fd < 0:
             time.sleep(0.005)
         else:
-            select.select([self._exit_fd], [], [], 0.005)
+            procs.readable(self._exit_fd, 0.005)
 
     def kill(self) -> None:
         if self.returncode is None:
@@ -110,8 +110,7 @@ def read_child_pid(info: int, proc: BoxProcess) -> int | None:
     data = b""
     deadline = time.monotonic() + HANDSHAKE_TIMEOUT
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([info], [], [], 0.05)
-        if ready:
+        if procs.readable(info, 0.05):
             chunk = os.read(info, 4096)
             data += chunk
             try:

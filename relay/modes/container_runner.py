@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import socket
 import subprocess
 import time
 from collections.abc import Mapping
 
 from relay.box import overlay
-from relay.host import safefs
+from relay.host import procs, safefs
 from relay.host.phase_marks import mark
 from relay.model.errors import RefusedError, RelayError
 from relay.plan.resolve import Plan
@@ -57,10 +56,9 @@ class ContainerProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         # Popen.wait(timeout) polls with sleeps of up to 50 ms; the pidfd wakes us when the client exits.
-        if timeout is not None and self.pidfd is not None and self.proc.returncode is None:
-            ready, _, _ = select.select([self.pidfd], [], [], timeout)
-            if not ready:
-                raise subprocess.TimeoutExpired(self.proc.args, timeout)
+        if (timeout is not None and self.pidfd is not None and self.proc.returncode is None
+                and not procs.readable(self.pidfd, timeout)):
+            raise subprocess.TimeoutExpired(self.proc.args, timeout)
         rc = self.proc.wait(timeout=timeout)
         if self.pidfd is not None:
             os.close(self.pidfd)

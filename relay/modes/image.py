@@ -16,7 +16,6 @@ import glob
 import json
 import os
 import re
-import select
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TextIO
 
+from relay.host import procs
 from relay.host.container_engine import engine_kind, info
 from relay.host.paths import PACKAGE_ROOT
 from relay.model.backend import Backend, Matrix
@@ -159,8 +159,7 @@ def _run(argv: list[str], step: str, fix: str, *, env: Mapping[str, str] | None 
 
     fd = proc.stdout.fileno()
     while True:
-        ready, _, _ = select.select([fd], [], [], max(0.0, last + tick - time.monotonic()))
-        if not ready:
+        if not procs.readable(fd, max(0.0, last + tick - time.monotonic())):
             show(f"{current}: still running ({time.monotonic() - start:.0f} s)")
             last = time.monotonic()
             continue

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 
+from relay.host import procs
 from relay.host.paths import tool_dir, which
 from relay.model.backend import Backend
 from relay.model.errors import EXIT_MISSING, RelayError
@@ -106,8 +106,7 @@ def run_npm(argv: list[str], env: Mapping[str, str], progress: Progress) -> int:
     pending = b""
     try:
         while True:
-            ready, _, _ = select.select([fd], [], [], progress.tick)
-            if ready:
+            if procs.readable(fd, progress.tick):
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     break

@@ -279,7 +279,7 @@ def _remove_run_dir(run_dir: str) -> None:
         remove_tree(pfd, name)
     except FileNotFoundError:
         pass
-    except OSError:
+    except (OSError, ValueError):
         import shutil
 
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -218,22 +218,36 @@ def launch_meta(plan) -> dict:  # noqa: ANN001 - plan.Plan (plan imports this mo
 
 def remove_tree(pfd: int, name: str) -> None:
     """Remove `name` under the dir fd and all below it, no link followed. Each directory is made
-    ours to read first: overlayfs leaves its `work/work` at mode 000, and a box can chmod 000 its own."""
+    ours to read first: overlayfs leaves its `work/work` at mode 000, and a box can chmod 000 its own.
+    Iterative, one fd a level: a tree the box made thousands of levels deep is removed too (recursion
+    stopped at Python's limit and left the whole run dir behind)."""
+    opened: list[tuple[int, str, int]] = []  # (its parent's fd, its name, its fd), top down
+
+    def enter(parent: int, child: str) -> None:
+        try:
+            os.chmod(child, 0o700, dir_fd=parent, follow_symlinks=False)
+        except (OSError, ValueError):  # ValueError: a link swapped in (Python cannot chmod one by fd)
+            pass
+        fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        opened.append((parent, child, fd))
+
+    enter(pfd, name)
     try:
-        os.chmod(name, 0o700, dir_fd=pfd, follow_symlinks=False)
-    except OSError:
-        pass
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
-    try:
-        for child in os.listdir(fd):
-            st = os.stat(child, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                remove_tree(fd, child)
+        while opened:
+            parent, child, fd = opened[-1]
+            for entry in os.listdir(fd):
+                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    enter(fd, entry)
+                    break  # empty it first; this directory is listed again afterwards
+                os.unlink(entry, dir_fd=fd)
             else:
-                os.unlink(child, dir_fd=fd)
+                opened.pop()
+                os.close(fd)
+                os.rmdir(child, dir_fd=parent)
     finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=pfd)
+        for _, _, fd in opened:
+            os.close(fd)
 
 
 def drop_engine_work(root: str, engine: str | None, env: Mapping[str, str] | None = None) -> None:
