@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from relay.host.paths import which
 
 from .conftest import REPO
@@ -59,3 +61,23 @@ print(sorted(m for m in ("shutil", "datetime", "bz2", "lzma") if m in sys.module
     helped = subprocess.run([sys.executable, "-m", "relay", "--help"], env=env, capture_output=True, text=True,
                             timeout=60, cwd=REPO)
     assert helped.returncode == 0 and max(len(line) for line in helped.stdout.splitlines()) <= 60, helped.stdout
+
+
+@pytest.mark.box
+@pytest.mark.parametrize("path", ["", ".:/usr/bin:/bin", "/usr/bin::/bin", "bin:/usr/bin:/bin"])
+def test_no_host_tool_is_ever_found_in_the_workdir(box_sandbox, tmp_path: Path, path: str) -> None:  # noqa: ANN001
+    """The workdir is the box's to write: tools planted there (bwrap, git, podman) never run on the host,
+    whatever relative entries the caller's PATH has; the box still starts and runs (the twin)."""
+    s = box_sandbox
+    subprocess.run(["git", "init", "-q", str(s.workdir)], check=True)
+    ran = tmp_path / "planted-ran"
+    for where in (s.workdir, s.workdir / "bin"):
+        where.mkdir(exist_ok=True)
+        for tool in ("bwrap", "git", "podman", "npm"):
+            (where / tool).write_text(f"#!/bin/sh\necho {tool} >> {ran}\nexit 0\n")
+            (where / tool).chmod(0o755)
+    env = {**s.env, "PATH": path}
+    out = subprocess.run([sys.executable, "-m", "relay", "shell", "--quiet", "--prompt", "echo BOX-RAN"],
+                         cwd=s.workdir, env=env, capture_output=True, text=True, timeout=120)
+    assert not ran.exists(), ran.read_text()
+    assert out.returncode == 0 and "BOX-RAN" in out.stdout, out

@@ -11,7 +11,11 @@ from relay.ui.banner import emit
 
 
 def guarded(fn, *args, **kwargs) -> int:  # noqa: ANN001
-    """Run fn, turning RelayError into its one line and exit code."""
+    """Run fn, turning RelayError into its one line and exit code. First, the process's PATH loses
+    its relative entries (relay/host/paths.py): no host-side tool is ever found in the workdir."""
+    from relay.host.paths import drop_relative_path_entries
+
+    drop_relative_path_entries(os.environ)
     try:
         return fn(*args, **kwargs)
     except RelayError as err:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # relay/, above this layer's folder
@@ -113,3 +113,20 @@ def which(name: str, path: str | None = None) -> str | None:
         if runnable(candidate):
             return candidate
     return None
+
+
+def drop_relative_path_entries(environ: MutableMapping[str, str]) -> None:
+    """Remove the PATH entries that are not absolute from ENVIRON (os.environ, at every command's
+    start): an empty entry, `.` or `bin` names the current directory, and a launch's is the workdir,
+    which the box writes. Every host-side tool we start by name (git, podman, npm, a grant's helper)
+    would otherwise be looked up there first, and run on the host. An unset PATH stays unset; one left
+    empty becomes os.defpath's absolute entries (an empty PATH means the current directory to execvp)."""
+    path = environ.get("PATH")
+    if path is None:
+        return
+    kept = [entry for entry in path.split(os.pathsep) if os.path.isabs(entry)]
+    if not kept:
+        kept = [entry for entry in os.defpath.split(os.pathsep) if os.path.isabs(entry)]
+    cleaned = os.pathsep.join(kept)
+    if cleaned != path:
+        environ["PATH"] = cleaned
