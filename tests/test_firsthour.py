@@ -245,3 +245,28 @@ def test_bench_refuses_srt_without_ripgrep_naming_the_fix(tmp_path: Path) -> Non
 
     env = {**os.environ, "PATH": path_without(tmp_path, "rg", "apt-get")}
     assert ensure_ripgrep(env) == "srt needs ripgrep (rg), which is not installed; fix: sudo apt-get install ripgrep"
+
+
+def test_no_message_names_an_invoke_task_the_user_may_not_have() -> None:
+    """Every hint names the entry the user can type (relay.model.refusal.ENTRY), never `invoke TASK`:
+    invoke is not on a new user's PATH, and typed in a project it loads that project's tasks.py. Read
+    from the sources: every string the code builds, docstrings and the bench's own text aside."""
+    import ast
+    import re
+
+    task = re.compile(r"\binvoke (allow|deny|ask|accept-state|logs|clean|doctor|selftest|build-image|login|changes"
+                      r"|diff|apply|discard)\b")
+    found = []
+    for path in sorted((REPO / "relay").rglob("*.py")):
+        if "dev" in path.relative_to(REPO / "relay").parts[:1]:
+            continue  # invoke bench's own output, for developers
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                    and task.search(node.value):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:80]}")
+    assert not found, "\n".join(found)

@@ -387,7 +387,7 @@ def test_ask_answered_with_an_allow_the_proxy_refuses_releases_the_request_at_on
         assert proxy.book._watchers, "invoke ask is watching"
         refused, took = get()
         assert refused.startswith(b"HTTP/1.1 403 Forbidden"), refused
-        assert b"invoke ask's allow was refused: internal.test:" in refused, refused
+        assert b"the live ask's allow was refused: internal.test:" in refused, refused
         assert b"resolves to internal address 127.0.0.1" in refused and b"fix: pin it" in refused, refused
         assert took < 5, f"released at once, not after the {ASK_TIMEOUT:g} s wait: {took:.1f} s"
         served, took = get()

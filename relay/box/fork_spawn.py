@@ -20,12 +20,15 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from relay.box import overlay
+from relay.model.refusal import ENTRY
 
 
 def spawn(path: str, argv: Sequence[str], env: Mapping[str, str], file_actions: Sequence[tuple],
           setpgroup: int | None, *, join: Sequence[str] = (), layer: overlay.Layer | None = None) -> int:
     """Fork; in the child join the cgroup files in JOIN (each gets "0"), enter LAYER, apply the file
     actions, exec. Returns the child's pid, as posix_spawn does."""
+    fixes = {"join the box's cgroup": f"`{ENTRY} doctor` shows the cgroup limits; `{ENTRY} clean` removes stale runs",
+             "start the staged workdir": f"run with --live, or `{ENTRY} doctor` shows what the overlay needs"}
     pid = os.fork()
     if pid:
         return pid
@@ -48,8 +51,7 @@ def spawn(path: str, argv: Sequence[str], env: Mapping[str, str], file_actions: 
                     pass
         os.execve(path, list(argv), dict(env))
     except OSError as err:
-        fix = ("run without --staged, or check `invoke doctor`" if what.endswith("workdir")
-               else "check `invoke doctor` (cgroup limits), or clean stale runs with `invoke clean`")
+        fix = fixes[what]
         try:
             os.write(2, f"hive-relay: cannot {what} ({err.strerror or err}); the box did not start; fix: {fix}\n"
                      .encode())

@@ -29,6 +29,7 @@ from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.model.errors import RefusedError, UsageError
 from relay.model.record import replace
+from relay.model.refusal import ENTRY
 from relay.plan.resolve import Request, resolve
 from relay.policy.tiers import profile_fallback
 from relay.ui.banner import note_lines
@@ -167,7 +168,7 @@ def build_image(*, base: str | None = None, rebuild: bool = False, base_only: bo
     engine = choose_engine(probe(env), env)
     found = info(engine)
     if found.error:
-        raise RefusedError(f"cannot build the image: {found.error}; fix: `invoke doctor` shows the engine's state")
+        raise RefusedError(f"cannot build the image: {found.error}; fix: `{ENTRY} doctor` shows the engine's state")
     image.say(f"engine: {found.kind} {found.version or ''} ({'rootless' if found.rootless else 'rootful'})")
     from relay.host.podman_storage import StorageStep, ensure_overlay
 
@@ -214,7 +215,7 @@ def render_plan(plan) -> str:  # noqa: ANN001 - Plan, avoided to keep import lig
                for r in plan.credentials],
              *([f"inspect  {', '.join(plan.inspected_hosts)}: TLS terminated on the host with this run's CA (the box "
                 f"trusts its certificate, never holds its key); HTTP/1.1 only"] if plan.inspected_hosts else []),
-             *(["ask      a denied host is put to `invoke ask` (the request waits up to 30 s)"] if plan.ask else []),
+             *([f"ask      a denied host is put to `{ENTRY} ask` (the request waits up to 30 s)"] if plan.ask else []),
              *(["         (an --allow-host NAME without a port means 443, HTTPS; plain HTTP needs NAME:80)"]
                if plan.proxy_listen else []),
              *([f"sockets  {s.name}: {s.host} -> {s.box} (AF_UNIX allowed)" for s in plan.sockets]),

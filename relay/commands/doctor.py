@@ -13,6 +13,7 @@ from relay.host.probe import probe
 from relay.model.errors import RelayError
 from relay.model.host_facts import HostFacts
 from relay.model.record import record, replace
+from relay.model.refusal import ENTRY
 from relay.render.container_argv import uses_rlimits
 
 
@@ -50,7 +51,7 @@ def components(facts: HostFacts, env: dict[str, str], survey: EngineSurvey) -> l
                  {True: "legacy_tiocsti=1: TIOCSTI is live, seccomp blocks it in the box",
                   False: "legacy_tiocsti=0: the kernel blocks TIOCSTI", None: "unknown"}[facts.legacy_tiocsti]))
     rows.append(("selftest python", facts.box_python is not None,
-                 facts.box_python or "no python3 outside $HOME (only `invoke selftest` needs one); fix: apt-get install python3"))
+                 facts.box_python or f"no python3 outside $HOME (only `{ENTRY} selftest` needs one); fix: apt-get install python3"))
     rows += engine_rows(facts, survey)
     from relay.host import vm_host
 
@@ -76,7 +77,7 @@ def vm_image_row(facts: HostFacts, env: dict[str, str]) -> tuple[str, bool, str]
         tag = spec_from_env(load_shipped(), facts.uid, facts.gid, env).tag
     except (OSError, RelayError) as err:
         return ("vm: root image", False, f"cannot name the image: {err}")
-    return ("vm: root image", True, f"{tag} (container mode's image; `invoke build-image` builds it)")
+    return ("vm: root image", True, f"{tag} (container mode's image; `{ENTRY} build-image` builds it)")
 
 
 @record

@@ -5,6 +5,8 @@ help outputs option by option. Data only, so every one of them can import it."""
 
 from __future__ import annotations
 
+from relay.model.refusal import ENTRY
+
 # One source of truth for both entries (`invoke contribute-hive` and bin/contribute-hive / hive-relay /
 # `python -m relay`): names, short flags, value placeholders and help texts. tasks.py feeds invoke from it,
 # build_parser() feeds argparse, and tests/test_surface.py compares the two help outputs option by option.
@@ -24,7 +26,7 @@ HELP = {
     "allow_host": ALLOW_HOST_HELP,
     "allow_preset": ("egress preset, repeatable: the hosts of one ecosystem's registry (npm, pypi, crates, go, "
                      "apt, github-read, or one named under `presets:` in your user config); --dry-run shows them"),
-    "ask": ("when the box is denied a host, hold the request (up to 30 s) and ask `invoke ask` in a second "
+    "ask": (f"when the box is denied a host, hold the request (up to 30 s) and ask `{ENTRY} ask` in a second "
             "terminal; with nobody asking, it is denied at once as usual"),
     "allow_socket": ("bind this host socket into the box and allow AF_UNIX sockets there, repeatable: ssh-agent "
                      "($SSH_AUTH_SOCK), gpg-agent, or an absolute PATH to a socket you own"),

@@ -31,6 +31,7 @@ from relay.host import liveness, safefs
 from relay.model.allow_rules import HostRule, parse_rule
 from relay.model.errors import EXIT_NO_RUN, RefusedError, RelayError, UsageError
 from relay.model.record import record
+from relay.model.refusal import ENTRY
 from relay.trust import rundirs
 
 SOCKET_NAME = "control"
@@ -60,7 +61,7 @@ def listen(run_dir: str) -> socket.socket:
     try:
         st = os.fstat(fd)
         if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-            raise RelayError(f"the run dir {run_dir} is not private to you; not listening for `invoke allow`")
+            raise RelayError(f"the run dir {run_dir} is not private to you; not listening for `{ENTRY} allow`")
         sock = safefs.bind_unix(fd, SOCKET_NAME, 8)  # listening before anyone can see it listed as live
         try:
             os.chmod(SOCKET_NAME, 0o600, dir_fd=fd)
@@ -189,7 +190,7 @@ def pick(base: str, which: str | None) -> Run:
     """The run `--run` names (a run id or a unique part of one), or the caller's only live run."""
     if which is not None:
         if "/" in which or not which or which in (".", ".."):
-            raise UsageError(f"--run {which[:40]!r}: not a run id; fix: `invoke logs` lists the runs")
+            raise UsageError(f"--run {which[:40]!r}: not a run id; fix: `{ENTRY} logs` lists the runs")
         path = os.path.join(base, f"hive-relay-{which}")
         try:
             st = os.lstat(path)
@@ -234,7 +235,7 @@ def open_control(run: Run) -> socket.socket:
         except OSError as err:
             sock.close()
             raise NoRunError(f"run {run.run_id} does not answer ({err.strerror or err}); it has probably "
-                             "ended; fix: `invoke logs` lists the runs") from None
+                             f"ended; fix: `{ENTRY} logs` lists the runs") from None
         except RefusedError:
             sock.close()
             raise
@@ -254,7 +255,7 @@ def request(run: Run, op: str, entry: str, question: str = "") -> dict:
             data = _read_line(sock)
         except OSError as err:
             raise NoRunError(f"run {run.run_id} does not answer ({err.strerror or err}); it has probably "
-                             "ended; fix: `invoke logs` lists the runs") from None
+                             f"ended; fix: `{ENTRY} logs` lists the runs") from None
     try:
         reply = json.loads(data)
     except ValueError:

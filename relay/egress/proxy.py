@@ -176,7 +176,7 @@ class EgressProxy:
                 if answered:
                     decision = decide(book.rules, host, port, book.resolver)  # judged by the rules now
                 if refused and not decision.allowed:  # the answer was an allow the proxy could not make
-                    decision = Decision(False, host, port, f"invoke ask's allow was refused: {refused}")
+                    decision = Decision(False, host, port, f"the live ask's allow was refused: {refused}")
             rule = find_rule(book.rules, host, port) if decision.allowed else None
             inspected = body is None and self.inspector is not None and (host, port) in self.inspector
             if rule is not None:  # the rule's own limits (httprules), judged before any connect

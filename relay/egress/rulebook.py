@@ -211,7 +211,7 @@ class RuleBook:
             self._refusals[question] = error
         host, _, port = question.rpartition(":")
         self.log.event({"host": host.strip("[]"), "port": int(port) if port.isdigit() else 0, "method": "REFUSE",
-                        "decision": "live-refuse", "reason": f"invoke ask by uid {uid}: the allow was refused: {error}"})
+                        "decision": "live-refuse", "reason": f"the live ask by uid {uid}: the allow was refused: {error}"})
         self.wake(question)
 
     def _change_rules(self, op: str, entry: str, uid: int) -> dict:
@@ -224,7 +224,7 @@ class RuleBook:
                 return {"ok": False, "error": err.message.removeprefix("--allow-host ")}
             self.wake(rule.target)
             self.log.event({"host": rule.name, "port": rule.port or 443, "method": "REFUSE", "decision": "live-refuse",
-                            "reason": f"invoke ask by uid {uid}: refused"})
+                            "reason": f"the live ask by uid {uid}: refused"})
             return {"ok": True, "message": f"refused {rule.target}"}
         if op == "allow":
             error = self._useless_allow(entry)
@@ -354,7 +354,7 @@ class RuleBook:
             self._told.add(target)
             last = len(self._told) > MAX_TOLD
         if last:
-            self.notify("hive-relay: more hosts denied; the exit summary and `invoke logs --denied` list them")
+            self.notify(f"hive-relay: more hosts denied; the exit summary and `{denial.ENTRY} logs --denied` list them")
         else:
             self.notify(f"hive-relay: egress denied {target} ({reason}); to allow it now: "
                         f"{denial.ENTRY} allow {target} --run {self.run_id or 'RUN'}")

@@ -31,6 +31,7 @@ from relay.model.errors import RefusedError
 from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts
 from relay.model.record import record, replace
+from relay.model.refusal import ENTRY
 from relay.modes.install import MissingToolError, find_npm
 from relay.render.container_argv import ContainerRun
 
@@ -290,7 +291,7 @@ def bootstrap_base(engine: list[str], tag: str, env: Mapping[str, str], say: Pro
              "your user when not root)", env=dict(env))
         say(f"[base 3/3] import as {tag}")
         _run([*engine, "import", "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-              rootfs, tag], "image import", "check the container engine (invoke doctor)", env=env)
+              rootfs, tag], "image import", f"check the container engine ({ENTRY} doctor)", env=env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -365,7 +366,7 @@ def build(engine: list[str], spec: ImageSpec, env: Mapping[str, str], *, rebuild
         for name, value in sorted(args.items()):
             argv += ["--build-arg", f"{name}={value}"]
         say(f"building {tag} from Dockerfile.contributor on {spec.base} (layers are cached)")
-        _run([*argv, context], "image build", "read the build output above; `invoke doctor` checks the engine",
+        _run([*argv, context], "image build", f"read the build output above; `{ENTRY} doctor` checks the engine",
              env=dict(env))
     finally:
         shutil.rmtree(context, ignore_errors=True)
@@ -489,7 +490,7 @@ def ensure_ready(run: ContainerRun, matrix, env: Mapping[str, str]) -> None:  # 
         return
     found = info(run.engine)
     if found.error:
-        raise RefusedError(f"container mode cannot start: {found.error}; fix: `invoke doctor` shows the engine's "
+        raise RefusedError(f"container mode cannot start: {found.error}; fix: `{ENTRY} doctor` shows the engine's "
                            "state (podman needs no daemon: apt-get install podman)")
 
     from relay.host.podman_storage import ensure_overlay

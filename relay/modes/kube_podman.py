@@ -33,6 +33,7 @@ from collections.abc import Mapping
 
 from relay.model.hashing import sha256
 from relay.model.record import field, record, replace
+from relay.model.refusal import ENTRY
 from relay.model.vocab import LimitsMethod
 from relay.modes.kube_objects import (
     BUNDLE_PORT,
@@ -380,7 +381,7 @@ def play(plan: Plan, run: KubeRun, bundle: bytes, env: Mapping[str, str], work: 
 
         raise RefusedError(f"runtimeClassName {run.runtime_class}: podman kube play cannot run a pod on runsc here "
                            "(see relay/modes/kube_podman.py), and playing it on runc would be weaker than asked; fix: "
-                           "a cluster with gVisor (check it: invoke doctor --mode kube --isolation gvisor), or drop "
+                           f"a cluster with gVisor (check it: {ENTRY} doctor --mode kube --isolation gvisor), or drop "
                            "--isolation gvisor")
     podman = ["podman", "--log-level=error"]
     prefix = pod_prefix(run.run_id)

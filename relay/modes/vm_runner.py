@@ -38,6 +38,7 @@ from relay.egress.proxy import EgressProxy
 from relay.host import procs, safefs
 from relay.host.phase_marks import mark
 from relay.model.errors import RefusedError, RelayError
+from relay.model.refusal import ENTRY
 from relay.modes import vm_boot
 from relay.modes.box_start import BoxProcess, box_env, start_proxy
 from relay.plan.resolve import Plan
@@ -83,7 +84,7 @@ def ensure_guest_parts(run: vm_boot.VmRun, caller_env: Mapping[str, str]) -> tup
         engine = _engine(caller_env)
         if not image.exists(engine, run.image):
             raise RefusedError(f"--isolation vm boots container mode's image {run.image}, which is not built; "
-                               "fix: `invoke build-image`")
+                               f"fix: `{ENTRY} build-image`")
         path = vm_boot.ensure_root_image(engine, run.image, run.cache, rootless=os.getuid() != 0)
     return initrd, path
 

@@ -1075,7 +1075,7 @@ def _container_tier(d: _Draft) -> None:
         if d.request.isolation == "gvisor":
             d.runtime_class = GVISOR_RUNTIME_CLASS
             d.notes.append(f"gvisor: the box pods ask for runtimeClassName {GVISOR_RUNTIME_CLASS} (GKE Sandbox's name; "
-                           "`invoke doctor --mode kube --isolation gvisor` proves the cluster runs them on gVisor)")
+                           f"`{ENTRY} doctor --mode kube --isolation gvisor` proves the cluster runs them on gVisor)")
         return
     choice = _container_run(d.backend, d.matrix, d.request, d.facts, d.env, d.limits, d.run_dir,
                             network=d.profile.network)
@@ -1175,7 +1175,7 @@ def _vm_tier(d: _Draft) -> None:
     assert d.facts.vm_qemu and d.facts.vm_kernel, "a vm plan without its probed qemu and kernel"
     if not d.facts.image:
         raise RefusedError("--isolation vm needs container mode's image as the guest's root, and its tag is unknown; "
-                           "fix: `invoke build-image`")
+                           f"fix: `{ENTRY} build-image`")
     _refuse_unpinned_links(d)
     accel = vm_accel(d.request)
     base = os.path.join(d.run_dir or "/RUN-DIR", "vm")
