@@ -431,16 +431,20 @@ def login(c: Context, backend: str) -> None:
 
     from relay.commands.login import login as run_login
 
-    _exit(guarded(run_login, backend, dict(os.environ)))
+    _exit(guarded(lambda: run_login(backend, dict(os.environ))))  # the env as guarded() cleaned it
 
 
 @task(help={"args": "extra arguments for pytest, e.g. '-k proxy -x'"})
 def test(c: Context, args: str = "") -> None:
     """Run the whole test suite (pytest, then the bats shell tests)."""
+    import os
     import shlex
     import subprocess
 
-    _exit(subprocess.call(["./bin/test", *shlex.split(args)]))
+    # By our own path, from our own root: `./bin/test` from the caller's directory (a project, a box's
+    # workdir) would run whatever is there.
+    root = os.path.dirname(os.path.abspath(__file__))
+    _exit(subprocess.call([os.path.join(root, "bin", "test"), *shlex.split(args)], cwd=root))
 
 
 @task(help={"backend": "only this backend (default: all)", "json": "print the results as JSON",

@@ -113,17 +113,17 @@ ensure_venv() {
   fi
   started=$(date +%s)
   if [ ! -x "$VENV/bin/python" ]; then
-    if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    if ! "$PY" -I -c 'import venv, ensurepip' >/dev/null 2>&1; then
       apt_install python3-venv || exit 3
     fi
     say "first run: creating $VENV with $PY (once; about 10 s with the packages below)"
-    "$PY" -m venv "$VENV" >&2 || { say "could not create $VENV; fix: apt-get install python3-venv"; exit 3; }
+    "$PY" -I -m venv "$VENV" >&2 || { say "could not create $VENV; fix: apt-get install python3-venv"; exit 3; }
   fi
   # Say what is installed: the pinned names, then pip's own steps as they happen.
   say "installing pinned Python packages from $(basename "$req"):" \
     $(sed -e 's/#.*//' -e 's/^-r .*//' -e 's/[[:space:]]//g' "$req" | grep -v '^$' | tr '\n' ' ')
   rcfile=$(mktemp)
-  { "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -r "$req" 2>&1; echo $? > "$rcfile"; } \
+  { "$VENV/bin/python" -I -m pip install --disable-pip-version-check --progress-bar off -r "$req" 2>&1; echo $? > "$rcfile"; } \
     | while IFS= read -r line; do
         case $line in
           Collecting*|Installing\ collected*|Successfully\ installed*|ERROR*|error*) say "pip: $line" ;;

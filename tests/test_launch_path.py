@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ def test_which_never_finds_a_tool_the_box_planted_in_the_workdir(tmp_path: Path,
 def test_a_launch_loads_neither_shutil_nor_datetime_and_help_still_fits_the_terminal() -> None:
     script = """
 import sys
+import time
 from relay.commands.cli import build_parser
 build_parser().format_help()
 import relay.modes.runner, relay.modes.bwrap_runner, relay.egress.proxy, relay.modes.install
@@ -81,3 +83,44 @@ def test_no_host_tool_is_ever_found_in_the_workdir(box_sandbox, tmp_path: Path, 
                          cwd=s.workdir, env=env, capture_output=True, text=True, timeout=120)
     assert not ran.exists(), ran.read_text()
     assert out.returncode == 0 and "BOX-RAN" in out.stdout, out
+
+
+@pytest.mark.box
+def test_the_bootstrap_through_a_link_runs_nothing_planted_in_the_workdir(box_sandbox, tmp_path: Path) -> None:  # noqa: ANN001
+    """bin/contribute-hive installed as a link on PATH (the README's way) resolves itself with readlink:
+    by then its own PATH has only absolute entries, so a `readlink` (or dirname, cksum, sed) the box left
+    in the workdir never runs; the launch through the link works (the twin)."""
+    s = box_sandbox
+    ran = tmp_path / "planted-ran"
+    for where in (s.workdir, s.workdir / "bin"):
+        where.mkdir(exist_ok=True)
+        for tool in ("readlink", "dirname", "cksum", "cut", "sed", "date", "python3"):
+            (where / tool).write_text(f"#!/bin/sh\necho {tool} >> {ran}\nexit 0\n")
+            (where / tool).chmod(0o755)
+    link_dir = tmp_path / "links"
+    link_dir.mkdir()
+    (link_dir / "contribute-hive").symlink_to(REPO / "bin" / "contribute-hive")
+    env = {**s.env, "PATH": f"{link_dir}:.:bin::/usr/bin:/bin"}
+    out = subprocess.run(["contribute-hive", "shell", "--quiet", "--prompt", "echo BOX-RAN"], cwd=s.workdir,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert not ran.exists(), ran.read_text()
+    assert out.returncode == 0 and "BOX-RAN" in out.stdout, out
+
+
+def test_the_kube_reaper_never_imports_a_relay_package_from_its_cwd(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The reaper is started with -P: a `relay/` the box left in the workdir (the launcher's cwd) is
+    not what it imports; the real one runs its delete (the twin)."""
+    from relay.modes import kube_reaper
+
+    planted = tmp_path / "relay"
+    planted.mkdir()
+    marker = tmp_path / "planted-ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    deleted = tmp_path / "deleted"
+    monkeypatch.chdir(tmp_path)
+    w = kube_reaper.start(["/bin/sh", "-c", f"touch {deleted}"], dict(os.environ))
+    os.close(w)  # the launcher is gone without saying done: the reaper deletes
+    deadline = time.monotonic() + 30
+    while not deleted.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert deleted.exists() and not marker.exists()

@@ -153,3 +153,48 @@ def test_unlink_beneath_does_not_cross_a_linked_parent(tmp_path: Path, impl: str
         os.unlink(base / "a")
         os.rename(tmp_path / "a-moved", base / "a")
         assert safefs.unlink_beneath(dfd, "a/gone") and not (base / "a" / "gone").exists()
+
+
+def test_a_tree_of_any_shape_is_removed_with_few_fds_and_no_link_followed(tmp_path: Path) -> None:
+    """relay.trust.staged.remove_tree (the run dir's and the staged layer's removal) on what a box can
+    make: 1,500 levels deep under a 128-fd limit (deeper than Python's recursion and than the fds it may
+    hold), 1,500 wide (each listed once), a mode-000 dir, a
+    link to a directory outside and a FIFO; the link's target is untouched and no fd is left open."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+    script = f"""
+import os, resource, sys
+from relay.trust.staged import remove_tree
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+root = sys.argv[1]
+cur = os.open(root, os.O_RDONLY)
+os.mkdir("deep", dir_fd=cur)
+nxt = os.open("deep", os.O_RDONLY, dir_fd=cur); os.close(cur); cur = nxt
+for i in range(1500):
+    os.mkdir("d", dir_fd=cur); nxt = os.open("d", os.O_RDONLY, dir_fd=cur); os.close(cur); cur = nxt
+os.close(cur)
+os.makedirs(root + "/wide")
+for i in range(1500):
+    os.mkdir(f"{{root}}/wide/w{{i}}")
+os.makedirs(root + "/odd/a/b"); os.chmod(root + "/odd/a", 0)
+os.symlink({str(outside)!r}, root + "/odd/link"); os.mkfifo(root + "/odd/fifo")
+before = len(os.listdir("/proc/self/fd"))
+pfd = os.open(root, os.O_RDONLY)
+for name in ("deep", "wide", "odd"):
+    remove_tree(pfd, name)
+os.close(pfd)
+print(sorted(os.listdir(root)), len(os.listdir("/proc/self/fd")) - before)
+"""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    out = subprocess.run([sys.executable, "-c", script, str(tree)], env={"PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "0"], out.stdout
+    assert (outside / "keep").read_text() == "keep"

@@ -467,7 +467,7 @@ def _accept_state_main(argv: Sequence[str]) -> int:
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> None:  # type: ignore[override]
-            raise UsageError(f"accept-state: {message}; fix: see `python -m relay accept-state --help`")
+            raise UsageError(f"accept-state: {message}; fix: see `{ENTRY} accept-state --help`")
 
     parser = Parser(prog="contribute-hive accept-state", description=ACCEPT_HELP)
     parser.add_argument("run", metavar="RUN", help="the run id the exit line named (e.g. 12345-0a1b2c3d)")

@@ -29,7 +29,7 @@ def start(delete: Sequence[str], env: Mapping[str, str]) -> int:
     kubectl calls never hold it open)."""
     r, w = os.pipe()
     try:
-        subprocess.Popen([sys.executable, "-m", "relay.modes.kube_reaper", str(r), *delete], pass_fds=(r,),
+        subprocess.Popen([sys.executable, "-P", "-m", "relay.modes.kube_reaper", str(r), *delete], pass_fds=(r,),
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, env={**env, "PYTHONPATH": _package_parent()})
     finally:

@@ -22,6 +22,7 @@ run dirs (relay/host/liveness.py) and `invoke clean` never touch this tree.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -216,12 +217,20 @@ def launch_meta(plan) -> dict:  # noqa: ANN001 - plan.Plan (plan imports this mo
             "git": [{"host": g.host, "private": g.private} for g in plan.git.dirs] if plan.git else []}
 
 
+MAX_OPEN_LEVELS = 64  # remove_tree's open directories at most; deeper subtrees are moved up first
+
+
 def remove_tree(pfd: int, name: str) -> None:
     """Remove `name` under the dir fd and all below it, no link followed. Each directory is made
     ours to read first: overlayfs leaves its `work/work` at mode 000, and a box can chmod 000 its own.
-    Iterative, one fd a level: a tree the box made thousands of levels deep is removed too (recursion
-    stopped at Python's limit and left the whole run dir behind)."""
-    opened: list[tuple[int, str, int]] = []  # (its parent's fd, its name, its fd), top down
+    The box may have made the tree (its git dir is in the run dir), so no shape of it may stop us:
+    - deep: no recursion, and at most MAX_OPEN_LEVELS directories open; a subtree below that is
+      renamed up into the top directory (same filesystem, still inside the tree, a name no one
+      chose) and removed from there;
+    - wide: each directory is listed once (listing again after each child made it quadratic).
+    Raises OSError when something cannot be removed."""
+    opened: list[tuple[int, str, int, list[str]]] = []  # (its parent's fd, its name, its fd, entries left)
+    relists = 0
 
     def enter(parent: int, child: str) -> None:
         try:
@@ -229,24 +238,43 @@ def remove_tree(pfd: int, name: str) -> None:
         except (OSError, ValueError):  # ValueError: a link swapped in (Python cannot chmod one by fd)
             pass
         fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-        opened.append((parent, child, fd))
+        try:
+            opened.append((parent, child, fd, os.listdir(fd)))
+        except BaseException:
+            os.close(fd)
+            raise
 
     enter(pfd, name)
     try:
         while opened:
-            parent, child, fd = opened[-1]
-            for entry in os.listdir(fd):
-                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
+            parent, child, fd, left = opened[-1]
+            if left:
+                entry = left.pop()
+                try:
+                    st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(entry, dir_fd=fd)
+                elif len(opened) < MAX_OPEN_LEVELS:
                     enter(fd, entry)
-                    break  # empty it first; this directory is listed again afterwards
-                os.unlink(entry, dir_fd=fd)
-            else:
-                opened.pop()
-                os.close(fd)
+                else:
+                    top = opened[0]
+                    moved = f".hive-relay-deep-{os.urandom(8).hex()}"
+                    os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=top[2])
+                    top[3].append(moved)
+                continue
+            opened.pop()
+            os.close(fd)
+            try:
                 os.rmdir(child, dir_fd=parent)
+            except OSError as err:
+                if err.errno != errno.ENOTEMPTY or relists >= 1000:
+                    raise
+                relists += 1  # something appeared after the listing: list it again (bounded)
+                enter(parent, child)
     finally:
-        for _, _, fd in opened:
+        for _, _, fd, _ in opened:
             os.close(fd)
 
 
