@@ -277,7 +277,11 @@ def test_fork_bomb_is_contained(box_sandbox: Sandbox) -> None:
     s = box_sandbox
     proc = s.box("bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", "shell", "--profile", "tight",
                  "--timeout", "20")
-    assert proc.returncode in (0, 124)
+    # Contained is the promise, not that the box's own shell survives its bomb: under rlimits (no
+    # cgroup: unprivileged on v1) the process budget is the uid's, so on a busy machine the shell's own
+    # fork for `sleep` can fail too, and bash then exits 254.
+    shell_starved = proc.returncode == 254 and "fork: Resource temporarily unavailable" in proc.stderr
+    assert proc.returncode in (0, 124) or shell_starved, (proc.returncode, proc.stderr[-500:])
     assert _eventually(lambda: _leftovers(s) == []), _leftovers(s)
     # The host still forks fine.
     assert subprocess.run(["true"]).returncode == 0
