@@ -156,7 +156,7 @@ def test_unlink_beneath_does_not_cross_a_linked_parent(tmp_path: Path, impl: str
 
 
 def test_a_tree_of_any_shape_is_removed_with_few_fds_and_no_link_followed(tmp_path: Path) -> None:
-    """relay.trust.staged.remove_tree (the run dir's and the staged layer's removal) on what a box can
+    """safefs.remove_tree (the run dirs', the staged layers' and the kube stage's removal) on what a box can
     make: 1,500 levels deep under a 128-fd limit (deeper than Python's recursion and than the fds it may
     hold), 1,500 wide (each listed once), a mode-000 dir, a
     link to a directory outside and a FIFO; the link's target is untouched and no fd is left open."""
@@ -170,7 +170,7 @@ def test_a_tree_of_any_shape_is_removed_with_few_fds_and_no_link_followed(tmp_pa
     (outside / "keep").write_text("keep")
     script = f"""
 import os, resource, sys
-from relay.trust.staged import remove_tree
+from relay.host.safefs import remove_tree
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 root = sys.argv[1]
 cur = os.open(root, os.O_RDONLY)
@@ -198,3 +198,32 @@ print(sorted(os.listdir(root)), len(os.listdir("/proc/self/fd")) - before)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]", "0"], out.stdout
     assert (outside / "keep").read_text() == "keep"
+
+
+def test_the_sweep_removes_a_stale_run_dir_however_deep_the_box_made_it(tmp_path: Path) -> None:
+    """The sweep (every launch's, for run dirs whose launcher died with kill -9) removes as the janitor
+    does: a 1,500-deep tree in the run dir's git dir goes too (rmtree's recursion stopped there), and a
+    live launcher's run dir beside it stays (the twin)."""
+    import subprocess
+    import sys
+
+    from relay.host import liveness
+    from relay.trust import rundirs
+
+    from .conftest import REPO
+
+    dead = subprocess.run([sys.executable, "-c", "from relay.host.liveness import new_run_id; print(new_run_id())"],
+                          env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True).stdout.strip()
+    stale, live = tmp_path / f"hive-relay-{dead}", tmp_path / f"hive-relay-{liveness.new_run_id()}"
+    deep = stale / "git" / "0"
+    deep.mkdir(parents=True)
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(1500):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    live.mkdir()
+    assert rundirs.run_dirs(str(tmp_path)) == 1
+    assert not stale.exists() and live.is_dir()

@@ -342,3 +342,65 @@ def bind_unix(dirfd: int, name: str, backlog: int):  # -> socket.socket
         sock.close()
         raise
     return sock
+
+
+MAX_OPEN_LEVELS = 64  # remove_tree's open directories at most; deeper subtrees are moved up first
+
+
+def remove_tree(pfd: int, name: str) -> None:
+    """Remove `name` under the dir fd and all below it, no link followed. Each directory is made
+    ours to read first: overlayfs leaves its `work/work` at mode 000, and a box can chmod 000 its own.
+    The box may have made the tree (its git dir is in the run dir), so no shape of it may stop us:
+    - deep: no recursion, and at most MAX_OPEN_LEVELS directories open; a subtree below that is
+      renamed up into the top directory (same filesystem, still inside the tree, a name no one
+      chose) and removed from there;
+    - wide: each directory is listed once (listing again after each child made it quadratic).
+    Raises OSError when something cannot be removed.
+    (The staged layers', the kube stage's and the run dirs' removal: relay/trust/rundirs.py remove_run_dir.)"""
+    opened: list[tuple[int, str, int, list[str]]] = []  # (its parent's fd, its name, its fd, entries left)
+    relists = 0
+
+    def enter(parent: int, child: str) -> None:
+        try:
+            os.chmod(child, 0o700, dir_fd=parent, follow_symlinks=False)
+        except (OSError, ValueError):  # ValueError: a link swapped in (Python cannot chmod one by fd)
+            pass
+        fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        try:
+            opened.append((parent, child, fd, os.listdir(fd)))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    enter(pfd, name)
+    try:
+        while opened:
+            parent, child, fd, left = opened[-1]
+            if left:
+                entry = left.pop()
+                try:
+                    st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(entry, dir_fd=fd)
+                elif len(opened) < MAX_OPEN_LEVELS:
+                    enter(fd, entry)
+                else:
+                    top = opened[0]
+                    moved = f".hive-relay-deep-{os.urandom(8).hex()}"
+                    os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=top[2])
+                    top[3].append(moved)
+                continue
+            opened.pop()
+            os.close(fd)
+            try:
+                os.rmdir(child, dir_fd=parent)
+            except OSError as err:
+                if err.errno != errno.ENOTEMPTY or relists >= 1000:
+                    raise
+                relists += 1  # something appeared after the listing: list it again (bounded)
+                enter(parent, child)
+    finally:
+        for _, _, fd, _ in opened:
+            os.close(fd)

@@ -377,15 +377,11 @@ def _drop_upper(ufd: int, rel: str) -> None:
         with safefs.parent_of(ufd, rel) as (pfd, name):
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                _rmtree_at(pfd, name)
+                safefs.remove_tree(pfd, name)
             else:
                 os.unlink(name, dir_fd=pfd)
     except FileNotFoundError:
         pass
-
-
-def _rmtree_at(pfd: int, name: str) -> None:
-    staged.remove_tree(pfd, name)
 
 
 def _prune_empty_dirs(ufd: int) -> None:
@@ -429,7 +425,7 @@ def _land(ufd: int, wfd: int, e: Entry) -> os.stat_result | None:
         with safefs.parent_of(wfd, e.path) as (pfd, name):
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                _rmtree_at(pfd, name)
+                safefs.remove_tree(pfd, name)
             else:
                 os.unlink(name, dir_fd=pfd)
         return None

@@ -262,32 +262,7 @@ def _undo_nothing(state: RunState, messages: list[str]) -> None:
 
 def _undo_run_dir(state: RunState, messages: list[str]) -> None:
     if state.run_dir is not None:
-        _remove_run_dir(state.run_dir)
-
-
-def _remove_run_dir(run_dir: str) -> None:
-    """The run dir and all below it, no link followed (the box wrote parts of it: its git dir), each
-    directory made ours to read first. What cannot be removed that way is left to rmtree's best effort."""
-    from relay.trust.staged import remove_tree
-
-    parent, name = os.path.split(run_dir.rstrip("/"))
-    try:
-        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        remove_tree(pfd, name)
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError):
-        import shutil
-
-        try:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        except RecursionError:  # its own recursion on a tree too deep; the sweep reports what is left
-            pass
-    finally:
-        os.close(pfd)
+        rundirs.remove_run_dir(state.run_dir)
 
 
 def _undo_exit_watch(state: RunState, messages: list[str]) -> None:

@@ -224,7 +224,7 @@ def write_upper(upper: str, changes: Sequence[Change], blobs: Mapping[str, bytes
                 except FileNotFoundError:
                     st = None
                 if st is not None and stat.S_ISDIR(st.st_mode):  # a file where the base had a directory
-                    staged.remove_tree(pfd, name)
+                    safefs.remove_tree(pfd, name)
                 elif st is not None:
                     os.unlink(name, dir_fd=pfd)
                 if c.new_mode == "120000":

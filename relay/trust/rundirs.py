@@ -9,6 +9,7 @@ import os
 import stat
 from collections.abc import Mapping
 
+from relay.host import safefs
 from relay.host.liveness import gone
 
 PREFIX = "hive-relay-"
@@ -56,8 +57,30 @@ def run_dirs(base: str) -> int:
         if st.st_uid != os.getuid() or not stat.S_ISDIR(st.st_mode):
             continue
         if gone(name, PREFIX, st.st_ctime):
-            import shutil  # only when a stale run dir is found
-
-            shutil.rmtree(path, ignore_errors=True)  # fd-based: no link inside is followed
+            remove_run_dir(path)
             removed += 1
     return removed
+
+
+def remove_run_dir(run_dir: str) -> None:
+    """The run dir and all below it, no link followed, whatever shape the box gave the parts it wrote
+    (its git dir): relay/host/safefs.py remove_tree. What cannot be removed that way is left to
+    rmtree's best effort (fd-based as well), and what even that leaves to the next sweep."""
+    parent, name = os.path.split(run_dir.rstrip("/"))
+    try:
+        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        safefs.remove_tree(pfd, name)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError):
+        import shutil
+
+        try:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        except RecursionError:  # its own recursion, on a tree too deep
+            pass
+    finally:
+        os.close(pfd)
