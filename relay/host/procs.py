@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -93,13 +94,10 @@ def children(parent: int) -> set[int]:
     return found
 
 
-_HAS_CHILDREN_LISTS: list[bool] = []
-
-
+@functools.cache
 def _children_lists() -> bool:
-    if not _HAS_CHILDREN_LISTS:
-        _HAS_CHILDREN_LISTS.append(os.path.exists(f"/proc/self/task/{os.getpid()}/children"))
-    return _HAS_CHILDREN_LISTS[0]
+    """Whether this kernel lists a thread's children (CONFIG_PROC_CHILDREN): asked once a process."""
+    return os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
 def _kill_until_none(find, reap: bool, rounds: int, pause: float) -> int:  # noqa: ANN001 - () -> set[int]

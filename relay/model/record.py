@@ -195,7 +195,6 @@ def _make(cls: type[T], frozen: bool) -> type[T]:
     c: Any = cls
     c.__record_fields__ = tuple(fields)
     c.__record_values__ = _getter(tuple(f.name for f in fields))
-    c.__record_frozen__ = frozen
     c.__match_args__ = tuple(f.name for f in fields)
     c.__init__ = _init(cls, fields, frozen)
     c.__eq__ = _eq
@@ -228,8 +227,9 @@ def record(cls: type[T] | None = None, /, *, frozen: bool = True) -> type[T] | C
     return lambda c: _make(c, frozen)
 
 
-def is_record(obj: Any) -> bool:
-    return hasattr(type(obj) if not isinstance(obj, type) else obj, "__record_fields__")
+def _instance(obj: Any) -> bool:
+    """Whether OBJ is a record instance (a record class's own type is `type`, which has no fields)."""
+    return hasattr(type(obj), "__record_fields__")
 
 
 def fields(obj: Any) -> tuple[Field, ...]:
@@ -253,13 +253,13 @@ def replace(obj: T, /, **changes: Any) -> T:
 
 def asdict(obj: Any) -> dict[str, Any]:
     """The record as nested plain data: records become dicts; lists, tuples and dicts are copied."""
-    if not is_record(obj) or isinstance(obj, type):
+    if not _instance(obj):
         raise TypeError("asdict() should be called on record instances")
     return _plain(obj)
 
 
 def _plain(value: Any) -> Any:
-    if is_record(value) and not isinstance(value, type):
+    if _instance(value):
         return {f.name: _plain(getattr(value, f.name)) for f in type(value).__record_fields__}
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple, as dataclasses keeps it
         return type(value)(*[_plain(v) for v in value])
