@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relay.config.load import load_shipped
-from relay.modes.image import VERSION_ARGS, dockerfile_defaults, spec_for, split_npm_spec
+from relay.modes.image import dockerfile_defaults
+from relay.modes.image_tag import VERSION_ARGS, spec_for, split_npm_spec
 from relay.render.seccomp_bpf import TIOCLINUX, TIOCSTI, policy_for
 from relay.render.seccomp_oci import prefix_cover, render
 

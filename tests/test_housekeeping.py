@@ -258,7 +258,7 @@ def test_logs_and_clean_say_the_same_on_both_entries(sandbox: Sandbox, task: str
 def test_clean_removes_superseded_images_but_not_the_current_one_another_uids_or_one_in_use(
         sandbox: Sandbox, tmp_path: Path) -> None:
     from relay.config.load import load_matrix
-    from relay.modes import image
+    from relay.modes import image_tag as image
 
     from .conftest import _stable_runtime_dir, require_tool
 

@@ -21,7 +21,7 @@ from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.model.errors import EXIT_REFUSED
 from relay.modes import kube_canary, kube_podman, kube_proxy_image
-from relay.modes.image import with_image
+from relay.modes.image_tag import with_image
 from relay.modes.kube_canary import CanaryProbe, decide, parse
 from relay.modes.kube_run import kube_run_for, make_bundle
 from relay.plan.resolve import Request, resolve

@@ -28,7 +28,7 @@ from relay.host.fs_view import HostFs
 from relay.host.probe import probe
 from relay.model.vocab import LimitsMethod
 from relay.modes import kube_podman, kube_proxy_image
-from relay.modes.image import with_image
+from relay.modes.image_tag import with_image
 from relay.modes.kube_run import kube_run_for, make_bundle, stage_results, write_patches
 from relay.plan.resolve import Request, resolve
 from relay.trust import changes, staged

@@ -12,7 +12,7 @@ from relay.config.load import load_matrix
 from relay.host.fs_view import HostFs
 from relay.model.errors import RefusedError, UsageError
 from relay.model.host_facts import HostFacts
-from relay.modes.image import with_image
+from relay.modes.image_tag import with_image
 from relay.plan.resolve import Request, resolve
 
 from .conftest import Sandbox

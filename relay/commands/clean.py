@@ -159,7 +159,7 @@ def image_items(env: Mapping[str, str], everything: bool) -> tuple[list[str] | N
     """(engine argv, images to remove, why images were skipped)."""
     from relay.config.load import load_matrix
     from relay.model.errors import RelayError
-    from relay.modes import image
+    from relay.modes import image, image_tag
 
     engine = _engine(env)
     if engine is None:
@@ -167,12 +167,12 @@ def image_items(env: Mapping[str, str], everything: bool) -> tuple[list[str] | N
     if not _engine_storage_exists(engine, env):
         return None, [], "the engine has no storage for this user"
     try:
-        spec = image.spec_from_env(load_matrix(dict(env), workdir=None).backends, os.getuid(), os.getgid(), env)
+        spec = image_tag.spec_from_env(load_matrix(dict(env), workdir=None).backends, os.getuid(), os.getgid(), env)
         current = {spec.tag, spec.base}
         from relay.modes.kube_proxy_image import proxy_image_tag
 
         # kube mode's proxy image for the current box image (kube pods run as uid 1000: spec_for).
-        kube = image.spec_from_env(load_matrix(dict(env), workdir=None).backends, 1000, 1000, env)
+        kube = image_tag.spec_from_env(load_matrix(dict(env), workdir=None).backends, 1000, 1000, env)
         current.add(proxy_image_tag(kube.tag))
     except RelayError as err:
         return None, [], f"the current image is unknown ({err.message})"

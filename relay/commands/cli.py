@@ -77,7 +77,7 @@ def contribute(
         # still stand; swept after planning, they would vanish under the plan's mounts.
         _sweep_stale_state(env)
     if request.mode in ("container", "kube"):  # only they need the image's tag (it hashes files)
-        from relay.modes.image import with_image
+        from relay.modes.image_tag import with_image
 
         facts = with_image(facts, matrix, request, env)
     if request.isolation == "vm":  # only then: opening /dev/kvm and creating a VM costs ~3 ms
@@ -90,7 +90,7 @@ def contribute(
         facts = replace(facts, vm_error=vm_host.vm_error(env, accel), vm_qemu=vm_host.qemu_path(env),
                         vm_kernel=vm_host.guest_kernel(env))
         if facts.vm_error is None:  # the guest's root is container mode's image (its tag hashes files)
-            from relay.modes.image import spec_from_env
+            from relay.modes.image_tag import spec_from_env
 
             facts = replace(facts, image=spec_from_env(matrix.backends, facts.uid, facts.gid, env).tag)
     # Only then: the probe run starts a sandbox (memoized once it passed). Not kube: the cluster runs runsc.
@@ -125,9 +125,12 @@ def contribute(
     from relay.modes.runner import run
 
     if plan.container is not None:
-        from relay.modes.image import ensure_ready
+        from relay.modes.image_tag import known_ready
 
-        ensure_ready(plan.container, matrix, env)
+        if not known_ready(plan.container, env):  # a warm launch leaves the build's modules unimported
+            from relay.modes.image import ensure_ready
+
+            ensure_ready(plan.container, matrix, env)
         return run(plan, env, quiet=quiet)
     from relay.modes.runner import hold_live
     from relay.modes.trial_run import verify

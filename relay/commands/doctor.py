@@ -71,7 +71,7 @@ def components(facts: HostFacts, env: dict[str, str], survey: EngineSurvey) -> l
 
 def vm_image_row(facts: HostFacts, env: dict[str, str]) -> tuple[str, bool, str]:
     """The guest's root comes from container mode's content-addressed image (the same tag)."""
-    from relay.modes.image import spec_from_env
+    from relay.modes.image_tag import spec_from_env
 
     try:
         tag = spec_from_env(load_shipped(), facts.uid, facts.gid, env).tag

@@ -28,7 +28,7 @@ from relay.host.paths import cache_dir
 from relay.host.probe import probe
 from relay.model.errors import RefusedError, RelayError, UsageError
 from relay.model.record import record
-from relay.modes.image import with_image
+from relay.modes.image_tag import with_image
 from relay.modes.runner import run
 from relay.plan.resolve import PROXY_LISTEN, Plan, Request, resolve
 from relay.policy.denylist import expand
@@ -212,7 +212,7 @@ def selftest(backends: list[str] | None = None, as_json: bool = False, mode: str
     if isolation == "vm":
         from relay.host import vm_host
         from relay.model.record import replace
-        from relay.modes.image import spec_from_env
+        from relay.modes.image_tag import spec_from_env
         from relay.policy.tiers import VM_ACCELS
 
         vm_accel = vm_accel or matrix.vm_accel

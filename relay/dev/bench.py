@@ -707,7 +707,7 @@ def bench_kube(count: int = 10, env: dict[str, str] | None = None) -> dict:
     from relay.config.load import get_backend, load_matrix
     from relay.host.probe import probe
     from relay.modes import kube_podman, kube_proxy_image
-    from relay.modes.image import with_image
+    from relay.modes.image_tag import with_image
     from relay.modes.kube_run import kube_run_for, make_bundle
     from relay.plan.resolve import Request, resolve
 

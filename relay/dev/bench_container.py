@@ -90,7 +90,8 @@ def _base_archive(engine: str, env: dict[str, str], work: str) -> tuple[str | No
     if env.get("HIVE_RELAY_BASE_ARCHIVE"):
         return env["HIVE_RELAY_BASE_ARCHIVE"], "loaded from $HIVE_RELAY_BASE_ARCHIVE"
     from relay.config.load import load_matrix
-    from relay.modes.image import exists, save_base, spec_from_env
+    from relay.modes.image import exists, save_base
+    from relay.modes.image_tag import spec_from_env
 
     base = spec_from_env(load_matrix(env, workdir=None).backends, os.getuid(), os.getgid(), env).base
     if not exists([engine], base):
@@ -134,7 +135,7 @@ def new_user(engine: str, env: dict[str, str], bare_runs: int = 5) -> dict:
     if os.getuid() == 0:
         return {"skipped": "a new rootless user's launches need a rootless user (root's podman storage is the "
                            "system's); fix: run `invoke bench --new-user` as that user"}
-    from relay.modes.image import spec_from_env
+    from relay.modes.image_tag import spec_from_env
 
     home = tempfile.mkdtemp(prefix="hive-relay-bench-newuser-")
     os.chmod(home, 0o755)

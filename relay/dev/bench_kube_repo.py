@@ -43,7 +43,7 @@ def bench_kube_repo(files: int = 50_000, total_mb: int = 200, count: int = 3, en
     from relay.config.load import get_backend, load_matrix
     from relay.host.probe import probe
     from relay.modes import kube_podman, kube_proxy_image
-    from relay.modes.image import with_image
+    from relay.modes.image_tag import with_image
     from relay.modes.kube_run import kube_run_for, make_bundle, stage_results
     from relay.plan.resolve import Request, resolve
     from relay.trust import changes, staged

@@ -70,7 +70,8 @@ def container_image(env: dict[str, str]) -> tuple[str, str] | str:
     from relay.config.load import load_matrix
     from relay.host.container_engine import info
     from relay.host.probe import probe
-    from relay.modes.image import exists, spec_from_env
+    from relay.modes.image import exists
+    from relay.modes.image_tag import spec_from_env
     from relay.plan.resolve import choose_engine
 
     try:

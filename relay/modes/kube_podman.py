@@ -144,7 +144,7 @@ def local_run(run: KubeRun, env: Mapping[str, str], uid: int | None = None) -> K
     if uid == 0 or env.get("HIVE_RELAY_KUBE_IMAGE"):
         return run
     from relay.config.load import load_matrix
-    from relay.modes.image import spec_from_env
+    from relay.modes.image_tag import spec_from_env
 
     image = spec_from_env(load_matrix(dict(env), workdir=None).backends, uid, os.getgid(), env).tag
     return replace(run, image=image, proxy_image=env.get("HIVE_RELAY_KUBE_PROXY_IMAGE") or proxy_image_tag(image))

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from relay.host.paths import PACKAGE_DIR
 from relay.model.hashing import sha256
-from relay.modes.image import PROXY_REPO
+from relay.modes.image_tag import PROXY_REPO
 from relay.modes.kube_objects import PROXY_PYTHONPATH
 
 # What the proxy pod runs (`python3 -m relay.egress.proxy_main`, `-m relay.modes.kube_bundle`) and

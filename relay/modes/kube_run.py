@@ -258,7 +258,7 @@ def kube_run_for(plan: Plan, run_id: str, count: int, parallel: int | None, env:
 
 def _plan_image(plan: Plan, env: Mapping[str, str]) -> str:
     from relay.config.load import load_matrix
-    from relay.modes.image import spec_from_env
+    from relay.modes.image_tag import spec_from_env
 
     matrix = load_matrix(dict(env), workdir=None)
     return spec_from_env(matrix.backends, 1000, 1000, env).tag
@@ -449,7 +449,7 @@ def kube_doctor(env: Mapping[str, str], backend_name: str = "claude", isolation:
     from relay.config.load import get_backend, load_matrix
     from relay.host.liveness import new_run_id
     from relay.host.probe import probe
-    from relay.modes.image import with_image
+    from relay.modes.image_tag import with_image
     from relay.modes.kube_canary import canary_script, decide, parse
     from relay.plan.resolve import Request, resolve
     from relay.policy.tiers import opted_in

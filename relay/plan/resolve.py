@@ -377,7 +377,7 @@ def resolve(
 ) -> Plan:
     """Decide everything about one launch. Raises UsageError / RefusedError on bad requests.
 
-    Pure: the host is read only through `fs` and `facts` (gathered before; see relay/modes/image.py with_image), so
+    Pure: the host is read only through `fs` and `facts` (gathered before; see relay/modes/image_tag.py with_image), so
     tests/test_plan_golden.py resolves every case against an in-memory host. There is no default view:
     a caller hands in the real host (`relay.host.fs_view.HostFs()`) by name, or a fake. A shared core,
     then one small function per tier (_TIERS)."""
@@ -1308,7 +1308,7 @@ def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: Ho
     kind = engine_kind(engine)
     rootless = kind == "podman" and facts.uid != 0
     if facts.image is None:
-        raise UsageError("internal: container mode needs the image identity in the host facts (relay.modes.image.with_image)")
+        raise UsageError("internal: container mode needs the image identity in the host facts (relay.modes.image_tag.with_image)")
     gvisor = request.isolation == "gvisor"
     if gvisor and kind != "podman":
         raise RefusedError(f"--isolation gvisor in container mode runs on podman (`podman --runtime runsc`), and "

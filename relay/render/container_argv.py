@@ -33,7 +33,7 @@ IMAGE_PATH = "/opt/hive-relay/npm/node_modules/.bin:/usr/local/bin:/usr/bin:/bin
 HOST_KINDS = (MountKind.BIND, MountKind.RO_BIND, MountKind.PRIVATE_BIND)
 # Binds the container does not get: the host root, and the kernel filesystems the engine provides.
 SKIPPED_KINDS = (MountKind.DEV, MountKind.PROC)
-BOX_PYTHON = "/usr/bin/python3"  # the image's (relay/modes/image.py BASE_PACKAGES): runs the gvisor init
+BOX_PYTHON = "/usr/bin/python3"  # the image's (relay/modes/image_tag.py BASE_PACKAGES): runs the gvisor init
 
 
 @record
