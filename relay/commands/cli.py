@@ -103,6 +103,9 @@ def contribute(
     if (count is not None or parallel is not None) and request.mode != "kube":
         raise UsageError("--count and --parallel are kube mode's; fix: add `kube` (or drop them)")
     if request.mode == "kube":
+        import gc
+
+        gc.enable()  # off for the startup only (relay/__main__.py): kube mode's launcher watches its pods
         from relay.modes.kube_run import kube_main
 
         return kube_main(plan, env, dry_run=dry_run, as_json=as_json, count=count or 1, parallel=parallel,
@@ -699,6 +702,10 @@ SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main, "ask": _ask_main,
 def main(argv: Sequence[str] | None = None) -> int:
     """bin/contribute-hive, `python -m relay` and the `hive-relay` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and (argv[0] in SUBCOMMANDS or argv[0] in ("build-image", "completion", "accept-state")):
+        import gc
+
+        gc.enable()  # the entry turned it off for a launch's startup (relay/__main__.py); a task runs as usual
     if argv[:1] == ["build-image"]:
         return guarded(_build_image_main, argv[1:])
     if argv[:1] == ["completion"]:

@@ -4,6 +4,7 @@ Everything it does was decided by resolve()."""
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import signal
 import subprocess
@@ -372,6 +373,7 @@ class _Box:
                 self.proc, self.proxy = bwrap_runner.start(plan, self.caller_env, self.state, self.use_rlimits,
                                                            self.nofile, self.lifeline, self.job)
             give_up = None if plan.interactive or self.proxy is None else self.proxy.gave_up
+            gc.enable()  # off for the startup only (relay/__main__.py): the launcher now serves the box's proxy
             self.rc, self.outcome = _wait(self.proc, plan.timeout, sigs, give_up)
             mark("agent_exited")
             if self.outcome is None and sigs.received:
