@@ -142,3 +142,28 @@ print("loaded", loaded)
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["refused _FrozenError cannot assign to field 'dst'", "loaded []"], out.stdout
+
+
+def test_a_records_init_is_compiled_at_its_first_instance_and_subclasses_share_it() -> None:
+    @record
+    class Base:
+        a: int
+        b: str = "x"
+
+    class Plain(Base):  # not a record: inherits the stand-in, which compiles Base's own __init__
+        pass
+
+    stand_in = Base.__dict__["__init__"]
+    assert Plain(1) == Plain(1) and Plain(1).b == "x"
+    assert Base.__dict__["__init__"] is not stand_in  # compiled once, in the stand-in's place
+    assert Base(2, b="y") == Base(2, "y") and repr(Base(3)) == "test_a_records_init_is_compiled_at_its_first_instance_and_subclasses_share_it.<locals>.Base(a=3, b='x')"
+    with pytest.raises(TypeError):
+        Base()  # the real signature refuses a missing field
+    with pytest.raises(TypeError):
+        Base(1, "y", 3)
+
+    @record
+    class Child(Base):
+        c: float = 0.5
+
+    assert Child(1).c == 0.5 and Child(1, "z", 2.0) == Child(a=1, b="z", c=2.0)

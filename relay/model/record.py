@@ -7,8 +7,8 @@ Why not `@dataclass(frozen=True)`: on Python 3.11 a launch paid twice for it.
 - Importing: `dataclasses` imports `inspect`, and with it `ast`, `dis`, `tokenize` and `copy`, which
   nothing else on the launch path needs: about 8 ms under `-X importtime`.
 
-A record compiles only its __init__ (one `exec`: its signature and defaults are the class's own) and
-shares one __eq__, __hash__, __repr__ and frozen guard, which read the class's field names, taken
+A record compiles only its __init__ (one `exec`, at its first instance: its signature and defaults
+are the class's own) and shares one __eq__, __hash__, __repr__ and frozen guard, which read the class's field names, taken
 once: about 0.1 ms a class. What it keeps of a dataclass:
 - `field(default=...)` and `field(default_factory=...)`; a mutable default is refused, a field
   without a default after one with a default is refused;
@@ -159,6 +159,32 @@ def _ours(value: Any) -> Any:
     return Field(mine(value.default), mine(value.default_factory))
 
 
+def _check_order(fields: list[Field]) -> None:
+    """A field without a default after one with a default is refused when the class is made, as a
+    dataclass refuses it (its __init__ is compiled only later, at first use)."""
+    seen_default = False
+    for f in fields:
+        if f.default is not MISSING or f.default_factory is not MISSING:
+            seen_default = True
+        elif seen_default:
+            raise TypeError(f"non-default argument {f.name!r} follows default argument")
+
+
+def _lazy_init(cls: type, fields: list[Field], frozen: bool) -> Callable[..., None]:
+    """A stand-in __init__ that compiles the real one at the class's first instance and puts it in
+    its place: a launch defines ~80 records and makes instances of half of them, and the `exec` of
+    each __init__ was the larger part of a record's cost."""
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        real = cls.__dict__["__init__"]
+        if real is __init__:
+            real = _init(cls, fields, frozen)
+            type.__setattr__(cls, "__init__", real)
+        real(self, *args, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
+
+
 def _init(cls: type, fields: list[Field], frozen: bool) -> Callable[..., None]:
     """The record's __init__, compiled once: each field's parameter with its default, each assigned once."""
     ns: dict[str, Any] = {"__MISSING": MISSING, "__set": object.__setattr__}
@@ -196,7 +222,8 @@ def _make(cls: type[T], frozen: bool) -> type[T]:
     c.__record_fields__ = tuple(fields)
     c.__record_values__ = _getter(tuple(f.name for f in fields))
     c.__match_args__ = tuple(f.name for f in fields)
-    c.__init__ = _init(cls, fields, frozen)
+    _check_order(fields)
+    c.__init__ = _lazy_init(cls, fields, frozen)
     c.__eq__ = _eq
     c.__repr__ = _repr
     c.__dataclass_fields__ = _DataclassFields()
