@@ -16,8 +16,6 @@ proxy's 403 line (a policy, with the command to allow it), not a bare "fetch fai
 
 from __future__ import annotations
 
-import base64
-
 PRELOAD = r"""
 import { createRequire } from 'node:module';
 const [maj, min] = process.versions.node.split('.').map(Number);
@@ -85,4 +83,6 @@ if (!(maj >= 24 || (maj === 22 && min >= 21)) && proxy && typeof original === 'f
 
 def node_options() -> str:
     """The NODE_OPTIONS value: the preload as a base64 `data:` URL (no space, so one option)."""
+    import base64
+
     return "--import=data:text/javascript;base64," + base64.b64encode(PRELOAD.strip().encode()).decode()

@@ -22,7 +22,7 @@ import ctypes
 import os
 import sys
 
-from relay.model.record import record
+from relay.box.overlay_layer import Layer
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS = 0x00020000
@@ -31,48 +31,6 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
-# Overlay option syntax: ',' separates options, ':' lower layers, '\\' escapes; '=' would split the key.
-UNSAFE_CHARS = ",:\\="
-
-
-@record
-class Layer:
-    """One staged run's mount: `lower` (the checkout, real path), `upper` and `work` (owner-only,
-    hive relay's state dir), mounted at `lower` itself."""
-
-    lower: str
-    upper: str
-    work: str
-
-    def options(self, userns: bool) -> str:
-        opts = [f"lowerdir={self.lower}", f"upperdir={self.upper}", f"workdir={self.work}",
-                "metacopy=off", "index=off", "xino=off"]
-        # In a user namespace the kernel takes only `nofollow` (redirects neither made nor followed).
-        opts += ["redirect_dir=nofollow", "userxattr"] if userns else ["redirect_dir=off"]
-        return ",".join(opts)
-
-
-PARAMS = "/sys/module/overlay/parameters"
-
-
-def kernel_defaults_on(params: str = PARAMS) -> list[str]:
-    """The overlay features the kernel turns on by default that the review cannot read from the
-    upper layer alone (a metacopy file's data and a redirected directory's content are in the
-    lower layer). An engine's mount (podman's `:O`) passes no option for them, so these hold."""
-    on = []
-    for name in ("metacopy", "redirect_dir"):
-        try:
-            with open(os.path.join(params, name)) as fh:
-                if fh.read().strip() in ("Y", "y", "1", "on"):
-                    on.append(name)
-        except OSError:
-            continue  # no such parameter (the module is built without the feature, or not loaded yet)
-    return on
-
-
-def unsafe_path(path: str) -> str | None:
-    """The character of `path` that the overlay option string cannot carry; None when it can."""
-    return next((c for c in path if c in UNSAFE_CHARS), None)
 
 
 def _check(rc: int, what: str) -> None:

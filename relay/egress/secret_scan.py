@@ -26,7 +26,6 @@ import re
 import threading
 import zlib
 from collections.abc import Callable, Iterable
-from urllib.parse import quote
 
 from relay.egress.redact import Redactor
 from relay.model.record import record
@@ -171,6 +170,8 @@ def secret_forms(name: str, value: str) -> Secret | None:
     else:
         m = _KEY_PREFIX.match(value)
         part = value[len(m.group(0)):] if m and len(m.group(0)) < len(value) else value
+    from urllib.parse import quote  # only for a run that holds a secret
+
     if len(part) < SHORTEST_PART:
         forms: tuple[str, ...] = tuple(dict.fromkeys((value, quote(value, safe=""))))
         return Secret(name, forms, tuple(len(f) for f in forms))

@@ -32,10 +32,8 @@ box no copy.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import string
 from collections.abc import Iterator
 from typing import Any
 
@@ -268,12 +266,12 @@ def secret_paths(raw: bytes | None, paths: tuple[str, ...], dotenv: bool = False
 def _same_class(ch: str) -> str:
     import secrets  # only when a placeholder is made (secrets pulls random, hmac and base64 in)
 
-    if ch in string.ascii_lowercase:
-        return secrets.choice(string.ascii_lowercase)
-    if ch in string.ascii_uppercase:
-        return secrets.choice(string.ascii_uppercase)
-    if ch in string.digits:
-        return secrets.choice(string.digits)
+    if ch in _LOWER:
+        return secrets.choice(_LOWER)
+    if ch in _UPPER:
+        return secrets.choice(_UPPER)
+    if ch in _DIGITS:
+        return secrets.choice(_DIGITS)
     return ch
 
 
@@ -289,14 +287,19 @@ def shaped_text(value: str) -> str:
     return keep + "".join(_same_class(c) for c in value[len(keep):])
 
 
+_LOWER, _UPPER, _DIGITS = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789"  # not `string`: its import compiles a regex
 _SCHEMES = ("Bearer ", "bearer ", "Basic ", "basic ", "token ", "Token ")
 
 
 def _b64(data: bytes) -> str:
+    import base64  # here: only a masked login file needs it
+
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 def _unb64(text: str) -> bytes:
+    import base64
+
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 

@@ -14,7 +14,6 @@ a package (`@scope/pkg@1.2.3`) or a path must pass, or every settings file would
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
 
 
 class _Lazy:
@@ -175,6 +174,8 @@ def _url_spans(url: str, at: int) -> list[tuple[int, int]]:
 
 
 def urlsplit_scheme(url: str) -> str:
+    from urllib.parse import urlsplit  # here, not at the top: a launch that checks no URL never loads it
+
     try:
         return urlsplit(url).scheme.lower()
     except ValueError:

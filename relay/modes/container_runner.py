@@ -21,7 +21,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from relay.box import overlay
+from relay.box.overlay_layer import kernel_defaults_on
 from relay.host import procs, safefs
 from relay.host.phase_marks import mark
 from relay.model.errors import RefusedError, RelayError
@@ -166,7 +166,7 @@ def create_layer(plan: Plan) -> None:
     what the box wrote outside the upper layer (rootless mounts in a user namespace never do)."""
     run = plan.container
     assert run is not None and plan.staged is not None
-    on = [] if run.rootless else overlay.kernel_defaults_on()
+    on = [] if run.rootless else kernel_defaults_on()
     if on:
         raise RefusedError(f"--staged: this kernel's overlayfs turns on {' and '.join(on)} by default, which "
                            f"{run.engine}'s overlay volume cannot turn off, and the review reads the upper layer "

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import time
 
 from relay.box.nodeproxy import node_options
-from relay.box.overlay import unsafe_path
+from relay.box.overlay_layer import unsafe_path
 from relay.config.presets import expand as expand_presets
 from relay.config.profiles import TOOLCHAIN_GRANTS, Profile, resolve_profile
 from relay.host.paths import IN_CHECKOUT, PACKAGE_ROOT, config_home, gvisor_init_script, own_paths, state_dir, tool_dir
@@ -192,6 +191,8 @@ class Plan:
             data.pop("vm")
         if self.runtime_class is None:
             data.pop("runtime_class")
+        import shlex
+
         data["command_line"] = shlex.join(self.command)
         data["egress_rules"] = explain(self.rules)
         data["credentials"] = [route_json(r) for r in self.credentials]

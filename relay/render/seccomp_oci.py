@@ -16,7 +16,6 @@ high garbage bits cannot turn a refused value into an allowed one.
 
 from __future__ import annotations
 
-import copy
 import errno
 import json
 
@@ -75,6 +74,8 @@ def default_profile() -> dict:
 
 def render(policy: SeccompPolicy, base: dict) -> dict:
     """Merge the policy into a copy of `base` (an OCI seccomp profile)."""
+    import copy  # here: a launch whose profile is memoized (relay/modes/container_runner.py) never renders
+
     profile = copy.deepcopy(base)
     restricted = set(policy.denied_syscalls) | {"socket", "ioctl"}
     if policy.deny_new_userns:

@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Mapping
 
-from relay.box.overlay import Layer
+from relay.box.overlay_layer import Layer
 from relay.host import safefs
 from relay.host.paths import state_dir
 from relay.model.record import asdict, record
