@@ -124,3 +124,18 @@ def test_the_kube_reaper_never_imports_a_relay_package_from_its_cwd(tmp_path: Pa
     while not deleted.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert deleted.exists() and not marker.exists()
+
+
+def test_the_entry_runs_without_site_and_still_finds_the_venvs_packages(sandbox, tmp_path: Path) -> None:  # noqa: ANN001
+    """bin/contribute-hive starts Python with -S (no .pth, sitecustomize or user site-packages, ~5 ms)
+    and puts the venv's site-packages on the path itself: a cold memo parses the user's YAML config
+    with PyYAML from there (the twin: the config's host is in the plan)."""
+    s = sandbox
+    conf = s.home / ".config" / "hive-relay" / "config.yaml"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text("version: 1\nbackends:\n  shell: {egress: [pypi.example.org]}\n")
+    out = subprocess.run([str(REPO / "bin" / "contribute-hive"), "shell", "local", "--dry-run", "--json"],
+                         cwd=s.workdir, env=s.env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "pypi.example.org" in out.stdout
+    assert " -S -c " in (REPO / "bin" / "contribute-hive").read_text().replace("\\\n  ", " ")
