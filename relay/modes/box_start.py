@@ -124,24 +124,48 @@ def read_child_pid(info: int, proc: BoxProcess) -> int | None:
     raise RelayError("the box did not start within 30 s")
 
 
-def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, str]) -> EgressProxy:
+class ProxyParts:
+    """Everything the run's proxy needs but its listener: the keys read and checked, the TLS context
+    (the system store's load is ~10 ms), the host's secrets to scan for, the `allow` socket. Made
+    while the engine still creates the container, so that only the listener, which needs the box's
+    network namespace, lies between the box's first process and its go."""
+
+    def __init__(self, plan: Plan, caller_env: Mapping[str, str]) -> None:
+        self.keys = secret_source.read_keys(plan.credentials, caller_env)  # read (and checked) once, before the box: runner.run
+        self.tls = None
+        if plan.credentials or plan.inspected_hosts:
+            import ssl  # here, not at the top: only a run with a credential route pays for it
+
+            # The system store, or the launcher's SSL_CERT_FILE (a corporate CA, a test CA): never unverified.
+            self.tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
+        # The host's real secrets, searched for in what the box sends in clear (relay/egress/secret_scan.py).
+        self.secrets = secret_source.host_secrets(
+            self.keys, [(u.file, u.paths) for u in plan.login_files if u.held == LoginHold.MASKED],
+            plan.denied, caller_env.get("HOME", "/"))
+        self.log = DecisionLog(plan.log_path, plan.backend)
+        self.origins = origins(plan.presets)
+        self.leaves = _leaves(plan)
+        self.control = _control(plan)
+
+    def close(self) -> None:
+        """The run ended before its proxy started: the `allow` socket goes (the proxy closes its own)."""
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+
+
+def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, str],
+                parts: ProxyParts | None = None) -> EgressProxy:
     """The host-side proxy on a listener that lives in the box's network namespace. The plan's
     credential routes get their keys from the caller's environment here, and only here: a key is
     held by the proxy, never in the plan, the box's environment, an argv or a log."""
-    keys = secret_source.read_keys(plan.credentials, caller_env)  # read (and checked) once, before the box: runner.run
-    tls = None
-    if plan.credentials or plan.inspected_hosts:
-        import ssl  # here, not at the top: only a run with a credential route pays for it
-
-        # The system store, or the launcher's SSL_CERT_FILE (a corporate CA, a test CA): never unverified.
-        tls = ssl.create_default_context(cafile=caller_env.get("SSL_CERT_FILE") or None)
-    # The host's real secrets, searched for in what the box sends in clear (relay/egress/secret_scan.py).
-    secrets = secret_source.host_secrets(keys, [(u.file, u.paths) for u in plan.login_files if u.held == LoginHold.MASKED],
-                                         plan.denied, caller_env.get("HOME", "/"))
-    proxy = EgressProxy(listener, plan.rules, DecisionLog(plan.log_path, plan.backend), hint=HINT,
-                        routes=plan.credentials, keys=keys, tls=tls, origins=origins(plan.presets),
-                        run_id=run_id(plan), control=_control(plan), ask=plan.ask, secrets=secrets,
-                        inspect=_leaves(plan))
+    if parts is None:
+        parts = ProxyParts(plan, caller_env)
+    proxy = EgressProxy(listener, plan.rules, parts.log, hint=HINT,
+                        routes=plan.credentials, keys=parts.keys, tls=parts.tls, origins=parts.origins,
+                        run_id=run_id(plan), control=parts.control, ask=plan.ask, secrets=parts.secrets,
+                        inspect=parts.leaves)
+    parts.control = None  # the proxy's now
     for route in plan.credentials:
         if route.login is not None:  # the file's token, read (and refreshed) on the host per request
             from relay.trust.logins import LoginStore

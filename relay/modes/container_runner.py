@@ -220,22 +220,26 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) 
     janitor.tell(lifeline, "client", popen.pid)
     mark("spawned")
     proc = ContainerProcess(popen, run)
+    parts = None
     try:
         # Loaded while the engine creates the container (~250 ms), off the launch's critical path.
         from relay.host.netns import listen_in
-        from relay.modes.box_start import release, start_proxy
+        from relay.modes.box_start import ProxyParts, release, start_proxy
 
+        parts = ProxyParts(plan, caller_env) if plan.proxy_listen else None  # in the window, too
         pid = _container_pid(plan, popen)
         mark("box_ready")
         if pid is None:
             from relay.modes.image import forget_if_gone
 
+            if parts is not None:
+                parts.close()
             gone = forget_if_gone(run, caller_env)
             if gone:
                 emit([f"hive-relay: {gone}"])
             return proc, None  # the engine failed (and said why on stderr); its exit code is passed on
         proxy = None
-        if plan.proxy_listen:
+        if parts is not None:
             try:
                 listener = listen_in(pid, plan.proxy_listen, join_userns=run.rootless)
             except OSError as err:
@@ -243,9 +247,11 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) 
                     raise RefusedError(f"{err}: a docker container's network namespace belongs to the daemon's "
                                        "root; fix: use podman (rootless works), or run as root") from None
                 raise RelayError(str(err)) from None
-            proxy = start_proxy(plan, listener, caller_env)
+            proxy = start_proxy(plan, listener, caller_env, parts)
     except BaseException:
         # The caller never gets `proc`, so it cannot remove the container: do it here.
+        if parts is not None:
+            parts.close()
         proc.kill()
         raise
     mark("proxy_started")
