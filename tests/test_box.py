@@ -532,3 +532,24 @@ def test_timeout_kills_a_command_run_without_a_terminal(box_sandbox: Sandbox) ->
     assert "timed out after 2 s" in proc.stderr
     twin = box.relay("shell", "--quiet", "--timeout", "60", "--", "sh", "-c", "echo quick")
     assert twin.returncode == 0 and twin.stdout == "quick\n", twin.stderr
+
+
+def test_an_orderly_launch_has_removed_its_run_dir_when_it_returns(box_sandbox: Sandbox) -> None:
+    """The janitor removes the run dir after it handed the launcher its messages (janitor.LAST_QUIET,
+    overlapping the closing lines), and the launcher waits for it before it exits: gone at once, no
+    polling. The twin: the run dir existed while the box ran."""
+    s = box_sandbox
+    subprocess.run(["git", "init", "-q", str(s.workdir)], check=True)
+    # Files the box writes into its private .git (in the run dir), so that the removal takes a while.
+    script = "mkdir -p .git/many && for i in $(seq 3000); do : > .git/many/$i; done; sleep 1; echo DONE"
+    out_path = s.root / "launcher.out"
+    with open(out_path, "w") as out:  # a file, not a pipe: waiting on a pipe's end waits for the janitor too
+        launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "--quiet", "--prompt", script],
+                                    cwd=s.workdir, env=s.env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            assert _eventually(lambda: bool(list((s.root / "run").iterdir()))), "the run dir never existed"
+            rc = launcher.wait(timeout=60)
+        finally:
+            launcher.kill()
+    assert rc == 0 and "DONE" in out_path.read_text(), out_path.read_text()[-2000:]
+    assert list((s.root / "run").iterdir()) == []

@@ -155,6 +155,7 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False, live_loc
     try:
         return _run(plan, caller_env)
     finally:
+        janitor.wait_all()  # the run dir's removal, overlapped with the closing lines (janitor.LAST_QUIET)
         if own_lock is not None:
             os.close(own_lock)
 

@@ -207,11 +207,20 @@ def _stage_git(state: RunState, messages: list[str]) -> None:
         messages.append(f"could not keep the box's git state in its layer: {err.strerror or err}")
 
 
-def teardown(state: RunState) -> list[str]:
+# Undone after the janitor has handed the launcher its messages: removing the run dir is a dozen
+# rmdirs (~5 ms on a disk-backed /tmp), and says nothing, so it overlaps the launcher's own closing
+# work (the staged layer's review). The launcher still waits for it before it exits (wait_all).
+LAST_QUIET = frozenset({HostStep.RUN_DIR})
+
+
+def teardown(state: RunState, skip: frozenset[HostStep] = frozenset(), only: frozenset[HostStep] | None = None) -> list[str]:
     """Undo what the run made on the host, step by step in the reverse of the order it was made
-    (relay/plan/host_steps.py); returns messages for the user."""
+    (relay/plan/host_steps.py); returns messages for the user. `skip` leaves steps for a later
+    call with `only` (the janitor's LAST_QUIET)."""
     messages: list[str] = []
     for step in reversed(state.done):
+        if step in skip or (only is not None and step not in only):
+            continue
         try:
             _UNDO[step](state, messages)
         except Exception as err:  # noqa: BLE001 - one step's failure (a box's hostile file) never skips the rest
@@ -323,11 +332,13 @@ def spawn(state: RunState) -> tuple[int, int]:
                     # the engine client and telling us its pid.
                     clients += [c for c in _engine_clients(state.container_rm) if c not in clients]
                     _remove_container(state.container_rm, clients)
-            messages = teardown(state)
+            messages = teardown(state, skip=LAST_QUIET)
             try:
                 os.write(msg_w, "\n".join(messages).encode())
             except OSError:
                 pass
+            os.close(msg_w)  # the launcher has its messages and goes on; it waits for the rest at exit
+            teardown(state, only=LAST_QUIET)
         finally:
             os._exit(0)
     os.close(r)
@@ -442,7 +453,8 @@ def tell(lifeline: int, *words: object) -> None:
 
 
 def finish(pid: int, lifeline: int) -> list[str]:
-    """Trigger cleanup and wait for it; returns the janitor's messages."""
+    """Trigger cleanup and wait for its messages (all but LAST_QUIET's steps are done by then);
+    returns them. The janitor itself is waited for by wait_all."""
     tell(lifeline, "done")
     try:
         os.close(lifeline)
@@ -460,15 +472,25 @@ def finish(pid: int, lifeline: int) -> list[str]:
                 break
             data += chunk
         os.close(msg_fd)
-    while True:
-        try:
-            os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            break
+    _FINISHING.append(pid)
     return [m for m in data.decode(errors="replace").split("\n") if m]
+
+
+_FINISHING: list[int] = []
+
+
+def wait_all() -> None:
+    """Wait for every janitor told to finish: the run is cleaned up when the launcher exits."""
+    while _FINISHING:
+        pid = _FINISHING.pop()
+        while True:
+            try:
+                os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                break
 
 
 def sweep_stale_run_dirs(base: str) -> None:
