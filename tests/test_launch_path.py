@@ -139,3 +139,18 @@ def test_the_entry_runs_without_site_and_still_finds_the_venvs_packages(sandbox,
     assert out.returncode == 0, out.stderr[-2000:]
     assert "pypi.example.org" in out.stdout
     assert " -S -c " in (REPO / "bin" / "contribute-hive").read_text().replace("\\\n  ", " ")
+
+
+def test_a_relative_pythonpath_entry_never_imports_a_module_the_box_planted(sandbox, tmp_path: Path) -> None:  # noqa: ANN001
+    """A relative PYTHONPATH entry is the launch's cwd, the workdir: bin/contribute-hive drops it, so a
+    stdlib name the box planted there (shlex, imported by every launch) never runs on the host. The
+    twin: the launch works, with the caller's absolute entries kept."""
+    s = sandbox
+    ran = tmp_path / "planted-ran"
+    (s.workdir / "plant").mkdir()
+    (s.workdir / "plant" / "shlex.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\n")
+    env = {**s.env, "PYTHONPATH": f"plant:{tmp_path}"}
+    out = subprocess.run([str(REPO / "bin" / "contribute-hive"), "shell", "local", "--dry-run"], cwd=s.workdir,
+                         env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert not ran.exists()
+    assert out.returncode == 0, out.stderr[-2000:]

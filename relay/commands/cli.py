@@ -117,6 +117,9 @@ def contribute(
         if needs_install(backend, env, template[0]):
             # After resolve(): a run that is refused anyway installs nothing. Resolved again, so that
             # the new tool dir is mounted into the box.
+            import gc
+
+            gc.enable()  # npm installs the CLI for a while (off for the startup only: relay/__main__.py)
             ensure_cli(backend, env, template[0])
             plan = resolve(backend, matrix, request, facts, env, fs=HostFs())
     if dry_run:
@@ -131,6 +134,9 @@ def contribute(
         from relay.modes.image_tag import known_ready
 
         if not known_ready(plan.container, env):  # a warm launch leaves the build's modules unimported
+            import gc
+
+            gc.enable()  # a first run builds the image for minutes (off for the startup only: relay/__main__.py)
             from relay.modes.image import ensure_ready
 
             ensure_ready(plan.container, matrix, env)

@@ -166,13 +166,17 @@ def start_proxy(plan: Plan, listener: socket.socket, caller_env: Mapping[str, st
                         run_id=run_id(plan), control=parts.control, ask=plan.ask, secrets=parts.secrets,
                         inspect=parts.leaves)
     parts.control = None  # the proxy's now
-    for route in plan.credentials:
-        if route.login is not None:  # the file's token, read (and refreshed) on the host per request
-            from relay.trust.logins import LoginStore
+    try:
+        for route in plan.credentials:
+            if route.login is not None:  # the file's token, read (and refreshed) on the host per request
+                from relay.trust.logins import LoginStore
 
-            proxy.keys[route.name] = LoginStore(route.login.file, route.login, caller_env.get("HOME", "/"),
-                                                proxy.open_tls, lock_dir=state_dir(dict(caller_env)))
-    proxy.start()
+                proxy.keys[route.name] = LoginStore(route.login.file, route.login, caller_env.get("HOME", "/"),
+                                                    proxy.open_tls, lock_dir=state_dir(dict(caller_env)))
+        proxy.start()
+    except BaseException:
+        proxy.stop()  # its listener and the `allow` socket go with it (safe before start)
+        raise
     return proxy
 
 

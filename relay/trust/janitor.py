@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import os
 import signal
 import stat
@@ -304,6 +305,7 @@ def spawn(state: RunState) -> tuple[int, int]:
             # A session of its own: a signal to the launcher's process group (or the terminal's)
             # cannot stop the cleanup.
             os.setsid()
+            gc.enable()  # the launcher's startup had it off (relay/__main__.py); this process lives as long as the box
             for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGHUP, signal.SIGTERM, signal.SIGTTOU):
                 signal.signal(sig, signal.SIG_IGN)
             os.close(w)
@@ -332,13 +334,22 @@ def spawn(state: RunState) -> tuple[int, int]:
                     # the engine client and telling us its pid.
                     clients += [c for c in _engine_clients(state.container_rm) if c not in clients]
                     _remove_container(state.container_rm, clients)
-            messages = teardown(state, skip=LAST_QUIET)
+            # The exit watch judges the run once nothing else of it is left, the run dir included:
+            # with one, nothing is deferred.
+            later = LAST_QUIET if HostStep.EXIT_WATCH not in state.done else frozenset()
+            messages = teardown(state, skip=later)
             try:
                 os.write(msg_w, "\n".join(messages).encode())
             except OSError:
                 pass
             os.close(msg_w)  # the launcher has its messages and goes on; it waits for the rest at exit
-            teardown(state, only=LAST_QUIET)
+            if later:
+                late = teardown(state, only=later)
+                if late:  # a step that failed still says so, on the launcher's stderr (it is still waiting)
+                    try:
+                        os.write(2, "".join(f"hive-relay: {m}\n" for m in late).encode())
+                    except OSError:
+                        pass
         finally:
             os._exit(0)
     os.close(r)
