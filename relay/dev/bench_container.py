@@ -41,9 +41,7 @@ def _relay(*args: str) -> list[str]:
 
     if IN_CHECKOUT:
         return [str(PACKAGE_ROOT / "bin" / "contribute-hive"), *args]
-    # An installed package ships no bin/contribute-hive: its interpreter, started as that script starts it.
-    return [sys.executable, "-c", "import gc, sys; gc.disable(); del sys.path[0]; "
-            "from relay.commands.cli import exit_now, main; exit_now(main())", *args]  # with `site`: a pip install needs it
+    return [sys.executable, "-m", "relay", *args]  # an installed package ships no bin/contribute-hive
 
 
 def bare_argv(engine: str, tag: str, rootless: bool) -> list[str]:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from relay.host.paths import PACKAGE_ROOT
+from relay.host.paths import PACKAGE_ROOT, cache_dir
 from relay.model.backend import Backend, Matrix
 from relay.model.hashing import sha256
 from relay.model.host_facts import HostFacts
@@ -119,8 +119,6 @@ def with_image(facts: HostFacts, matrix: Matrix, request, caller_env: Mapping[st
 
 
 def _ready_path(env: Mapping[str, str]) -> str:
-    from relay.host.paths import cache_dir
-
     return str(cache_dir(env) / "images-ready.json")
 
 
