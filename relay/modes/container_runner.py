@@ -113,13 +113,18 @@ def seccomp_profile(policy: SeccompPolicy, env: Mapping[str, str] | None) -> byt
     """The OCI profile for POLICY as JSON bytes. Rendering deep-copies and narrows the engine's
     default profile (~5 ms of every container launch, before the engine may start), so the result
     is memoized in the cache dir (relay/host/memo.py: read-only in every box, absent from
-    containers), named by the sha256 of the policy and of the identity of each default profile file
-    it may start from: an edited profile or another policy is a new name. A memo that is not a JSON
+    containers), named by the sha256 of the policy, of the identity of each default profile file
+    it may start from and of the renderer's modules: an edited profile, another policy or another
+    version of ours is a new name. A memo that is not a JSON
     object with a syscall list is rendered again."""
     from relay.host import memo
+    from relay.render import seccomp_bpf, seccomp_oci
     from relay.render.seccomp_oci import DEFAULT_PROFILES, default_profile, render
 
-    key = memo.key_of("seccomp-oci", repr(policy), *(memo.file_identity(p) or "-" for p in DEFAULT_PROFILES))
+    # The renderer's own identity too (and the policy's constants'): an upgrade that changes what a
+    # policy becomes never serves the old profile.
+    key = memo.key_of("seccomp-oci", repr(policy), *(memo.file_identity(p) or "-" for p in DEFAULT_PROFILES),
+                      *(memo.file_identity(m.__file__) or "-" for m in (seccomp_oci, seccomp_bpf)))
     if env is not None:
         cached = memo.get(env, memo.MemoKind.SECCOMP_OCI, key, MAX_PROFILE_BYTES)
         if cached:

@@ -222,12 +222,14 @@ MAX_BPF_BYTES = 8 * 4096  # the kernel's BPF_MAXINSNS instructions of 8 bytes
 
 def _memo_key(policy: SeccompPolicy) -> str | None:
     """The memo's name, or None when the compiler cannot be identified without loading it (then
-    every launch compiles)."""
+    every launch compiles). It holds this module's own identity too: the rules a policy becomes are
+    written here, so an upgrade that changes them never loads the old program."""
     module = memo.module_identity("pyseccomp")
     library = next((i for d in LIBSECCOMP_DIRS if (i := memo.file_identity(os.path.join(d, "libseccomp.so.2")))), None)
     if module is None or library is None:
         return None
-    return memo.key_of("seccomp-bpf", repr(policy), os.uname().machine, module, library)
+    return memo.key_of("seccomp-bpf", repr(policy), os.uname().machine, module, library,
+                       memo.file_identity(__file__) or "-")
 
 
 def compile_to_memfd(policy: SeccompPolicy, cache: str | None = None, env: Mapping[str, str] | None = None) -> int:

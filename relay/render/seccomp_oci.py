@@ -105,4 +105,12 @@ def render(policy: SeccompPolicy, base: dict) -> dict:
     if profile.get("defaultAction") == "SCMP_ACT_ALLOW":
         rules = [r for r in rules if r["action"] != "SCMP_ACT_ALLOW"]
     profile["syscalls"] = rules
+    if policy.native_arch_only:
+        # The engine's default lets each host arch's compat ABIs in (x86_64: i386 and x32). Through
+        # them the argument rules above do not hold: i386's socketcall(SYS_SOCKET) takes its family
+        # from memory, which no filter reads, so AF_UNIX came back. Native only, as local mode's
+        # filter; a foreign-arch call is refused by the engine's bad-arch action. It also compiles
+        # one filter instead of three (~15 ms of every container start).
+        profile["archMap"] = [{**entry, "subArchitectures": []} for entry in profile.get("archMap") or []]
+        profile.pop("architectures", None)
     return profile
