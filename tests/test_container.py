@@ -345,9 +345,9 @@ def test_kill_9_while_the_engine_is_still_creating_the_container(csandbox: Sandb
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pidfile = None
     deadline = time.monotonic() + 60
-    while pidfile is None and time.monotonic() < deadline:  # the run dir and its seccomp profile exist
-        found = list(Path(s.env["XDG_RUNTIME_DIR"]).glob(f"hive-relay-{launcher.pid}-*/seccomp.json"))
-        pidfile = found[0] if found else None
+    while pidfile is None and time.monotonic() < deadline:  # the janitor and the control dir exist, the go is near
+        found = list(Path(s.env["XDG_RUNTIME_DIR"]).glob(f"hive-relay-{launcher.pid}-*/ctl/go"))
+        pidfile = found[0].parent if found else None
         time.sleep(0.005)
     assert pidfile is not None and not (pidfile.parent / "pid").exists(), "too late: the container already ran"
     launcher.send_signal(signal.SIGKILL)

@@ -36,10 +36,12 @@ from relay.ui.banner import note_lines
 
 
 def new_run_id() -> str:
-    """`PID-START-BOOT-RANDOM`: names the launcher by pid and start time (see sweep)."""
+    """`PID-START-BOOT-RANDOM`: names the launcher by pid and start time (see sweep). A launch whose
+    engine the entry prestarted takes that engine's run id (relay/modes/container_prestart.py)."""
     from relay.host.liveness import new_run_id as run_id
+    from relay.modes import container_prestart
 
-    return run_id()
+    return container_prestart.run_id() or run_id()
 
 
 def contribute(
@@ -140,7 +142,11 @@ def contribute(
             from relay.modes.image import ensure_ready
 
             ensure_ready(plan.container, matrix, env)
-        return run(plan, env, quiet=quiet)
+        code = run(plan, env, quiet=quiet)
+        from relay.modes import container_prestart
+
+        container_prestart.remember(plan.command, plan.workdir, plan.run_id, request.prompt, env)
+        return code
     from relay.modes.runner import hold_live
     from relay.modes.trial_run import verify
 
@@ -706,7 +712,17 @@ SUBCOMMANDS = {"logs": _logs_main, "clean": _clean_main, "ask": _ask_main,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """bin/contribute-hive, `python -m relay` and the `hive-relay` console script."""
+    """bin/contribute-hive, `python -m relay` and the `hive-relay` console script. An engine the entry
+    prestarted and no box took is killed before the command returns (relay/modes/container_prestart.py)."""
+    try:
+        return _main(argv)
+    finally:
+        from relay.modes import container_prestart
+
+        container_prestart.abandon()
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and (argv[0] in SUBCOMMANDS or argv[0] in ("build-image", "completion", "accept-state")):
         import gc

@@ -34,6 +34,7 @@ class MemoKind(str, Enum):
     PARSED_CONFIG = "parsed-config"  # JSON of a YAML file's data
     SECCOMP_BPF = "seccomp-bpf"  # libseccomp's exported BPF program
     SECCOMP_OCI = "seccomp-oci"  # a container's OCI seccomp profile, as JSON
+    ENGINE_ARGV = "engine-argv"  # a command line's last podman argv, to prestart (relay/modes/container_prestart.py)
 
 
 def key_of(*parts: bytes | str) -> str:

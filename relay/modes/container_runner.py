@@ -25,6 +25,8 @@ from relay.box.overlay_layer import kernel_defaults_on
 from relay.host import procs, safefs
 from relay.host.phase_marks import mark
 from relay.model.errors import RefusedError, RelayError
+from relay.modes import engine_gate
+from relay.modes.engine_gate import EngineGate
 from relay.plan.resolve import Plan
 from relay.render import container_argv
 from relay.render.container_argv import ContainerRun
@@ -92,13 +94,52 @@ def prepare_gvisor(plan: Plan) -> socket.socket | None:
     return listen_unix(run.proxy_socket) if run.proxy_socket else None
 
 
-def prepare(plan: Plan, env: Mapping[str, str] | None = None) -> int:
-    """Write the seccomp profile and create the go FIFO; returns the FIFO's fd (held open by us,
-    read-write so that neither side's open blocks). ENV names the memo's cache dir."""
+def gated(plan: Plan) -> bool:
+    """Whether the plan's engine starts behind the FIFO gate (relay/modes/engine_gate.py): podman,
+    on its default runtime, with our seccomp profile. (runsc is not: its proxy serves first.)"""
+    run = plan.container
+    return (run is not None and run.kind == "podman" and not run.runtime and bool(run.seccomp_profile)
+            and run.seccomp_profile == os.path.join(plan.run_dir or "", engine_gate.PROFILE_NAME))
+
+
+def open_gate(plan: Plan, caller_env: Mapping[str, str]) -> EngineGate:
+    """Before any host step: the run dir with the engine's start gate in it, and the engine started
+    behind the gate: the one `begin` prestarted when the plan is exactly its argv, else the plan's
+    own. The engine then reads containers.conf, its storage and the image while the host steps run;
+    it goes on only at `release` (in `start`), when everything it mounts exists."""
+    from relay.modes import container_prestart
+
+    assert plan.run_dir is not None
+    gate = container_prestart.take(plan.run_dir)
+    if gate is None:
+        try:
+            os.mkdir(plan.run_dir, 0o700)
+        except OSError as err:
+            raise RelayError(f"cannot make the run dir {plan.run_dir}: {err.strerror or err}") from None
+        try:
+            gate = engine_gate.make(plan.run_dir)
+        except OSError as err:
+            os.rmdir(plan.run_dir)
+            raise RelayError(str(err)) from None
+    try:
+        if gate.proc is not None and gate.matches(plan.command, caller_env, plan.workdir):
+            mark("prestart_taken")
+        gate.start(plan.command, caller_env, plan.workdir)
+    except OSError as err:
+        gate.cancel()
+        raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
+    mark("spawned")
+    return gate
+
+
+def prepare(plan: Plan, env: Mapping[str, str] | None = None, gate: EngineGate | None = None) -> int:
+    """Write the seccomp profile (unless the gate delivers it) and create the go FIFO; returns the
+    FIFO's fd (held open by us, read-write so that neither side's open blocks). ENV names the memo's
+    cache dir."""
     run = plan.container
     assert run is not None and run.ctl_dir and plan.seccomp_policy is not None
     os.makedirs(run.ctl_dir, mode=0o755)
-    if run.seccomp_profile:
+    if run.seccomp_profile and gate is None:
         with open(run.seccomp_profile, "wb") as fh:
             fh.write(seccomp_profile(plan.seccomp_policy, env))
     fifo = os.path.join(run.ctl_dir, "go")
@@ -212,18 +253,36 @@ def start_gvisor(plan: Plan, caller_env: Mapping[str, str], listener: socket.soc
     return ContainerProcess(popen, run), proxy
 
 
-def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) -> tuple[ContainerProcess, EgressProxy | None]:
+def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
+          gate: EngineGate | None = None) -> tuple[ContainerProcess, EgressProxy | None]:
     run = plan.container
     assert run is not None
     if plan.staged is not None:
-        create_layer(plan)
-    try:
-        # The engine client gets the caller's environment: `--env NAME` copies values by name from it.
-        popen = subprocess.Popen(list(plan.command), env=dict(caller_env), cwd=plan.workdir, close_fds=True)
-    except OSError as err:
-        raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
-    janitor.tell(lifeline, "client", popen.pid)
-    mark("spawned")
+        try:
+            create_layer(plan)
+        except BaseException:
+            if gate is not None:
+                gate.cancel()
+            raise
+    if gate is not None:
+        # The engine is waiting at its gate since before the host steps; everything it mounts now exists.
+        assert gate.proc is not None and plan.seccomp_policy is not None
+        popen = gate.proc
+        janitor.tell(lifeline, "client", popen.pid)
+        try:
+            gate.release(seccomp_profile(plan.seccomp_policy, caller_env), START_TIMEOUT)
+        except BaseException:
+            gate.cancel()
+            raise
+        mark("released")
+    else:
+        try:
+            # The engine client gets the caller's environment: `--env NAME` copies values by name from it.
+            popen = subprocess.Popen(list(plan.command), env=dict(caller_env), cwd=plan.workdir, close_fds=True)
+        except OSError as err:
+            raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
+        janitor.tell(lifeline, "client", popen.pid)
+        mark("spawned")
     proc = ContainerProcess(popen, run)
     parts = None
     try:
@@ -234,6 +293,10 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int) 
         parts = ProxyParts(plan, caller_env) if plan.proxy_listen else None  # in the window, too
         pid = _container_pid(plan, popen)
         mark("box_ready")
+        if pid is not None and gate is not None:
+            from relay.modes import container_prestart
+
+            container_prestart.started(plan.run_id)
         if pid is None:
             from relay.modes.image import forget_if_gone
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the proxy's modules load only once a box needs them (a cont
     from relay.egress.proxy import EgressProxy
     from relay.modes.box_start import BoxProcess
     from relay.modes.container_runner import ContainerProcess
+    from relay.modes.engine_gate import EngineGate
 
 
 
@@ -161,8 +162,16 @@ def run(plan: Plan, caller_env: Mapping[str, str], quiet: bool = False, live_loc
 
 
 def _run(plan: Plan, caller_env: Mapping[str, str]) -> int:
-    state = _prepare(plan, caller_env)
-    box = _Box(plan, caller_env, state)
+    gate = _open_gate(plan, caller_env)
+    try:
+        state = _prepare(plan, caller_env, run_dir_made=gate is not None)
+        box = _Box(plan, caller_env, state, gate)
+    except BaseException:
+        if gate is not None:  # the engine never got its go: killed where it waits, its run dir gone
+            gate.cancel()
+            if plan.run_dir and os.path.lexists(plan.run_dir):
+                rundirs.remove_run_dir(plan.run_dir)
+        raise
     try:
         box.launch_and_wait()
     finally:
@@ -184,7 +193,24 @@ def _run(plan: Plan, caller_env: Mapping[str, str]) -> int:
     return _finish(box.outcome, box.rc, plan)
 
 
-def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
+def _open_gate(plan: Plan, caller_env: Mapping[str, str]) -> EngineGate | None:
+    """A podman plan's engine, started behind its start gate before the host steps (relay/modes/
+    engine_gate.py); None for every other plan. Either way, a prestarted engine this plan does not
+    use is killed here (relay/modes/container_prestart.py)."""
+    from relay.modes import container_prestart
+
+    if plan.container is None or not plan.run_dir:
+        container_prestart.abandon()
+        return None
+    from relay.modes import container_runner
+
+    if not container_runner.gated(plan):
+        container_prestart.abandon()
+        return None
+    return container_runner.open_gate(plan, caller_env)
+
+
+def _prepare(plan: Plan, caller_env: Mapping[str, str], run_dir_made: bool = False) -> janitor.RunState:
     """Everything on the host before the box exists, made step by step as the plan lists them
     (relay/plan/host_steps.py); each step made is recorded in the state, so that the janitor undoes
     exactly those, in reverse. A step that fails undoes the ones before it at once, then the run
@@ -193,6 +219,7 @@ def _prepare(plan: Plan, caller_env: Mapping[str, str]) -> janitor.RunState:
                              placeholders=plan.placeholders, owner=os.getpid(), git=plan.git, workdir=plan.workdir,
                              staged_root=plan.staged.root if plan.staged else None)
     state.lock_dir = state_dir(dict(caller_env))
+    state.run_dir_made = run_dir_made
     try:
         for step in host_steps(plan):
             _MAKE[step.step](plan, caller_env, state)
@@ -311,8 +338,9 @@ class _Box:
     the order that makes the host's judgement safe (every box process reaped, then the terminal
     back, the proxy stopped, and only then the janitor's revert, sync-back and removal)."""
 
-    def __init__(self, plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:
-        self.plan, self.caller_env, self.state, self.go_fd = plan, caller_env, state, None
+    def __init__(self, plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState,
+                 gate: EngineGate | None = None) -> None:
+        self.plan, self.caller_env, self.state, self.go_fd, self.gate = plan, caller_env, state, None, gate
         self.listener: socket.socket | None = None  # a gvisor container's proxy socket, made before the box
         self.use_rlimits = state.cgroup is None
         self.nofile = limits.raise_nofile()
@@ -326,7 +354,7 @@ class _Box:
                 if plan.container.runtime:
                     self.listener = container_runner.prepare_gvisor(plan)
                 else:
-                    self.go_fd = container_runner.prepare(plan, caller_env)
+                    self.go_fd = container_runner.prepare(plan, caller_env, gate)
             except OSError as err:
                 janitor.finish(self.jpid, self.lifeline)
                 raise RelayError(f"cannot prepare the run dir {plan.run_dir}: {err.strerror or err}") from None
@@ -367,7 +395,8 @@ class _Box:
             elif plan.container is not None and self.go_fd is not None:
                 from relay.modes import container_runner
 
-                self.proc, self.proxy = container_runner.start(plan, self.caller_env, self.go_fd, self.lifeline)
+                self.proc, self.proxy = container_runner.start(plan, self.caller_env, self.go_fd, self.lifeline,
+                                                               self.gate)
             else:
                 from relay.modes import bwrap_runner
 
@@ -381,6 +410,8 @@ class _Box:
                 self.outcome = f"signal {sigs.received}"
 
     def tear_down(self) -> list[str]:
+        if self.gate is not None and not self.gate.released:
+            self.gate.cancel()  # the launch failed before the engine's go: it waits there, and is killed there
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

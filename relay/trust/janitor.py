@@ -56,6 +56,8 @@ class RunState:
     exit_report: Callable[[], list[str]] | None = None
     # The host steps made so far, in order (relay/plan/host_steps.py): what teardown undoes, in reverse.
     done: list[HostStep] = field(default_factory=list)
+    # The run dir exists already: a podman run's engine start gate is in it (relay/modes/engine_gate.py).
+    run_dir_made: bool = False
 
 
 # The files synced back (e.g. ~/.claude.json) hold settings and project history, never bulk data.
@@ -82,7 +84,8 @@ def make_run_dir(state: RunState, with_tmp: bool = False, git_excludes: str | No
     """The host step RUN_DIR: the private run dir, its box home, its tmp (process tier) and the box's
     git excludes file."""
     assert state.run_dir is not None
-    os.makedirs(state.run_dir, mode=0o700)
+    if not state.run_dir_made:
+        os.makedirs(state.run_dir, mode=0o700)
     os.makedirs(os.path.join(state.run_dir, "home"), mode=0o700)
     if git_excludes is not None:
         safefs.write_file(os.path.join(state.run_dir, "git-excludes"), git_excludes.encode(), 0o644, durable=False)

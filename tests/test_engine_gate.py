@@ -1,0 +1,231 @@
+"""The engine's start gate and the prestart (relay/modes/engine_gate.py, relay/modes/container_prestart.py).
+
+A warm container launch starts podman before the plan exists, with the argv the same command line
+had last time, held at a FIFO in place of its seccomp profile. The plan decides: the waiting engine
+goes on only when the plan's argv, env and cwd are exactly its own; otherwise it is killed where it
+waits, having created nothing. These tests hold both sides, with the real engine: the warm launch
+takes the prestart, and a memo that says otherwise (changed by hand, or stale) never reaches a
+container; a launcher killed at the gate leaves no engine, container or run dir behind; a refused
+launch leaves nothing either, and no engine noise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relay.host import memo
+from relay.modes import container_prestart as cp
+from relay.modes.engine_gate import PROFILE_NAME
+
+from .conftest import PODMAN, Sandbox, own_processes, podman_env
+
+# ---------------------------------------------------------------- pure: the memo's words
+
+
+@pytest.mark.parametrize("argv, prompt", [
+    (["shell", "container", "--prompt", "ls -la"], "ls -la"),
+    (["shell", "container", "--prompt=ls"], "ls"),
+    (["shell", "container", "-r", "ls"], "ls"),
+    (["shell", "container", "-rls"], "ls"),
+    (["shell", "container", "-q"], None),
+    (["shell", "container", "--", "--prompt", "x"], None),  # words after `--` are the box's command
+])
+def test_the_prompt_is_found_in_the_spellings_the_parser_takes_whole(argv: list[str], prompt: str | None) -> None:
+    assert cp.prompt_of(argv) == prompt
+
+
+def test_the_memo_key_ignores_the_prompt_but_not_the_rest() -> None:
+    one = cp.entry_key(["shell", "container", "--prompt", "a"], "/w", 1000)
+    assert one == cp.entry_key(["shell", "container", "--prompt", "another prompt"], "/w", 1000)
+    assert one != cp.entry_key(["shell", "container", "--prompt", "a"], "/other", 1000)
+    assert one != cp.entry_key(["shell", "container", "--prompt", "a"], "/w", 1001)
+    assert one != cp.entry_key(["shell", "container", "--live", "--prompt", "a"], "/w", 1000)
+
+
+def test_a_template_keeps_neither_the_run_id_nor_the_prompt() -> None:
+    run_id = "123-456-abcdef01-0a1b2c3d"
+    argv = ["/usr/bin/podman", "--name", f"hive-relay-{run_id}", f"seccomp=/tmp/hive-relay-{run_id}/seccomp.json",
+            "/bin/bash", "-c", "secret plan"]
+    template = cp.to_template(argv, run_id, "secret plan")
+    assert template is not None and run_id not in json.dumps(template) and "secret plan" not in json.dumps(template)
+    assert cp.from_template(template, "9-9-9-9", "other") == [
+        "/usr/bin/podman", "--name", "hive-relay-9-9-9-9", "seccomp=/tmp/hive-relay-9-9-9-9/seccomp.json",
+        "/bin/bash", "-c", "other"]
+    assert cp.from_template(template, "9-9-9-9", None) is None  # a prompt run's argv never serves a run without one
+    # A prompt that is part of a longer word would be kept: no template at all.
+    assert cp.to_template(["bash", "-c", "echo x; secret plan"], run_id, "secret plan") is None
+    assert cp.to_template(["bash", "-c", ""], run_id, "") is None
+
+
+def _shape(engine: str, gate: str) -> list[str]:
+    return [engine, *cp.PREFIX, "hive-relay-x", "--security-opt", f"seccomp={gate}", "image", "true"]
+
+
+def test_only_our_own_podman_run_shape_is_started(tmp_path: Path) -> None:
+    gate = "/tmp/hive-relay-x/seccomp.json"
+    podman = "/usr/bin/podman" if os.path.exists("/usr/bin/podman") else None
+    if podman:
+        assert cp.shape_ok(_shape(podman, gate), gate)
+        assert not cp.shape_ok(_shape(podman, gate), "/tmp/hive-relay-y/seccomp.json")  # another run's gate
+        two = _shape(podman, gate) + ["--security-opt", "seccomp=unconfined"]
+        assert not cp.shape_ok(two, gate)
+        global_flag = [podman, "--remote", *cp.PREFIX[1:], "n", "--security-opt", f"seccomp={gate}", "i", "true"]
+        assert not cp.shape_ok(global_flag, gate)
+    assert not cp.shape_ok(_shape("podman", gate), gate)  # not absolute
+    assert not cp.shape_ok(_shape("/usr/bin/docker", gate), gate)
+    planted = tmp_path / "podman"
+    planted.write_text("#!/bin/sh\n")
+    planted.chmod(0o777)  # writable by anyone (and, unprivileged, not root's)
+    assert not cp.shape_ok(_shape(str(planted), gate), gate)
+
+
+# ---------------------------------------------------------------- the real engine
+
+def _launch(s: Sandbox, script: str, *extra: str, trace: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    more = {"HIVE_RELAY_TRACE": str(trace)} if trace else {}
+    return s.relay("shell", "container", "--quiet", *extra, "--prompt", script, extra_env={**more, **(env or {})})
+
+
+def _memos(s: Sandbox) -> list[Path]:
+    return sorted((s.home / ".cache" / "hive-relay" / "memo" / memo.MemoKind.ENGINE_ARGV.value).glob("*"))
+
+
+def _run_dirs(s: Sandbox) -> list[Path]:
+    return sorted(Path(s.env["XDG_RUNTIME_DIR"]).glob("hive-relay-*"))
+
+
+@pytest.mark.container
+def test_the_second_launch_takes_its_prestarted_engine(csandbox: Sandbox, tmp_path: Path) -> None:
+    s = csandbox
+    first = _launch(s, "echo first", trace=tmp_path / "1.json")
+    assert first.returncode == 0 and "first" in first.stdout, first.stderr[-2000:]
+    assert "prestarted" not in json.loads((tmp_path / "1.json").read_text())
+    [kept] = _memos(s)
+    assert b"echo first" not in kept.read_bytes()  # the prompt is a marker there
+    second = _launch(s, "echo second", trace=tmp_path / "2.json")
+    assert second.returncode == 0 and "second" in second.stdout, second.stderr[-2000:]
+    marks = json.loads((tmp_path / "2.json").read_text())
+    assert "prestarted" in marks and "prestart_taken" in marks, marks
+    assert marks["prestarted"] < marks["cli"] < marks["released"] < marks["box_ready"]
+    assert "Error" not in second.stderr
+
+
+@pytest.mark.container
+def test_a_memo_that_is_not_the_plan_never_reaches_a_container(csandbox: Sandbox, tmp_path: Path) -> None:
+    """A remembered argv changed by hand to mount the caller's ~/.ssh: the prestarted engine waits at
+    its gate, the plan differs, so it is killed there and the plan's own engine runs. The box sees no key."""
+    s = csandbox
+    assert _launch(s, "true").returncode == 0
+    [kept] = _memos(s)
+    entry = json.loads(kept.read_text())
+    at = entry["argv"].index("--workdir")
+    entry["argv"][at:at] = ["--volume", f"{s.home / '.ssh'}:/leak:ro"]
+    kept.write_text(json.dumps(entry))
+    proc = _launch(s, "ls /leak 2>&1; cat /leak/id_rsa 2>&1; echo done", trace=tmp_path / "t.json")
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]
+    assert "PRIVATE-KEY" not in proc.stdout and "No such file" in proc.stdout
+    marks = json.loads((tmp_path / "t.json").read_text())
+    assert "prestarted" in marks and "prestart_taken" not in marks, marks
+    assert "Error" not in proc.stderr  # the killed engine said nothing
+    # The launch remembered its own argv again: the next one takes its prestart.
+    assert json.loads(kept.read_text())["argv"][at] != "--volume"
+
+
+@pytest.mark.container
+def test_a_changed_plan_for_the_same_command_line_gets_its_own_engine(csandbox: Sandbox, tmp_path: Path) -> None:
+    """The same words, another plan (the workdir became a git checkout): the prestart is killed, the
+    run has the plan's own engine, with the git dir bound."""
+    s = csandbox
+    assert not (s.workdir / ".git").exists()
+    assert _launch(s, "true").returncode == 0
+    subprocess.run(["git", "init", "-q", str(s.workdir)], check=True)  # the plan now binds the git dir
+    proc = _launch(s, "test -d .git/objects && echo HAS-GIT", trace=tmp_path / "t.json")
+    assert proc.returncode == 0 and "HAS-GIT" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    marks = json.loads((tmp_path / "t.json").read_text())
+    assert "prestarted" in marks and "prestart_taken" not in marks, marks
+
+
+@pytest.mark.container
+def test_a_refused_launch_after_a_prestart_leaves_nothing(csandbox: Sandbox) -> None:
+    """The same command line, but the user config now fails to load: exit 2 with our one line, the
+    waiting engine killed (no podman error), no run dir left."""
+    s = csandbox
+    assert _launch(s, "true").returncode == 0
+    before = _run_dirs(s)
+    conf = s.home / ".config" / "hive-relay" / "config.yaml"
+    good = conf.read_text()
+    conf.write_text("egress: [unclosed\n")
+    try:
+        proc = _launch(s, "true")
+    finally:
+        conf.write_text(good)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Error:" not in proc.stderr and proc.stderr.count("hive-relay:") == 1, proc.stderr
+    assert _run_dirs(s) == before
+    assert not [c for _, c in own_processes() if "podman" in c and str(s.workdir) in c]
+
+
+def _engine_of(launcher: int) -> int | None:
+    """The launcher's podman child, if it has one now."""
+    try:
+        kids = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    except OSError:
+        return None
+    for kid in kids:
+        try:
+            if Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"podman"):
+                return int(kid)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.container
+def test_a_launcher_killed_at_the_gate_leaves_no_engine_container_or_run_dir(csandbox: Sandbox) -> None:
+    """kill -9 while the engine waits at its gate (the launcher stopped before its control dir, made
+    just before the go, exists): the engine reads end of file and exits on its own, having created
+    no container; the run dir goes with the next launch's sweep."""
+    s = csandbox
+    assert _launch(s, "true").returncode == 0  # remembered: the next launch prestarts within ~20 ms
+    caught = None
+    for _attempt in range(20):
+        launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "container", "--quiet", "--prompt", "true"],
+                                    cwd=s.workdir, env=s.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        gate = engine = None
+        while engine is None and time.monotonic() < deadline and launcher.poll() is None:
+            found = [p for p in _run_dirs(s) if p.name.startswith(f"hive-relay-{launcher.pid}-")]
+            gate = found[0] if found and (found[0] / PROFILE_NAME).exists() else None
+            engine = _engine_of(launcher.pid) if gate is not None else None
+            time.sleep(0.0005)
+        if gate is not None and engine is not None:
+            launcher.send_signal(signal.SIGSTOP)
+            if not (gate / "ctl").exists():
+                caught = (launcher, gate, engine)
+                break
+            launcher.send_signal(signal.SIGCONT)
+        launcher.wait(timeout=120)
+    assert caught is not None, "never stopped a launcher with its engine waiting at the gate"
+    launcher, gate, engine = caught
+    name = f"hive-relay-{gate.name[len('hive-relay-'):]}"
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{engine}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{engine}").exists(), "the engine outlived its launcher at the gate"
+    names = subprocess.run([PODMAN, "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                           env=podman_env()).stdout.split()
+    assert name not in names
+    assert _launch(s, "true").returncode == 0  # its sweep removes the dead launcher's run dir
+    assert not gate.exists()
