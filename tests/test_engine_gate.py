@@ -229,3 +229,23 @@ def test_a_launcher_killed_at_the_gate_leaves_no_engine_container_or_run_dir(csa
     assert name not in names
     assert _launch(s, "true").returncode == 0  # its sweep removes the dead launcher's run dir
     assert not gate.exists()
+
+
+@pytest.mark.container
+def test_tools_planted_in_the_workdir_never_run_for_a_prestart(csandbox: Sandbox, tmp_path: Path) -> None:
+    """`python -m relay` with `.` and an empty entry on PATH (the entry that does not clean it in shell):
+    the prestarted podman looks its conmon and runtime up on PATH, so the prestart cleans PATH first,
+    as every command does. Planted conmon, runc, crun and podman in the workdir never run; the launch
+    (the second one takes its prestart) works."""
+    s = csandbox
+    marker = tmp_path / "planted-ran"
+    for tool in ("conmon", "runc", "crun", "podman", "catatonit"):
+        planted = s.workdir / tool
+        planted.write_text(f"#!/bin/sh\necho {tool} >> {marker}\nexit 1\n")
+        planted.chmod(0o755)
+    env = {"PATH": f".::{s.env['PATH']}"}
+    assert _launch(s, "echo one", env=env).returncode == 0
+    proc = _launch(s, "echo two", env=env, trace=tmp_path / "t.json")
+    assert proc.returncode == 0 and "two" in proc.stdout, proc.stderr[-2000:]
+    assert "prestart_taken" in json.loads((tmp_path / "t.json").read_text())
+    assert not marker.exists(), marker.read_text()

@@ -124,6 +124,12 @@ def begin(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> None
     if "--" in _ENTRY or env.get("HIVE_RELAY_PRESTART") == "0":
         return
     try:
+        if environ is None:
+            # As every command does first (relay/commands/guarded.py), and before anything runs by
+            # name: podman looks its conmon and runtime up on PATH, and a relative entry is the workdir.
+            from relay.host.paths import drop_relative_path_entries
+
+            drop_relative_path_entries(os.environ)
         cwd = os.getcwd()
         data = memo.get(env, memo.MemoKind.ENGINE_ARGV, entry_key(_ENTRY, cwd, os.getuid()), MAX_MEMO)
         if not data:
