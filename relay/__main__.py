@@ -6,12 +6,6 @@ import gc
 # the janitor (relay/trust/janitor.py).
 gc.disable()
 
-import sys  # noqa: E402
+from relay.commands.entry import run  # noqa: E402 - after the collector is off
 
-from relay.modes.container_prestart import begin  # noqa: E402 - before the planner: see its docstring
-
-begin(sys.argv[1:])
-
-from relay.commands.cli import exit_now, main  # noqa: E402 - after the collector is off
-
-exit_now(main())
+run()

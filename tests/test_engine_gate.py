@@ -51,40 +51,98 @@ def test_the_memo_key_ignores_the_prompt_but_not_the_rest() -> None:
 
 
 def test_a_template_keeps_neither_the_run_id_nor_the_prompt() -> None:
-    run_id = "123-456-abcdef01-0a1b2c3d"
-    argv = ["/usr/bin/podman", "--name", f"hive-relay-{run_id}", f"seccomp=/tmp/hive-relay-{run_id}/seccomp.json",
-            "/bin/bash", "-c", "secret plan"]
-    template = cp.to_template(argv, run_id, "secret plan")
-    assert template is not None and run_id not in json.dumps(template) and "secret plan" not in json.dumps(template)
-    assert cp.from_template(template, "9-9-9-9", "other") == [
-        "/usr/bin/podman", "--name", "hive-relay-9-9-9-9", "seccomp=/tmp/hive-relay-9-9-9-9/seccomp.json",
-        "/bin/bash", "-c", "other"]
+    argv = _ours()[:-1] + ["secret plan"]
+    template = cp.to_template(argv, "1-2-3-4", "secret plan", cp.image_at(argv, RUN_DIR))
+    assert template is not None and "1-2-3-4" not in json.dumps(template) and "secret plan" not in json.dumps(template)
+    again = cp.from_template(template, "9-9-9-9", "other")
+    assert again is not None and again[-1] == "other" and "hive-relay-9-9-9-9" in again
+    assert cp.image_at(again, "/tmp/hive-relay-9-9-9-9") is not None
     assert cp.from_template(template, "9-9-9-9", None) is None  # a prompt run's argv never serves a run without one
     # A prompt that is part of a longer word would be kept: no template at all.
-    assert cp.to_template(["bash", "-c", "echo x; secret plan"], run_id, "secret plan") is None
-    assert cp.to_template(["bash", "-c", ""], run_id, "") is None
+    longer = _ours()[:-1] + ["echo x; secret plan"]
+    assert cp.to_template(longer, "1-2-3-4", "secret plan", cp.image_at(longer, RUN_DIR)) is None
+    assert cp.to_template(_ours()[:-1] + [""], "1-2-3-4", "", cp.image_at(_ours(), RUN_DIR)) is None
 
 
-def _shape(engine: str, gate: str) -> list[str]:
-    return [engine, *cp.PREFIX, "hive-relay-x", "--security-opt", f"seccomp={gate}", "image", "true"]
+RUN_DIR = "/tmp/hive-relay-1-2-3-4"
+IMG = "localhost/hive-relay-contributor:0123456789ab-u1000"
 
 
-def test_only_our_own_podman_run_shape_is_started(tmp_path: Path) -> None:
-    gate = "/tmp/hive-relay-x/seccomp.json"
-    podman = "/usr/bin/podman" if os.path.exists("/usr/bin/podman") else None
-    if podman:
-        assert cp.shape_ok(_shape(podman, gate), gate)
-        assert not cp.shape_ok(_shape(podman, gate), "/tmp/hive-relay-y/seccomp.json")  # another run's gate
-        two = _shape(podman, gate) + ["--security-opt", "seccomp=unconfined"]
-        assert not cp.shape_ok(two, gate)
-        global_flag = [podman, "--remote", *cp.PREFIX[1:], "n", "--security-opt", f"seccomp={gate}", "i", "true"]
-        assert not cp.shape_ok(global_flag, gate)
-    assert not cp.shape_ok(_shape("podman", gate), gate)  # not absolute
-    assert not cp.shape_ok(_shape("/usr/bin/docker", gate), gate)
+def _ours(*options: str, image: str = IMG) -> list[str]:
+    """container_argv's podman run for RUN_DIR, with OPTIONS added before the image."""
+    return ["/usr/bin/podman", *cp.PREFIX, "hive-relay-1-2-3-4", "--read-only", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "--network", "none", "--pidfile", f"{RUN_DIR}/pid",
+            "--security-opt", f"seccomp={RUN_DIR}/{PROFILE_NAME}", "--volume", "/w:/w:rw", "--env", "A=b",
+            *options, image, "/bin/bash", "-c", "--pull=always --network host"]
+
+
+def test_only_container_argvs_grammar_is_started() -> None:
+    """The closed grammar: our argv passes (the words after the image are the box's command, whatever
+    they look like); every option that acts before podman reads its profile, or another spelling,
+    profile, image, name or pidfile does not."""
+    assert cp.image_at(_ours(), RUN_DIR) == len(_ours()) - 4
+    assert cp.image_at(_ours("-t", "--userns", "keep-id"), RUN_DIR) is not None
+    for bad in (["--security-opt=seccomp=unconfined"], ["--security-opt", "seccomp=unconfined"],
+                ["--security-opt", f"seccomp={RUN_DIR}/{PROFILE_NAME}"], ["--pull=always"], ["--pull", "always"],
+                ["--pod", "new:x"], ["--url", "ssh://x"], ["--remote"], ["--runtime", "/x"], ["--root", "/x"],
+                ["--hooks-dir", "/x"], ["--env-file", "/x"], ["--cidfile", "/x"], ["--network", "host"],
+                ["--entrypoint", "/bin/sh"], ["--pidfile", "/tmp/other/pid"], ["--privileged"], ["--volume=/:/h"]):
+        assert cp.image_at(_ours(*bad), RUN_DIR) is None, bad
+    assert cp.image_at(_ours(image="docker.io/library/alpine"), RUN_DIR) is None
+    assert cp.image_at(_ours(), "/tmp/hive-relay-9-9-9-9") is None  # another run's name, pidfile and gate
+    assert cp.image_at(["podman", *_ours()[1:]], RUN_DIR) is None  # not absolute
+    assert cp.image_at(["/usr/bin/docker", *_ours()[1:]], RUN_DIR) is None
+
+
+def test_the_engine_must_be_roots_alone(tmp_path: Path) -> None:
     planted = tmp_path / "podman"
     planted.write_text("#!/bin/sh\n")
     planted.chmod(0o777)  # writable by anyone (and, unprivileged, not root's)
-    assert not cp.shape_ok(_shape(str(planted), gate), gate)
+    assert not cp.engine_ok(str(planted))
+    if os.path.exists("/usr/bin/podman"):
+        assert cp.engine_ok("/usr/bin/podman")
+
+
+def test_the_prompt_is_masked_only_in_the_boxs_command() -> None:
+    """A prompt equal to an option's value (`none`) stays a value there: only the command's word is masked."""
+    argv = _ours()[:-1] + ["none"]
+    template = cp.to_template(argv, "1-2-3-4", "none", cp.image_at(argv, RUN_DIR))
+    assert template is not None and template[template.index("--network") + 1] == "none"
+    assert template[-1] == cp.PROMPT
+    assert cp.entry_key(["shell", "container", "--prompt=one"], "/w", 0) == \
+        cp.entry_key(["shell", "container", "--prompt=two"], "/w", 0)
+    assert cp.entry_key(["shell", "container", "-rone"], "/w", 0) == cp.entry_key(["shell", "container", "-rtwo"], "/w", 0)
+
+
+def test_an_engine_that_never_reads_the_gate_is_killed_with_one_line(tmp_path: Path) -> None:
+    from relay.modes import engine_gate
+
+    gate = engine_gate.make(str(tmp_path))
+    gate.start(["sleep", "30"], dict(os.environ), str(tmp_path))
+    start = time.monotonic()
+    with pytest.raises(engine_gate.GateError, match="did not read its start gate"):
+        gate.release(b"{}" * 10, timeout=0.5)
+    assert gate.proc is None and time.monotonic() - start < 10  # killed, not left to wait
+
+
+def test_a_memo_not_ours_alone_is_not_read(tmp_path: Path) -> None:
+    """A cache dir or memo file another user could write (root launched with that user's cache dir):
+    a miss, and nothing is put there."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    memo.put(env, memo.MemoKind.ENGINE_ARGV, "k", b"data")
+    assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) == b"data"
+    kept = tmp_path / "cache" / "hive-relay" / "memo" / memo.MemoKind.ENGINE_ARGV.value / "k"
+    kept.chmod(0o620)
+    assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) is None
+    kept.chmod(0o600)
+    (tmp_path / "cache" / "hive-relay").chmod(0o770)
+    assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) is None
+    memo.put(env, memo.MemoKind.ENGINE_ARGV, "k2", b"data")
+    assert not kept.with_name("k2").exists()
+    (tmp_path / "cache" / "hive-relay").chmod(0o700)
+    if os.geteuid() == 0:
+        os.chown(tmp_path / "cache" / "hive-relay", 65534, 65534)
+        assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) is None
 
 
 # ---------------------------------------------------------------- the real engine
@@ -101,6 +159,7 @@ def _memos(s: Sandbox) -> list[Path]:
 
 def _run_dirs(s: Sandbox) -> list[Path]:
     return sorted(Path(s.env["XDG_RUNTIME_DIR"]).glob("hive-relay-*"))
+
 
 
 @pytest.mark.container
@@ -249,3 +308,51 @@ def test_tools_planted_in_the_workdir_never_run_for_a_prestart(csandbox: Sandbox
     assert proc.returncode == 0 and "two" in proc.stdout, proc.stderr[-2000:]
     assert "prestart_taken" in json.loads((tmp_path / "t.json").read_text())
     assert not marker.exists(), marker.read_text()
+
+
+@pytest.mark.container
+def test_a_memo_outside_the_grammar_or_for_a_gone_image_is_never_started(csandbox: Sandbox, tmp_path: Path) -> None:
+    """An option that acts before podman reads its profile (`--pull=always`), or an image this user's
+    engine does not have: no prestart at all, so no pull and no "image not known" on the terminal."""
+    s = csandbox
+    assert _launch(s, "true").returncode == 0
+    [kept] = _memos(s)
+    good = kept.read_text()
+    entry = json.loads(good)
+    at = entry["argv"].index("--workdir")
+    for change in ("pull", "image"):
+        bad = json.loads(good)
+        if change == "pull":
+            bad["argv"][at:at] = ["--pull=always"]
+        else:
+            i = next(i for i, w in enumerate(bad["argv"]) if w.startswith("localhost/hive-relay-contributor:"))
+            bad["argv"][i] = "localhost/hive-relay-contributor:000000000000-u1000"
+        kept.write_text(json.dumps(bad))
+        proc = _launch(s, "echo ran", trace=tmp_path / f"{change}.json")
+        assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr[-2000:]
+        assert "prestarted" not in json.loads((tmp_path / f"{change}.json").read_text()), change
+        assert "Error" not in proc.stderr and "Trying to pull" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.container
+def test_an_engine_client_killed_under_a_running_box_leaves_no_container(csandbox: Sandbox) -> None:
+    """The client dies while its container runs (as Ctrl-C could kill it between create and start):
+    the launcher removes the container itself before it returns, not only a dead launcher's janitor."""
+    s = csandbox
+    launcher = subprocess.Popen([sys.executable, "-m", "relay", "shell", "container", "--quiet", "--prompt", "sleep 60"],
+                                cwd=s.workdir, env=s.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    found: list[Path] = []
+    while not found and time.monotonic() < deadline:
+        found = [p for p in _run_dirs(s) if p.name.startswith(f"hive-relay-{launcher.pid}-") and (p / "pid").exists()]
+        time.sleep(0.02)
+    assert found, "the container never started"
+    name = found[0].name
+    engine = _engine_of(launcher.pid)
+    assert engine is not None
+    os.kill(engine, signal.SIGKILL)
+    launcher.wait(timeout=120)
+    names = subprocess.run([PODMAN, "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                           env=podman_env()).stdout.split()
+    assert name not in names, launcher.stderr.read() if launcher.stderr else ""

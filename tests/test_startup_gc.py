@@ -34,4 +34,4 @@ def test_a_task_runs_with_the_collector_on(sandbox: Sandbox) -> None:
 @pytest.mark.parametrize("entry", ["bin/contribute-hive", "relay/__main__.py"])
 def test_both_entries_turn_it_off_before_the_launcher_is_imported(entry: str) -> None:
     text = (REPO / entry).read_text()
-    assert text.index("gc.disable()") < text.index("from relay.commands.cli import")
+    assert text.index("gc.disable()") < text.index("from relay.commands.entry import")

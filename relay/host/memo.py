@@ -10,8 +10,9 @@ Why it is safe to trust one (DESIGN: "no trusted artefact in a box-writable plac
 - It is named by the sha256 of everything its value depends on (the file's bytes, the policy and
   the compiler's identity), so a changed input is a different name: a memo is never stale, and
   nothing the box wrote in a config file can make an old answer apply to it.
-- It is read through safefs (no link followed, no special file, bounded) and checked for shape by
-  its caller; anything wrong is recomputed, never trusted, and written again.
+- It is read through safefs (no link followed, no special file, bounded, and the cache dir, each
+  folder down and the file owned by us alone) and checked for shape by its caller; anything wrong
+  is recomputed, never trusted, and written again.
 
 Writing is best effort (a read-only home still launches) and never fsynced: a lost memo costs a
 recompute, and a torn one fails its caller's shape check.
@@ -70,9 +71,11 @@ def _path(env: Mapping[str, str], kind: MemoKind, key: str) -> str:
 
 
 def get(env: Mapping[str, str], kind: MemoKind, key: str, limit: int) -> bytes | None:
-    """The memo's bytes, or None (absent, unreadable, a link, a special file, over `limit`)."""
+    """The memo's bytes, or None (absent, unreadable, a link, a special file, over `limit`, or not
+    ours alone: the cache dir, each folder down and the file owned by us and writable by no one else,
+    so a root launch with another user's cache dir recomputes instead of taking that user's word)."""
     try:
-        return safefs.read_file(_path(env, kind, key), limit, base=str(cache_dir(env)))
+        return safefs.read_owned(str(cache_dir(env)), os.path.join("memo", kind.value, key), limit)
     except (OSError, ValueError):
         return None
 
@@ -87,6 +90,8 @@ def put(env: Mapping[str, str], kind: MemoKind, key: str, data: bytes) -> None:
     base = str(cache_dir(env))
     try:
         os.makedirs(base, mode=0o700, exist_ok=True)
+        if not safefs.owned_dir(base):
+            return  # another user's cache dir: `get` would never trust what we put there
         safefs.write_file(path, data, 0o600, base=base, make_dirs=True, durable=False)
         _prune(base, os.path.join("memo", kind.value), keep=key)
     except (OSError, ValueError):

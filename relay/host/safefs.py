@@ -202,6 +202,50 @@ def read_beneath(dirfd: int, rel: str, limit: int = DEFAULT_LIMIT) -> bytes | No
         os.close(fd)
 
 
+def _own(st: os.stat_result) -> bool:
+    """Ours alone: owned by this effective uid, writable by no group or other."""
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def read_owned(base: str, rel: str, limit: int = DEFAULT_LIMIT) -> bytes | None:
+    """`read_beneath`, for a file only we can have written: BASE, every directory down to the file and
+    the file itself owned by this effective uid and writable by no one else (checked on the opened
+    fds: nothing can be swapped in between); None when absent or not ours alone. Why: an answer
+    kept in a directory another user owns (root launched with that user's $HOME or $XDG_CACHE_HOME)
+    could be that user's, renamed or written to steer root's next launch."""
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        if not _own(os.fstat(fd)):
+            return None
+        parts = _parts(rel)
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY if last else os.O_RDONLY | os.O_DIRECTORY
+            try:
+                nxt = open_beneath(fd, part, flags)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            os.close(fd)
+            fd = nxt
+            if not _own(os.fstat(fd)):
+                return None
+        return _read_fd(fd, limit, rel)
+    finally:
+        os.close(fd)
+
+
+def owned_dir(path: str) -> bool:
+    """Whether PATH is a directory (no link) owned by this effective uid and writable by no one else."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and _own(st)
+
+
 def read_file(path: str, limit: int = DEFAULT_LIMIT, base: str | None = None) -> bytes | None:
     """`read_beneath` for an absolute path: beneath `base` when given, else beneath its parent."""
     base, rel = _split(path, base)

@@ -14,9 +14,11 @@ waits (it has created nothing) and the plan's own engine starts behind the same 
 whose plan changed (a config file, the environment, the image) costs one killed engine, nothing else.
 
 The memo (relay/host/memo.py, kind ENGINE_ARGV) is trusted as the other memos are: the cache dir is
-read-only in every box and absent from containers. On top of that, a memo is used only when its argv
-has the shape container_argv builds (a root-owned podman, `run --rm -i --pull=never`, this run's
-gate as the profile) and its run dir is the one this run's id names. Neither a prompt nor a `-- CMD`
+read-only in every box and absent from containers. On top of that, a memo is used only when it is ours
+alone (relay/host/memo.py: no other user owns the cache dir or the file) and its argv is in the
+closed grammar of container_argv's podman run (`image_at`: a root-owned podman, only our options in
+our spellings, this run's name, pidfile and gate as the one profile, our image, one this user's
+engine had), so no option that acts before podman reads its profile can be in it. Neither a prompt nor a `-- CMD`
 is ever kept in it: the prompt is a marker there, and a command line with `--` is not remembered.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Mapping, Sequence
 
@@ -31,6 +34,8 @@ from relay.host import memo
 from relay.host.phase_marks import mark
 from relay.modes import engine_gate
 from relay.modes.engine_gate import EngineGate
+from relay.modes.image_tag import IMAGE_REPO
+from relay.render.container_argv import ENTRYPOINT
 from relay.trust.rundirs import path_for
 
 RUN = "\0run\0"  # in a remembered argv: where the run id stood (argv words cannot hold NUL)
@@ -70,21 +75,35 @@ def prompt_of(argv: Sequence[str]) -> str | None:
 
 
 def entry_key(argv: Sequence[str], cwd: str, uid: int) -> str:
-    """The memo's name for one command line: its words (the prompt as a marker), the directory and the uid."""
-    prompt = prompt_of(argv)
-    words = [PROMPT if prompt is not None and w == prompt else w for w in argv]
+    """The memo's name for one command line: its words (the prompt's value a marker, in whichever
+    spelling), the directory and the uid."""
+    words = list(argv)
+    for i, word in enumerate(words):
+        if word == "--":
+            break
+        if word in PROMPT_FLAGS and i + 1 < len(words):
+            words[i + 1] = PROMPT
+            break
+        if word.startswith("--prompt="):
+            words[i] = "--prompt=" + PROMPT
+            break
+        if word.startswith("-r") and not word.startswith("--") and len(word) > 2:
+            words[i] = "-r" + PROMPT
+            break
     return memo.key_of("engine-argv", str(uid), cwd, *words)
 
 
-def to_template(argv: Sequence[str], run_id: str, prompt: str | None) -> list[str] | None:
-    """ARGV with the run id and the prompt as markers; None when the prompt would still be kept (it
+def to_template(argv: Sequence[str], run_id: str, prompt: str | None, image: int) -> list[str] | None:
+    """ARGV with the run id and the prompt as markers, the prompt only where it stands whole in the
+    container's command (after the image, index IMAGE); None when the prompt would still be kept (it
     is part of a longer word, or empty)."""
     out = []
-    for word in argv:
-        if prompt is not None and word == prompt:
+    for i, word in enumerate(argv):
+        if prompt is not None and i > image and word == prompt:
             out.append(PROMPT)
             continue
-        if prompt is not None and (not prompt or prompt in word):
+        # An option's own value that happens to equal the prompt (`--network none`) is the plan's, kept.
+        if prompt is not None and (not prompt or prompt in word) and not (i <= image and word == prompt):
             return None
         out.append(word.replace(run_id, RUN))
     return out
@@ -97,21 +116,65 @@ def from_template(template: Sequence[str], run_id: str, prompt: str | None) -> l
     return [prompt if w == PROMPT and prompt is not None else w.replace(RUN, run_id) for w in template]
 
 
-def shape_ok(argv: Sequence[str], gate: str) -> bool:
-    """A remembered argv we would start: container_argv's podman run, its engine a root-owned podman
-    no one else may write, and this run's gate as the only seccomp profile."""
-    if len(argv) < 10 or not os.path.isabs(argv[0]) or os.path.basename(argv[0]) != "podman":
-        return False
-    if list(argv[1:1 + len(PREFIX)]) != PREFIX:
-        return False
+# The closed grammar of container_argv.build's podman argv (no gvisor runtime): after PREFIX, only
+# these options, each in this spelling, up to the image; the container's command follows it (podman
+# stops reading options at the image). Anything else (a `--opt=value` spelling, `--pull`, `--pod`,
+# a global flag after `run`, a second profile) is not ours, and is never started: several options
+# act before podman reads its profile, the gate.
+FLAGS = frozenset({"--read-only", "-t", "--http-proxy=false", "--read-only-tmpfs=false"})
+FIXED = {"--cap-drop": "ALL", "--network": "none", "--ipc": "private", "--userns": "keep-id",
+         "--entrypoint": ENTRYPOINT}
+FREE = frozenset({"--user", "--workdir", "--label", "--ulimit", "--pids-limit", "--memory", "--memory-swap",
+                  "--volume", "--tmpfs", "--env"})
+IMAGE = re.compile(re.escape(IMAGE_REPO) + r":[0-9a-f]{12}-u[0-9]+")
+
+
+def image_at(argv: Sequence[str], run_dir: str) -> int | None:
+    """The index of the image in ARGV when ARGV is container_argv's podman run for RUN_DIR's run (its
+    name, pidfile and gate that run's, one profile, the image ours), else None."""
+    run_id = os.path.basename(run_dir)[len("hive-relay-"):]
+    if len(argv) < len(PREFIX) + 3 or not os.path.isabs(argv[0]) or os.path.basename(argv[0]) != "podman":
+        return None
+    if list(argv[1:1 + len(PREFIX)]) != PREFIX or argv[1 + len(PREFIX)] != f"hive-relay-{run_id}":
+        return None
+    profiles = 0
+    i = 2 + len(PREFIX)
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("-"):
+            break
+        if word in FLAGS:
+            i += 1
+            continue
+        if i + 1 >= len(argv):
+            return None
+        value = argv[i + 1]
+        if word == "--security-opt":
+            if value == f"seccomp={os.path.join(run_dir, engine_gate.PROFILE_NAME)}":
+                profiles += 1
+            elif value != "no-new-privileges":
+                return None
+        elif word == "--pidfile":
+            if value != os.path.join(run_dir, "pid"):
+                return None
+        elif word in FIXED:
+            if value != FIXED[word]:
+                return None
+        elif word not in FREE:
+            return None
+        i += 2
+    if profiles != 1 or i >= len(argv) or not IMAGE.fullmatch(argv[i]):
+        return None
+    return i
+
+
+def engine_ok(path: str) -> bool:
+    """A root-owned regular file no one else may write (a podman a box or another user planted is not)."""
     try:
-        st = os.stat(argv[0])
+        st = os.stat(path)
     except OSError:
         return False
-    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not stat.S_ISREG(st.st_mode):
-        return False
-    profiles = [w for w in argv if w.startswith("seccomp=")]
-    return profiles == [f"seccomp={gate}"] and argv.count("--security-opt") >= 1
+    return stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def begin(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> None:
@@ -143,8 +206,13 @@ def begin(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> None
         run_id = new_run_id()
         run_dir = path_for(env, run_id)
         argv_now = from_template(template, run_id, prompt_of(_ENTRY))
-        if argv_now is None or not shape_ok(argv_now, os.path.join(run_dir, engine_gate.PROFILE_NAME)):
+        image = image_at(argv_now, run_dir) if argv_now is not None else None
+        if argv_now is None or image is None or not engine_ok(argv_now[0]):
             return
+        from relay.modes.image_tag import ready_image
+
+        if not ready_image(argv_now[0], argv_now[image], env):
+            return  # gone since (an upgrade's new tag): its engine would only say "image not known"
         os.mkdir(run_dir, 0o700)
     except (OSError, ValueError, KeyError, TypeError):
         return
@@ -205,7 +273,8 @@ def remember(command: Sequence[str], workdir: str, run_id: str, prompt: str | No
     no `-- CMD` was given). Best effort, and written only when it changed."""
     if _ENTRY is None or run_id != _STARTED or not run_id or "--" in _ENTRY or prompt_of(_ENTRY) != prompt:
         return
-    template = to_template(command, run_id, prompt)
+    image = image_at(command, path_for(env, run_id))
+    template = to_template(command, run_id, prompt, image) if image is not None else None
     if template is None:
         return
     data = json.dumps({"argv": template, "cwd": workdir}).encode()

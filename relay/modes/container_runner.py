@@ -48,6 +48,7 @@ class ContainerProcess:
         self.proc = proc
         self.run = run
         self.pid = proc.pid
+        self.box_pid: int | None = None  # the container's first process, once seen
         try:
             self.pidfd: int | None = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
@@ -75,6 +76,15 @@ class ContainerProcess:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def left_behind(proc: ContainerProcess, outcome: str | None) -> bool:
+    """Whether the engine client may have left its container: it was stopped by a signal (Ctrl-C while
+    the engine created or started it: conmon and `runc init` stay, the container Created), the run
+    was, or it exited before the container's first process was seen. A normal end (--rm) needs no
+    removal, and pays for none."""
+    code = proc.poll()
+    return (code is not None and code < 0) or outcome is not None or proc.box_pid is None
 
 
 def remove(run: ContainerRun) -> None:
@@ -122,7 +132,7 @@ def open_gate(plan: Plan, caller_env: Mapping[str, str]) -> EngineGate:
             os.rmdir(plan.run_dir)
             raise RelayError(str(err)) from None
     try:
-        if gate.proc is not None and gate.matches(plan.command, caller_env, plan.workdir):
+        if gate.proc is not None and gate.proc.poll() is None and gate.matches(plan.command, caller_env, plan.workdir):
             mark("prestart_taken")
         gate.start(plan.command, caller_env, plan.workdir)
     except OSError as err:
@@ -271,6 +281,9 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
         janitor.tell(lifeline, "client", popen.pid)
         try:
             gate.release(seccomp_profile(plan.seccomp_policy, caller_env), START_TIMEOUT)
+        except engine_gate.GateError as err:
+            gate.cancel()
+            raise RelayError(str(err)) from None
         except BaseException:
             gate.cancel()
             raise
@@ -292,6 +305,7 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
 
         parts = ProxyParts(plan, caller_env) if plan.proxy_listen else None  # in the window, too
         pid = _container_pid(plan, popen)
+        proc.box_pid = pid
         mark("box_ready")
         if pid is not None and gate is not None:
             from relay.modes import container_prestart

@@ -74,11 +74,14 @@ class EngineGate:
         return self.proc is not None and (list(argv), dict(env), cwd) == (self.argv, self.env, self.cwd)
 
     def release(self, profile: bytes, timeout: float) -> None:
-        """The go: PROFILE into the FIFO, then the write end closed once the engine has read all of it
-        (or has exited, or TIMEOUT seconds passed: then the engine reads a cut profile and fails)."""
+        """The go: PROFILE into the FIFO, then the write end closed once the engine has read all of it,
+        or has exited. An engine that has not read it within TIMEOUT seconds is killed (it created
+        nothing) and the launch fails with one line: closing early would lose the profile, and leave
+        an engine that opens the FIFO later waiting for a writer."""
         assert self.fd is not None and self.proc is not None and not self.released
         fd, self.fd, self.released = self.fd, None, True
         deadline = time.monotonic() + timeout
+        pause = 0.0002  # the engine is waiting in its read (~35 ms after its start): microseconds, usually
         try:
             view = memoryview(profile)
             while view and self.proc.poll() is None and time.monotonic() < deadline:
@@ -86,8 +89,13 @@ class EngineGate:
                     view = view[os.write(fd, view):]
                 except BlockingIOError:
                     select.poll().poll(5)
-            while self.proc.poll() is None and _unread(fd) and time.monotonic() < deadline:
-                time.sleep(0.0002)  # the engine is waiting in its read (~35 ms after its start): microseconds
+            while self.proc.poll() is None and _unread(fd):
+                if time.monotonic() >= deadline:
+                    self.stop_engine()
+                    raise GateError(errno.ETIMEDOUT, f"the container engine did not read its start gate within "
+                                                     f"{timeout:.0f} s; fix: check `podman info`, then run again")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
         finally:
             os.close(fd)
 

@@ -144,6 +144,12 @@ def known_ready(run: ContainerRun, env: Mapping[str, str]) -> bool:
     return _ready_key(run) in _ready_keys(env)
 
 
+def ready_image(engine: str, image: str, env: Mapping[str, str]) -> bool:
+    """`known_ready` for podman's ENGINE and IMAGE, before any plan (relay/modes/container_prestart.py)."""
+    key = sha256(json.dumps([engine, "podman", os.getuid(), image]).encode()).hexdigest()[:24]
+    return key in _ready_keys(env)
+
+
 def remember(run: ContainerRun, env: Mapping[str, str], ready: bool) -> None:
     from relay.host import safefs
 

@@ -415,6 +415,10 @@ class _Box:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        from relay.modes.container_runner import ContainerProcess, left_behind, remove
+
+        if isinstance(self.proc, ContainerProcess) and left_behind(self.proc, self.outcome):
+            remove(self.proc.run)  # before the janitor judges the run: a Created container still mounts it
         if self.reaping:
             # A process-tier daemon (no pid namespace) or bwrap's init must be gone before the guard
             # and the sync-back look at what the box left, or it could write after them.
