@@ -214,7 +214,7 @@ def begin(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> None
         if not ready_image(argv_now[0], argv_now[image], env):
             return  # gone since (an upgrade's new tag): its engine would only say "image not known"
         os.mkdir(run_dir, 0o700)
-    except (OSError, ValueError, KeyError, TypeError):
+    except Exception:  # noqa: BLE001 - a memo of any wrong shape (nesting too deep included) is a miss
         return
     try:
         gate = engine_gate.make(run_dir)
@@ -226,7 +226,7 @@ def begin(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> None
 
         raise_nofile()  # as the runner does before its own engine: the client's fd limit is the same either way
         gate.start(argv_now, env, workdir)
-    except OSError:
+    except Exception:  # noqa: BLE001 - no engine (or a word Popen refuses): the launch starts its own
         gate.cancel()
         _remove_run_dir(run_dir)
         return
