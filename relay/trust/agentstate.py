@@ -307,7 +307,6 @@ def copy_in(state: AgentState, box_home: str) -> None:
             for fd in opened:
                 os.close(fd)
         _mask_logins(state, bfd)
-        _drop_copies_of_tokens(state, hfd, bfd)
     if state.left_out:
         state.notes.append(f"{state.left_out} files of the agent's state were not copied into the box (over the "
                            f"{COPY_BUDGET >> 20} MiB copy bound, oldest first, or unreadable); the box does not see "
@@ -352,67 +351,6 @@ def _mask_logins(state: AgentState, bfd: int) -> None:
             entry.copy = None
             state.notes.append(f"~/{rel} is not copied into the box ({getattr(err, 'strerror', None) or err}); "
                                "its login is not available there")
-
-
-MIN_TOKEN = 16  # shorter strings of a login file (a type, a date, a flag) are not what a copy must not hold
-
-
-def _strings(data: object) -> set[str]:
-    """Every string of a parsed JSON document, keys and values."""
-    if isinstance(data, str):
-        return {data}
-    if isinstance(data, dict):
-        return set(data) | {s for v in data.values() for s in _strings(v)}
-    if isinstance(data, list):
-        return {s for v in data for s in _strings(v)}
-    return set()
-
-
-def _masked_tokens(state: AgentState, hfd: int, bfd: int) -> set[bytes]:
-    """The real values the masks took out of the box's copies: what the host's login and credential
-    files hold and their masked copies do not (for a file no copy was made of, all it holds)."""
-    tokens: set[str] = set()
-    for rel in {r for r, _ in state.logins} | {r for r, _ in state.secret_files}:
-        try:
-            host = safefs.read_beneath(hfd, rel, credential_files.MAX_FILE + 1)
-            box = safefs.read_beneath(bfd, rel, credential_files.MAX_FILE + 1)
-        except OSError:
-            continue
-        if not host:
-            continue
-        paths = dict(state.secret_files).get(rel)
-        try:
-            if paths is not None and credential_files.is_dotenv(rel):
-                tokens |= {v for _, v in credential_files.values(host, paths, True)}
-            else:
-                tokens |= _strings(json.loads(host)) - (_strings(json.loads(box)) if box else set())
-        except ValueError:
-            continue  # not a file this reads: the box got no copy of it (_mask_logins)
-    return {t.encode() for t in tokens if len(t) >= MIN_TOKEN}
-
-
-def _drop_copies_of_tokens(state: AgentState, hfd: int, bfd: int) -> None:
-    """A login is masked by its file's name; a copy under another name (`auth.json.bak`), a hard link
-    or a tool's cache or log holding the same token would reach the box as it is. So every other file
-    copied into the box's state is searched for the masked files' real tokens, and one that holds any
-    is removed from the box's copy (its name said, never the value), as an unreadable one would be:
-    the box does not see it, and what it writes there is kept aside."""
-    needles = _masked_tokens(state, hfd, bfd)
-    if not needles:
-        return
-    masked = {r for r, _ in state.logins} | {r for r, _ in state.secret_files}
-    for rel, entry in state.files.items():
-        if entry.copy is None or entry.link is not None or rel in masked:
-            continue
-        try:
-            data = safefs.read_beneath(bfd, rel, COPY_BUDGET)
-        except OSError:
-            data = b""
-        if data is not None and not any(n in data for n in needles):
-            continue
-        safefs.unlink_beneath(bfd, rel)
-        entry.copy = None
-        state.notes.append(f"~/{rel} holds a token of your login (a copy?); it is not copied into the box")
 
 
 # --- sync-back ------------------------------------------------------------------------------------------
