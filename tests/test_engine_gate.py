@@ -356,3 +356,27 @@ def test_an_engine_client_killed_under_a_running_box_leaves_no_container(csandbo
     names = subprocess.run([PODMAN, "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
                            env=podman_env()).stdout.split()
     assert name not in names, launcher.stderr.read() if launcher.stderr else ""
+
+
+def test_a_cache_dir_another_user_can_move_is_not_trusted(tmp_path: Path) -> None:
+    """root with another user's cache dir: the dir above it is that user's, who could move ours away and
+    put a link or another tree in its place. Every cache file (memos, probe.json, verified.json, the
+    ready images) is then a miss; in a settled place (ours or root's, or sticky, above it) it is read."""
+    from relay.modes import trial_run
+
+    theirs = tmp_path / "theirs"
+    env = {"XDG_CACHE_HOME": str(theirs)}
+    memo.put(env, memo.MemoKind.ENGINE_ARGV, "k", b"data")
+    (theirs / "hive-relay" / "verified.json").write_text('["forgedkey0123456789abcd"]')
+    assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) == b"data"
+    assert trial_run._load(env) == ["forgedkey0123456789abcd"]
+    theirs.chmod(0o777)  # anyone may rename what is in it (no sticky bit)
+    assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) is None
+    assert trial_run._load(env) == []
+    theirs.chmod(0o1777)  # sticky, as /tmp: no one else can move our dir
+    assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) == b"data"
+    if os.geteuid() == 0:
+        theirs.chmod(0o755)
+        os.chown(theirs, 65534, 65534)  # another user's dir above ours
+        assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) is None
+        assert trial_run._load(env) == []

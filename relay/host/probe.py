@@ -128,7 +128,7 @@ def probe(env: dict[str, str] | os._Environ | None = None, use_cache: bool = Tru
     cached: dict = {}
     if use_cache:
         try:
-            data = json.loads(safefs.read_file(str(cache), 64 << 10) or b"{}")
+            data = json.loads(safefs.read_owned_file(str(cache), 64 << 10) or b"{}")
             if isinstance(data, dict) and data.get("key") == key:
                 cached = data
         except (OSError, ValueError):

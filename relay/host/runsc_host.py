@@ -124,7 +124,7 @@ def facts(env: Mapping[str, str], use_cache: bool = True) -> dict[str, str | Non
     key = _key(path, uid)
     if use_cache:
         try:
-            data = json.loads(safefs.read_file(str(memo), 16 << 10) or b"{}")
+            data = json.loads(safefs.read_owned_file(str(memo), 16 << 10) or b"{}")
             if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("platform"), str) \
                     and data["platform"] in ("systrap", "ptrace"):
                 return {"runsc": path, "runsc_version": data.get("version") if isinstance(data.get("version"), str)

@@ -207,15 +207,38 @@ def _own(st: os.stat_result) -> bool:
     return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def _settled(real: str) -> bool:
+    """Every directory above REAL (a real path) is ours or root's, and no one else may rename what is
+    in it (not writable by group or others, or sticky, as /tmp): what lies below cannot be moved away
+    and replaced by another user."""
+    parent = os.path.dirname(real)
+    while True:
+        try:
+            st = os.lstat(parent)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+            return False
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
+
+
 def read_owned(base: str, rel: str, limit: int = DEFAULT_LIMIT) -> bytes | None:
     """`read_beneath`, for a file only we can have written: BASE, every directory down to the file and
     the file itself owned by this effective uid and writable by no one else (checked on the opened
-    fds: nothing can be swapped in between); None when absent or not ours alone. Why: an answer
-    kept in a directory another user owns (root launched with that user's $HOME or $XDG_CACHE_HOME)
-    could be that user's, renamed or written to steer root's next launch."""
+    fds: nothing can be swapped in between), and every directory above BASE ours or root's, where no
+    one else can move BASE away (`_settled`); None when absent or not ours alone. Why: an answer kept
+    in a directory another user owns (root launched with that user's $HOME or $XDG_CACHE_HOME) could
+    be that user's, renamed or written to steer root's next launch."""
+    real = os.path.realpath(base)
+    if not _settled(real):
+        return None
     try:
-        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError, OSError):
         return None
     try:
         if not _own(os.fstat(fd)):
@@ -238,12 +261,19 @@ def read_owned(base: str, rel: str, limit: int = DEFAULT_LIMIT) -> bytes | None:
 
 
 def owned_dir(path: str) -> bool:
-    """Whether PATH is a directory (no link) owned by this effective uid and writable by no one else."""
+    """Whether PATH is a directory owned by this effective uid and writable by no one else, in
+    directories no one else can move it out of (`read_owned` would trust what is in it)."""
+    real = os.path.realpath(path)
     try:
-        st = os.lstat(path)
+        st = os.lstat(real)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and _own(st)
+    return stat.S_ISDIR(st.st_mode) and _own(st) and _settled(real)
+
+
+def read_owned_file(path: str, limit: int = DEFAULT_LIMIT) -> bytes | None:
+    """`read_owned` of a file directly in its directory (a cache file: probe.json, verified.json, ...)."""
+    return read_owned(os.path.dirname(path), os.path.basename(path), limit)
 
 
 def read_file(path: str, limit: int = DEFAULT_LIMIT, base: str | None = None) -> bytes | None:

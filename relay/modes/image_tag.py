@@ -133,7 +133,7 @@ def _ready_keys(env: Mapping[str, str]) -> list[str]:
     from relay.host import safefs
 
     try:
-        data = json.loads(safefs.read_file(_ready_path(env), 16 << 10) or b"[]")
+        data = json.loads(safefs.read_owned_file(_ready_path(env), 16 << 10) or b"[]")
     except (OSError, ValueError):
         return []
     return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []

@@ -43,7 +43,7 @@ def _load(env: Mapping[str, str]) -> list[str]:
     """Verified policy keys. The cache dir is read-only in every box (paths.own_paths), and the file
     is read with no link followed and bounded; a bad memo only costs a verification run."""
     try:
-        data = json.loads(safefs.read_file(str(_memo_path(env)), 64 << 10) or b"[]")
+        data = json.loads(safefs.read_owned_file(str(_memo_path(env)), 64 << 10) or b"[]")
         return [k for k in data if isinstance(k, str)] if isinstance(data, list) else []
     except (OSError, ValueError):
         return []
