@@ -380,3 +380,22 @@ def test_a_cache_dir_another_user_can_move_is_not_trusted(tmp_path: Path) -> Non
         os.chown(theirs, 65534, 65534)  # another user's dir above ours
         assert memo.get(env, memo.MemoKind.ENGINE_ARGV, "k", 100) is None
         assert trial_run._load(env) == []
+
+
+def test_a_superseded_image_is_no_longer_ready_for_a_prestart(tmp_path: Path) -> None:
+    """After a build removes the old tag, a memo naming it must not prestart (podman would only say
+    "image not known"): the removal forgets the tag's ready mark; the other tags keep theirs."""
+    import hashlib
+
+    from relay.modes import image_tag
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    keys = [hashlib.sha256(json.dumps(["/usr/bin/podman", "podman", os.getuid(), img]).encode()).hexdigest()[:24]
+            for img in (IMG, IMG.replace("0123", "4567"))]
+    path = Path(image_tag._ready_path(env))
+    path.parent.mkdir(parents=True, mode=0o700)
+    path.write_text(json.dumps(keys))
+    assert image_tag.ready_image("/usr/bin/podman", IMG, env)
+    image_tag.forget_images("/usr/bin/podman", [IMG], env)
+    assert not image_tag.ready_image("/usr/bin/podman", IMG, env)
+    assert image_tag.ready_image("/usr/bin/podman", IMG.replace("0123", "4567"), env)

@@ -39,6 +39,7 @@ from relay.modes.image_tag import (
     PROXY_REPO,
     ImageSpec,
     debian_suite,
+    forget_images,
     known_ready,
     remember,
     spec_from_env,
@@ -321,6 +322,7 @@ def _remove_superseded(engine: list[str], tag: str, spec: ImageSpec, say: Progre
     proc = subprocess.run([*engine, "rmi", *old], capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
     if proc.returncode == 0:
         say(f"removed superseded images: {', '.join(old)}")
+        forget_images(engine[0], old, env if env is not None else os.environ)
 
 
 def save_base(engine: list[str], base: str, path: str) -> None:

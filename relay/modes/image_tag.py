@@ -144,6 +144,23 @@ def known_ready(run: ContainerRun, env: Mapping[str, str]) -> bool:
     return _ready_key(run) in _ready_keys(env)
 
 
+def forget_images(engine: str, images: list[str], env: Mapping[str, str]) -> None:
+    """IMAGES are gone from ENGINE (superseded by a build): no launch may count on them, and a
+    prestart (relay/modes/container_prestart.py) must not start an engine that would only say
+    "image not known"."""
+    from relay.host import safefs
+
+    gone = {sha256(json.dumps([engine, kind, os.getuid(), image]).encode()).hexdigest()[:24]
+            for image in images for kind in ("podman", "docker")}
+    keys = _ready_keys(env)
+    if gone & set(keys):
+        try:
+            safefs.write_file(_ready_path(env), json.dumps([k for k in keys if k not in gone]).encode(), 0o600,
+                              durable=False)
+        except OSError:
+            pass
+
+
 def ready_image(engine: str, image: str, env: Mapping[str, str]) -> bool:
     """`known_ready` for podman's ENGINE and IMAGE, before any plan (relay/modes/container_prestart.py)."""
     key = sha256(json.dumps([engine, "podman", os.getuid(), image]).encode()).hexdigest()[:24]
