@@ -49,6 +49,7 @@ class ContainerProcess:
         self.run = run
         self.pid = proc.pid
         self.box_pid: int | None = None  # the container's first process, once seen
+        self.watched = False  # whether `start` waits for that process (runsc's start does not)
         try:
             self.pidfd: int | None = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
@@ -84,7 +85,7 @@ def left_behind(proc: ContainerProcess, outcome: str | None) -> bool:
     was, or it exited before the container's first process was seen. A normal end (--rm) needs no
     removal, and pays for none."""
     code = proc.poll()
-    return (code is not None and code < 0) or outcome is not None or proc.box_pid is None
+    return (code is not None and code < 0) or outcome is not None or (proc.watched and proc.box_pid is None)
 
 
 def remove(run: ContainerRun) -> None:
@@ -297,6 +298,7 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
         janitor.tell(lifeline, "client", popen.pid)
         mark("spawned")
     proc = ContainerProcess(popen, run)
+    proc.watched = True
     parts = None
     try:
         # Loaded while the engine creates the container (~250 ms), off the launch's critical path.
