@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import secrets
 from pathlib import Path
@@ -354,3 +355,35 @@ def test_the_route_reads_the_key_from_the_host_file_on_every_request(tmp_path: P
     path.symlink_to(link)  # a link at the login's path is never followed
     with pytest.raises(ValueError):
         store()
+
+
+# --- a login's other names ---------------------------------------------------------------------------------
+
+@pytest.mark.box
+@pytest.mark.parametrize("backend, data, env", [("codex", CODEX_CHATGPT, {"CODEX_API_KEY": ENV_KEY}),
+                                                ("gemini", GEMINI_OAUTH, {"GEMINI_API_KEY": ENV_KEY}),
+                                                ("opencode", OPENCODE_AUTH, {})])
+def test_a_logins_other_names_never_enter_the_box(box_sandbox: Sandbox, backend: str, data: dict, env: dict) -> None:
+    """A login is masked by its file's name. Its other names stay out of the box: a hard link, an
+    older version kept beside it (`NAME.bak`, `NAME~`, `.NAME.swp`) and a byte-for-byte copy
+    elsewhere in the state dir, each said in one line. The twin: the masked login and the other state
+    files still come in, the host's files stay."""
+    s = box_sandbox
+    path = plant(s, backend, data)
+    older = json.dumps(data).replace(MARK, MARK + "OLD")
+    d, name = FILES[backend].rsplit("/", 1)
+    (path.parent / f"{name}.bak").write_text(older)
+    (path.parent / f"{name}~").write_text(older)
+    (path.parent / f".{name}.swp").write_text(older)
+    os.link(path, path.parent / "hard-link.json")
+    (path.parent / "saved").mkdir()
+    (path.parent / "saved" / "login.json").write_bytes(path.read_bytes())
+    (path.parent / "notes.txt").write_text("nothing secret here\n")
+    proc = s.box(f"cd ~/{d} && cat {name}.bak {name}~ .{name}.swp hard-link.json saved/login.json 2>&1; "
+                 f"cat notes.txt; cat {name}", backend, extra_env=env)
+    assert MARK not in proc.stdout, proc.stdout
+    assert "nothing secret here" in proc.stdout, proc.stdout
+    assert json.loads(proc.stdout.splitlines()[-1]).keys() == data.keys()
+    for other in (f"{name}.bak", f"{name}~", f".{name}.swp", "hard-link.json", "saved/login.json"):
+        assert f"~/{d}/{other} is a" in proc.stderr and "not copied into the box" in proc.stderr, (other, proc.stderr)
+    assert (path.parent / f"{name}.bak").read_text() == older  # the host's files stay

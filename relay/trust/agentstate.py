@@ -259,6 +259,7 @@ def copy_in(state: AgentState, box_home: str) -> None:
     with safefs.base_dir(state.home) as hfd, safefs.base_dir(box_home) as bfd:
         plan: list[tuple[float, int, str, os.stat_result, int, str]] = []  # newest first
         opened: list[int] = []
+        originals = _login_originals(state, hfd)
         try:
             for rel in state.dirs:
                 try:
@@ -285,6 +286,11 @@ def copy_in(state: AgentState, box_home: str) -> None:
                         except OSError:
                             state.left_out += 1
                     elif stat.S_ISREG(st.st_mode):
+                        copy_of = _copy_of_login(originals, path, st, hfd)
+                        if copy_of:
+                            state.files[path] = Copied(_ident(st))  # not in the box: a box write there is kept aside
+                            state.notes.append(f"~/{path} is {copy_of}; it is not copied into the box")
+                            continue
                         plan.append((-st.st_mtime, len(plan), path, st, src, sub))
             budget = COPY_BUDGET
             for _, _, path, st, top, sub in sorted(plan):
@@ -312,6 +318,41 @@ def copy_in(state: AgentState, box_home: str) -> None:
                            f"{COPY_BUDGET >> 20} MiB copy bound, oldest first, or unreadable); the box does not see "
                            "them, and what it writes at their paths is kept aside")
     state.copy_seconds = time.monotonic() - t0
+
+
+def _login_originals(state: AgentState, hfd: int) -> dict[str, os.stat_result]:
+    """The host's login and credential files the box gets masked, by path relative to home."""
+    out = {}
+    for rel in {r for r, _ in state.logins} | {r for r, _ in state.secret_files}:
+        st = safefs.lstat_beneath(hfd, rel)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            out[rel] = st
+    return out
+
+
+def _copy_of_login(originals: dict[str, os.stat_result], path: str, st: os.stat_result, hfd: int) -> str | None:
+    """Why PATH, a file of the state dirs, would carry a masked login into the box as it is (None: it
+    would not). A login is masked by its file's name; its other names are not: a hard link to it, a
+    copy beside it under its name plus a suffix (`auth.json.bak`, `auth.json~`, `.auth.json.swp`, an
+    older version kept by hand or by an editor), or a byte-for-byte copy anywhere. Those stay out of
+    the box. (A log or cache that recorded a token is not found this way: docs/credentials.md.)"""
+    if path in originals:
+        return None
+    head, _, name = path.rpartition("/")
+    for rel, orig in originals.items():
+        if (st.st_dev, st.st_ino) == (orig.st_dev, orig.st_ino):
+            return f"a hard link to ~/{rel}"
+        ohead, _, oname = rel.rpartition("/")
+        if head == ohead and name != oname and (name.startswith(oname) or name.lstrip(".").startswith(oname)):
+            return f"a copy of ~/{rel} by its name"
+        if st.st_size == orig.st_size and st.st_size <= credential_files.MAX_FILE:
+            try:
+                if safefs.read_beneath(hfd, path, credential_files.MAX_FILE) == \
+                        safefs.read_beneath(hfd, rel, credential_files.MAX_FILE):
+                    return f"a copy of ~/{rel}"
+            except OSError:
+                return f"unreadable beside ~/{rel}"
+    return None
 
 
 def _mask_logins(state: AgentState, bfd: int) -> None:
