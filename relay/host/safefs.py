@@ -238,7 +238,7 @@ def read_owned(base: str, rel: str, limit: int = DEFAULT_LIMIT) -> bytes | None:
         return None
     try:
         fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError, OSError):
+    except OSError:
         return None
     try:
         if not _own(os.fstat(fd)):

@@ -57,39 +57,35 @@ _PENDING: _Prestart | None = None
 _STARTED: str | None = None  # the run id whose gated engine started a container (what `remember` may keep)
 
 
-def prompt_of(argv: Sequence[str]) -> str | None:
-    """The --prompt value of an entry's arguments, in the spellings the parser takes whole (`--prompt X`,
-    `--prompt=X`, `-r X`, `-rX`); None for none (an abbreviation or a grouped flag is not seen: the
-    command line is then simply not remembered, see `remember`)."""
-    words = list(argv)
-    for i, word in enumerate(words):
+def _prompt_word(argv: Sequence[str]) -> tuple[int, str, str] | None:
+    """Where the --prompt value stands in an entry's arguments, in the spellings the parser takes whole
+    (`--prompt X`, `--prompt=X`, `-r X`, `-rX`): (the word's index, what precedes the value in that
+    word, the value); None for none (an abbreviation or a grouped flag is not seen: the command line
+    is then simply not remembered, see `remember`)."""
+    for i, word in enumerate(argv):
         if word == "--":
             break
-        if word in PROMPT_FLAGS and i + 1 < len(words):
-            return words[i + 1]
-        if word.startswith("--prompt="):
-            return word[len("--prompt="):]
-        if word.startswith("-r") and not word.startswith("--") and len(word) > 2:
-            return word[2:]
+        if word in PROMPT_FLAGS and i + 1 < len(argv):
+            return i + 1, "", argv[i + 1]
+        for spelling in ("--prompt=", "-r"):
+            if word.startswith(spelling) and len(word) > 2 and (spelling != "-r" or not word.startswith("--")):
+                return i, spelling, word[len(spelling):]
     return None
+
+
+def prompt_of(argv: Sequence[str]) -> str | None:
+    """The --prompt value of an entry's arguments (`_prompt_word`), or None."""
+    found = _prompt_word(argv)
+    return found[2] if found else None
 
 
 def entry_key(argv: Sequence[str], cwd: str, uid: int) -> str:
     """The memo's name for one command line: its words (the prompt's value a marker, in whichever
     spelling), the directory and the uid."""
     words = list(argv)
-    for i, word in enumerate(words):
-        if word == "--":
-            break
-        if word in PROMPT_FLAGS and i + 1 < len(words):
-            words[i + 1] = PROMPT
-            break
-        if word.startswith("--prompt="):
-            words[i] = "--prompt=" + PROMPT
-            break
-        if word.startswith("-r") and not word.startswith("--") and len(word) > 2:
-            words[i] = "-r" + PROMPT
-            break
+    found = _prompt_word(words)
+    if found:
+        words[found[0]] = found[1] + PROMPT
     return memo.key_of("engine-argv", str(uid), cwd, *words)
 
 

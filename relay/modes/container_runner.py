@@ -44,12 +44,12 @@ START_TIMEOUT = 120.0  # a rootless engine's first run of an image re-maps its l
 class ContainerProcess:
     """The engine client (`podman run`), Popen-like; kill() removes the container, not just the client."""
 
-    def __init__(self, proc: subprocess.Popen, run: ContainerRun) -> None:
+    def __init__(self, proc: subprocess.Popen, run: ContainerRun, watched: bool = False) -> None:
         self.proc = proc
         self.run = run
         self.pid = proc.pid
         self.box_pid: int | None = None  # the container's first process, once seen
-        self.watched = False  # whether `start` waits for that process (runsc's start does not)
+        self.watched = watched  # whether `start` waits for that process (runsc's start does not)
         try:
             self.pidfd: int | None = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
@@ -109,8 +109,8 @@ def gated(plan: Plan) -> bool:
     """Whether the plan's engine starts behind the FIFO gate (relay/modes/engine_gate.py): podman,
     on its default runtime, with our seccomp profile. (runsc is not: its proxy serves first.)"""
     run = plan.container
-    return (run is not None and run.kind == "podman" and not run.runtime and bool(run.seccomp_profile)
-            and run.seccomp_profile == os.path.join(plan.run_dir or "", engine_gate.PROFILE_NAME))
+    return (run is not None and run.kind == "podman" and not run.runtime and plan.run_dir is not None
+            and run.seccomp_profile == os.path.join(plan.run_dir, engine_gate.PROFILE_NAME))
 
 
 def open_gate(plan: Plan, caller_env: Mapping[str, str]) -> EngineGate:
@@ -133,9 +133,8 @@ def open_gate(plan: Plan, caller_env: Mapping[str, str]) -> EngineGate:
             os.rmdir(plan.run_dir)
             raise RelayError(str(err)) from None
     try:
-        if gate.proc is not None and gate.proc.poll() is None and gate.matches(plan.command, caller_env, plan.workdir):
+        if gate.start(plan.command, caller_env, plan.workdir):
             mark("prestart_taken")
-        gate.start(plan.command, caller_env, plan.workdir)
     except OSError as err:
         gate.cancel()
         raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
@@ -269,12 +268,7 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
     run = plan.container
     assert run is not None
     if plan.staged is not None:
-        try:
-            create_layer(plan)
-        except BaseException:
-            if gate is not None:
-                gate.cancel()
-            raise
+        create_layer(plan)  # a failure here leaves the gate shut: tear_down kills the waiting engine
     if gate is not None:
         # The engine is waiting at its gate since before the host steps; everything it mounts now exists.
         assert gate.proc is not None and plan.seccomp_policy is not None
@@ -283,11 +277,7 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
         try:
             gate.release(seccomp_profile(plan.seccomp_policy, caller_env), START_TIMEOUT)
         except engine_gate.GateError as err:
-            gate.cancel()
             raise RelayError(str(err)) from None
-        except BaseException:
-            gate.cancel()
-            raise
         mark("released")
     else:
         try:
@@ -297,8 +287,7 @@ def start(plan: Plan, caller_env: Mapping[str, str], go_fd: int, lifeline: int,
             raise RelayError(f"cannot start {plan.command[0]}: {err.strerror or err}") from None
         janitor.tell(lifeline, "client", popen.pid)
         mark("spawned")
-    proc = ContainerProcess(popen, run)
-    proc.watched = True
+    proc = ContainerProcess(popen, run, watched=True)
     parts = None
     try:
         # Loaded while the engine creates the container (~250 ms), off the launch's critical path.

@@ -56,22 +56,18 @@ class EngineGate:
         self.cwd = ""
         self.released = False
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen:
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bool:
         """The engine client for ARGV behind this gate; one already running with the same argv, env and
-        cwd is kept (a prestarted one: relay/modes/container_prestart.py), any other is killed first."""
+        cwd is kept (a prestarted one: relay/modes/container_prestart.py), any other is killed first.
+        Returns whether the running one was kept."""
         argv, env = list(argv), dict(env)
         if self.proc is not None and self.proc.poll() is None and (argv, env, cwd) == (self.argv, self.env, self.cwd):
-            return self.proc
+            return True
         self.stop_engine()
         # The engine client gets the caller's environment: `--env NAME` copies values by name from it.
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, close_fds=True, preexec_fn=_die_with(os.getpid()))
         self.argv, self.env, self.cwd = argv, env, cwd
-        return self.proc
-
-    def matches(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bool:
-        """Whether the engine behind the gate runs exactly ARGV, with ENV, in CWD (and is still running
-        or exited: an engine that failed before the gate said why on stderr, and is the launch's answer)."""
-        return self.proc is not None and (list(argv), dict(env), cwd) == (self.argv, self.env, self.cwd)
+        return False
 
     def release(self, profile: bytes, timeout: float) -> None:
         """The go: PROFILE into the FIFO, then the write end closed once the engine has read all of it,

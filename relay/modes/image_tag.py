@@ -123,7 +123,11 @@ def _ready_path(env: Mapping[str, str]) -> str:
 
 
 def _ready_key(run: ContainerRun) -> str:
-    return sha256(json.dumps([run.engine, run.kind, os.getuid(), run.image]).encode()).hexdigest()[:24]
+    return _ready_key_of(run.engine, run.kind, run.image)
+
+
+def _ready_key_of(engine: str, kind: str, image: str) -> str:
+    return sha256(json.dumps([engine, kind, os.getuid(), image]).encode()).hexdigest()[:24]
 
 
 def _ready_keys(env: Mapping[str, str]) -> list[str]:
@@ -150,8 +154,7 @@ def forget_images(engine: str, images: list[str], env: Mapping[str, str]) -> Non
     "image not known"."""
     from relay.host import safefs
 
-    gone = {sha256(json.dumps([engine, kind, os.getuid(), image]).encode()).hexdigest()[:24]
-            for image in images for kind in ("podman", "docker")}
+    gone = {_ready_key_of(engine, kind, image) for image in images for kind in ("podman", "docker")}
     keys = _ready_keys(env)
     if gone & set(keys):
         try:
@@ -163,8 +166,7 @@ def forget_images(engine: str, images: list[str], env: Mapping[str, str]) -> Non
 
 def ready_image(engine: str, image: str, env: Mapping[str, str]) -> bool:
     """`known_ready` for podman's ENGINE and IMAGE, before any plan (relay/modes/container_prestart.py)."""
-    key = sha256(json.dumps([engine, "podman", os.getuid(), image]).encode()).hexdigest()[:24]
-    return key in _ready_keys(env)
+    return _ready_key_of(engine, "podman", image) in _ready_keys(env)
 
 
 def remember(run: ContainerRun, env: Mapping[str, str], ready: bool) -> None:

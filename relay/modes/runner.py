@@ -197,17 +197,15 @@ def _open_gate(plan: Plan, caller_env: Mapping[str, str]) -> EngineGate | None:
     """A podman plan's engine, started behind its start gate before the host steps (relay/modes/
     engine_gate.py); None for every other plan. Either way, a prestarted engine this plan does not
     use is killed here (relay/modes/container_prestart.py)."""
+    if plan.container is not None:  # only then: a local launch does not import the container runner
+        from relay.modes import container_runner
+
+        if container_runner.gated(plan):
+            return container_runner.open_gate(plan, caller_env)
     from relay.modes import container_prestart
 
-    if plan.container is None or not plan.run_dir:
-        container_prestart.abandon()
-        return None
-    from relay.modes import container_runner
-
-    if not container_runner.gated(plan):
-        container_prestart.abandon()
-        return None
-    return container_runner.open_gate(plan, caller_env)
+    container_prestart.abandon()
+    return None
 
 
 def _prepare(plan: Plan, caller_env: Mapping[str, str], run_dir_made: bool = False) -> janitor.RunState:
