@@ -387,3 +387,63 @@ def test_a_logins_other_names_never_enter_the_box(box_sandbox: Sandbox, backend:
     for other in (f"{name}.bak", f"{name}~", f".{name}.swp", "hard-link.json", "saved/login.json"):
         assert f"~/{d}/{other} is a" in proc.stderr and "not copied into the box" in proc.stderr, (other, proc.stderr)
     assert (path.parent / f"{name}.bak").read_text() == older  # the host's files stay
+
+
+# --- a token recorded elsewhere in the state ---------------------------------------------------------------
+
+def _recorded(token: str) -> dict[str, bytes]:
+    """Files of a state dir that hold TOKEN the ways a CLI's log, cache or transcript would."""
+    import gzip
+    from urllib.parse import quote
+
+    raw = token.encode()
+    cut = len(raw) * 2 // 5  # a database page boundary inside the token: 4 bytes between its two parts
+    return {
+        "log/agent.log": b"2026-12-06T05:00:00Z DEBUG request headers: {'Authorization': 'Bearer " + raw + b"'}\n",
+        "cache/pages.db": secrets.token_bytes(5000) + raw[:cut] + b"\x00\x00\x10\x07" + raw[cut:] + secrets.token_bytes(300),
+        "history.gz": gzip.compress(b'{"display":"my token is ' + raw + b'"}\n'),
+        "url-cache.txt": b"https://example.invalid/cb?token=" + quote(token, safe="").encode() + b"&x=1\n",
+        "blob.b64": base64.b64encode(b'{"headers":{"authorization":"Bearer ' + raw + b'"}}'),
+        "wide.txt": ("token=" + token + "\n").encode("utf-16"),
+    }
+
+
+@pytest.mark.box
+@pytest.mark.parametrize("backend, data, token, env", [
+    ("codex", CODEX_CHATGPT, CODEX_CHATGPT["tokens"]["access_token"], {"CODEX_API_KEY": ENV_KEY}),
+    ("codex", CODEX_CHATGPT, CODEX_CHATGPT["tokens"]["refresh_token"], {"CODEX_API_KEY": ENV_KEY}),
+    ("gemini", GEMINI_OAUTH, GEMINI_OAUTH["access_token"], {"GEMINI_API_KEY": ENV_KEY}),
+    ("opencode", OPENCODE_AUTH, OPENCODE_AUTH["anthropic"]["key"], {}),
+    ("codex", None, ENV_KEY, {"CODEX_API_KEY": ENV_KEY}),  # a route's key from the environment, echoed in a log
+], ids=["codex-access", "codex-refresh", "gemini-access", "opencode-key", "codex-env-key"])
+def test_a_token_recorded_elsewhere_in_the_state_never_enters_the_box(box_sandbox: Sandbox, backend: str,
+                                                                       data: dict | None, token: str, env: dict) -> None:
+    """A log line, a database page that cuts the token in two, a gzip'd history, a percent-encoded
+    URL, base64 and UTF-16: each file that holds a host secret stays out of the box, said in one line
+    that names the secret (never its value); one that cannot be searched (zstd) stays out too. The
+    twin: the state's other files come in, a file holding only the parts the placeholder keeps (a
+    JWT's header and claims, a key's prefix) comes in, and the host's files are untouched."""
+    s = box_sandbox
+    if data is not None:
+        plant(s, backend, data)
+    d = FILES[backend].rsplit("/", 1)[0]
+    base = s.home / d
+    files = _recorded(token)
+    for rel, content in files.items():
+        (base / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / rel).write_bytes(content)
+    public = token.rsplit(".", 1)[0] + "." if token.count(".") == 2 else token[:8]  # what placeholders keep
+    (base / "notes.txt").write_text(f"nothing secret here; {public}; /home/dev/project/src/main.py\n")
+    (base / "cache" / "frame.zst").write_bytes(b"\x28\xb5\x2f\xfd" + secrets.token_bytes(64))
+    names = [*files, "notes.txt", "cache/frame.zst"]
+    proc = s.box(f"cd ~/{d} && for f in {' '.join(names)}; do echo \"== $f\"; {{ cat $f; gzip -dc <$f; "
+                 "iconv -f utf-16 -t utf-8 <$f; base64 -d <$f; } 2>&1 | tr -c '[:print:]\\n' '.'; echo; done",
+                 backend, extra_env=env)
+    assert MARK not in proc.stdout, proc.stdout
+    assert "nothing secret here" in proc.stdout and public in proc.stdout, proc.stdout
+    for rel in files:
+        line = next((ln for ln in proc.stderr.splitlines() if f"~/{d}/{rel} holds" in ln), None)
+        assert line and "not copied into the box" in line and MARK not in line, (rel, proc.stderr)
+    assert f"~/{d}/cache/frame.zst cannot be searched" in proc.stderr, proc.stderr
+    for rel, content in files.items():
+        assert (base / rel).read_bytes() == content  # the host's files stay

@@ -35,6 +35,7 @@ class MemoKind(str, Enum):
     PARSED_CONFIG = "parsed-config"  # JSON of a YAML file's data
     SECCOMP_BPF = "seccomp-bpf"  # libseccomp's exported BPF program
     SECCOMP_OCI = "seccomp-oci"  # a container's OCI seccomp profile, as JSON
+    STATE_SCAN = "state-scan"  # per file of an agent's state: found clean of which secrets (relay/trust/state_scan.py)
     ENGINE_ARGV = "engine-argv"  # a command line's last podman argv, to prestart (relay/modes/container_prestart.py)
 
 

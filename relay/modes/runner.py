@@ -277,8 +277,31 @@ def _make_agent_state(plan: Plan, caller_env: Mapping[str, str], state: janitor.
                                for r in plan.credentials if r.login is not None)
     state.agent.secret_files = tuple((os.path.relpath(u.file, state.home), u.paths) for u in plan.login_files
                                      if u.held == LoginHold.MASKED)
+    state.agent.secrets = _host_secrets(plan, caller_env)
+    state.agent.memo_env = dict(caller_env)
     _in_run_dir("the agent's state", plan, lambda: janitor.copy_agent_state(state))
     mark("state_copied")
+
+
+def _host_secrets(plan: Plan, caller_env: Mapping[str, str]) -> tuple:
+    """The host's real secrets as the proxy's scan holds them (relay/egress/secret_source.host_secrets:
+    the routes' and grants' values, the masked login files' tokens, the deny-listed SSH keys' private
+    lines), and the tokens of each login route's file: what no file of the box's state copy may hold
+    (relay/trust/state_scan.py). Read once here; the keys were read (and checked) before the host steps."""
+    from relay.egress import secret_source
+
+    keys = secret_source.read_keys(plan.credentials, caller_env) if plan.credentials else {}
+    files = [(u.file, u.paths) for u in plan.login_files if u.held == LoginHold.MASKED]
+    files += [(r.login.file, tuple(p for p in (r.login.token, r.login.refresh_token, r.login.id_token) if p))
+              for r in plan.credentials if r.login is not None]
+    found = secret_source.host_secrets(keys, files, plan.denied, caller_env.get("HOME", "/"))
+    out = list(found.fixed)
+    for source in found.sources:
+        try:
+            out += source()
+        except (OSError, ValueError):
+            continue  # a login file that cannot be read now: its copy is not made either
+    return tuple(out)
 
 
 def _make_sync_files(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:

@@ -42,7 +42,7 @@ from relay.model.hashing import sha256
 from relay.model.record import field, record
 from relay.model.refusal import ENTRY
 from relay.policy.egress import CREDENTIAL_PLACEHOLDER
-from relay.trust import guard, logins
+from relay.trust import guard, logins, state_scan
 
 # The copy-in bound (bytes): a realistic ~/.claude with months of transcripts fits; beyond it the
 # oldest files are left out (and said so), so the run dir cannot fill the disk or the tmpfs it is on.
@@ -98,6 +98,12 @@ class AgentState:
     # Credential files whose copy is masked (plan.login_files, held `masked`): (path relative to home,
     # the JSON paths of their secrets). Placeholders of the same shape; kept aside at exit like logins.
     secret_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The host's real secrets (relay/trust/state_scan.py): a file of the state that holds one stays out
+    # of the box; `memo_env` finds the cache dir of the memo of files already found clean.
+    secrets: tuple = ()
+    memo_env: dict[str, str] | None = None
+    scanned_bytes: int = 0
+    scan_seconds: float = 0.0
 
 
 def new(home: str, dirs: tuple[str, ...], keep: tuple[str, ...], guarded: tuple[str, ...], state_dir: str,
@@ -293,6 +299,8 @@ def copy_in(state: AgentState, box_home: str) -> None:
                             continue
                         plan.append((-st.st_mtime, len(plan), path, st, src, sub))
             budget = COPY_BUDGET
+            needles = state_scan.Needles(state.secrets) if state.secrets else None
+            scan_memo = _ScanMemo(state) if needles else None
             for _, _, path, st, top, sub in sorted(plan):
                 entry = Copied(_ident(st))
                 state.files[path] = entry
@@ -305,10 +313,19 @@ def copy_in(state: AgentState, box_home: str) -> None:
                 except OSError:
                     state.left_out += 1
                     continue
+                if needles and path not in originals:
+                    held = _holds_secret(state, needles, scan_memo, path, st, bfd)
+                    if held:
+                        safefs.unlink_beneath(bfd, path)
+                        entry.copy = None
+                        state.notes.append(f"~/{path} {held}; it is not copied into the box")
+                        continue
                 budget -= st.st_size
                 state.copied_bytes += st.st_size
                 if path in state.guard:
                     entry.before = safefs.read_beneath(hfd, path, guard.MAX_SETTINGS) if st.st_size <= guard.MAX_SETTINGS else None
+            if scan_memo is not None:
+                scan_memo.save()
         finally:
             for fd in opened:
                 os.close(fd)
@@ -318,6 +335,84 @@ def copy_in(state: AgentState, box_home: str) -> None:
                            f"{COPY_BUDGET >> 20} MiB copy bound, oldest first, or unreadable); the box does not see "
                            "them, and what it writes at their paths is kept aside")
     state.copy_seconds = time.monotonic() - t0
+
+
+class _ScanMemo:
+    """Per file of the state (path relative to home): the host file's identity when it was searched
+    and the digests of the secrets it was found clean of (relay/trust/state_scan.py). Read and written
+    through relay/host/memo.py: in the cache dir, trusted only when ours alone."""
+
+    LIMIT = 32 << 20
+
+    def __init__(self, state: AgentState) -> None:
+        from relay.host import memo
+
+        self.env = state.memo_env
+        self.key = memo.key_of("state-scan", state.home, *state.dirs)
+        self.digests = sorted({state_scan.digest(s) for s in state.secrets})
+        self.files: dict[str, list] = {}
+        self.seen: dict[str, list] = {}
+        self.changed = False
+        raw = memo.get(self.env, memo.MemoKind.STATE_SCAN, self.key, self.LIMIT) if self.env is not None else None
+        try:
+            data = json.loads(raw) if raw else {}
+            files = data.get("files") if isinstance(data, dict) else None
+            if isinstance(files, dict):
+                self.files = {k: v for k, v in files.items() if isinstance(v, list) and len(v) == 6
+                              and all(isinstance(x, int) for x in v[:5]) and isinstance(v[5], list)}
+        except ValueError:
+            self.files = {}
+
+    @staticmethod
+    def ident(st: os.stat_result) -> list[int]:
+        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def clean(self, path: str, st: os.stat_result) -> bool:
+        got = self.files.get(path)
+        if got is None or got[:5] != self.ident(st) or not set(self.digests) <= set(got[5]):
+            return False
+        self.seen[path] = got
+        return True
+
+    def found_clean(self, path: str, st: os.stat_result) -> None:
+        self.seen[path] = [*self.ident(st), self.digests]
+        self.changed = True
+
+    def save(self) -> None:
+        """Only the files of this copy are kept (a file gone from the state goes from the memo)."""
+        if self.env is None or not (self.changed or len(self.seen) != len(self.files)):
+            return
+        from relay.host import memo
+
+        memo.put(self.env, memo.MemoKind.STATE_SCAN, self.key, json.dumps({"files": self.seen}).encode())
+
+
+def _holds_secret(state: AgentState, needles: state_scan.Needles, scan_memo: _ScanMemo, path: str,
+                  st: os.stat_result, bfd: int) -> str | None:
+    """Why the box's new copy of PATH must not stay (it holds a host secret, or cannot be searched), or
+    None. The copy is what is searched: the box would read those bytes, and nothing but this launcher
+    can change them before it starts. `st` is the host file's, as walked: the memo's identity."""
+    if scan_memo.clean(path, st):
+        return None
+    t0 = time.monotonic()
+    try:
+        with safefs.parent_of(bfd, path) as (dfd, leaf):
+            fd, _ = _open_regular(dfd, leaf)
+        try:
+            found = state_scan.search_fd(fd, needles)
+            state.scanned_bytes += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    except state_scan.Unsearchable as err:
+        return f"cannot be searched for the host's secrets ({err})"
+    except OSError as err:
+        return f"could not be searched for the host's secrets ({err.strerror or err})"
+    finally:
+        state.scan_seconds += time.monotonic() - t0
+    if found:
+        return f"holds {found} (a real credential of the host's)"
+    scan_memo.found_clean(path, st)
+    return None
 
 
 def _login_originals(state: AgentState, hfd: int) -> dict[str, os.stat_result]:
