@@ -447,3 +447,26 @@ def test_a_token_recorded_elsewhere_in_the_state_never_enters_the_box(box_sandbo
     assert f"~/{d}/cache/frame.zst cannot be searched" in proc.stderr, proc.stderr
     for rel, content in files.items():
         assert (base / rel).read_bytes() == content  # the host's files stay
+
+
+@pytest.mark.box
+def test_a_synced_file_gets_placeholders_for_a_recorded_key_and_gets_them_back(box_sandbox: Sandbox) -> None:
+    """~/.claude.json is synced, not copied with the state dirs: a route's key recorded in it (a
+    prompt's history that pasted it, the tail claude keeps of an approved key) is a placeholder in the
+    box, one line says so, and the sync-back puts the host's values back: the box's own change (the
+    theme) lands, the recorded values are the host's again, no placeholder reaches the host."""
+    s = box_sandbox
+    key = "sk-ant-api03-" + MARK + "Recorded0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"
+    host = {"numStartups": 3, "theme": "dark", "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
+            "projects": {"/work": {"history": [{"display": f"use the key {key} for the test"}]}}}
+    path = s.home / ".claude.json"
+    path.write_text(json.dumps(host))
+    proc = s.box("cat ~/.claude.json; sed -i 's/\"dark\"/\"light\"/' ~/.claude.json", "claude",
+                 extra_env={"ANTHROPIC_API_KEY": key})
+    assert proc.returncode == 0, proc.stderr
+    assert MARK not in proc.stdout and key[-20:] not in proc.stdout, proc.stdout
+    assert '"numStartups": 3' in proc.stdout and "for the test" not in proc.stdout, proc.stdout
+    assert "~/.claude.json holds a real credential of the host's (in 1 value); the box's copy has placeholders" \
+        in proc.stderr, proc.stderr  # the history; the approved key's tail is the table's (claude's `secret_files`)
+    after = json.loads(path.read_text())
+    assert after == {**host, "theme": "light"}, after

@@ -102,6 +102,7 @@ class AgentState:
     # of the box; `memo_env` finds the cache dir of the memo of files already found clean.
     secrets: tuple = ()
     memo_env: dict[str, str] | None = None
+    needles_made: object = None  # state_scan.Needles of `secrets`, made on first need (~10 ms): `needles()`
     scanned_bytes: int = 0
     scan_seconds: float = 0.0
 
@@ -299,8 +300,7 @@ def copy_in(state: AgentState, box_home: str) -> None:
                             continue
                         plan.append((-st.st_mtime, len(plan), path, st, src, sub))
             budget = COPY_BUDGET
-            needles = state_scan.Needles(state.secrets) if state.secrets else None
-            scan_memo = _ScanMemo(state) if needles else None
+            scan_memo = _ScanMemo(state) if state.secrets else None
             for _, _, path, st, top, sub in sorted(plan):
                 entry = Copied(_ident(st))
                 state.files[path] = entry
@@ -313,8 +313,8 @@ def copy_in(state: AgentState, box_home: str) -> None:
                 except OSError:
                     state.left_out += 1
                     continue
-                if needles and path not in originals:
-                    held = _holds_secret(state, needles, scan_memo, path, st, bfd)
+                if scan_memo is not None and path not in originals:
+                    held = _holds_secret(state, scan_memo, path, st, bfd)
                     if held:
                         safefs.unlink_beneath(bfd, path)
                         entry.copy = None
@@ -387,8 +387,15 @@ class _ScanMemo:
         memo.put(self.env, memo.MemoKind.STATE_SCAN, self.key, json.dumps({"files": self.seen}).encode())
 
 
-def _holds_secret(state: AgentState, needles: state_scan.Needles, scan_memo: _ScanMemo, path: str,
-                  st: os.stat_result, bfd: int) -> str | None:
+def needles(state: AgentState) -> state_scan.Needles:
+    """The secrets' search index, made once per run and only when a file must be searched."""
+    if state.needles_made is None:
+        state.needles_made = state_scan.Needles(state.secrets)
+    assert isinstance(state.needles_made, state_scan.Needles)
+    return state.needles_made
+
+
+def _holds_secret(state: AgentState, scan_memo: _ScanMemo, path: str, st: os.stat_result, bfd: int) -> str | None:
     """Why the box's new copy of PATH must not stay (it holds a host secret, or cannot be searched), or
     None. The copy is what is searched: the box would read those bytes, and nothing but this launcher
     can change them before it starts. `st` is the host file's, as walked: the memo's identity."""
@@ -399,7 +406,7 @@ def _holds_secret(state: AgentState, needles: state_scan.Needles, scan_memo: _Sc
         with safefs.parent_of(bfd, path) as (dfd, leaf):
             fd, _ = _open_regular(dfd, leaf)
         try:
-            found = state_scan.search_fd(fd, needles)
+            found = state_scan.search_fd(fd, needles(state))
             state.scanned_bytes += os.fstat(fd).st_size
         finally:
             os.close(fd)

@@ -24,7 +24,7 @@ from relay.model import credential_files
 from relay.model.hashing import sha256
 from relay.model.record import field, record
 from relay.model.vocab import HostStep
-from relay.trust import agentstate, gitdir, guard, rundirs
+from relay.trust import agentstate, gitdir, guard, rundirs, state_scan
 from relay.trust.placeholders import Registry
 
 
@@ -124,9 +124,35 @@ def copy_sync_files(state: RunState, sync_files: tuple[str, ...]) -> None:
                 state.sync.pop(host_path)
                 continue
             state.sync_box[host_path], state.sync_masks[host_path] = _digest(data), written
+        if data is not None and state.agent is not None and state.agent.secrets:
+            data = _without_secrets(state, host_path, data)
+            if data is None:
+                continue
         if data is not None:
             safefs.write_file(box_copy_path(state, host_path), data, 0o600, base=box_home, make_dirs=True,
                               durable=False)  # the run dir is scratch: deleted at the end, never read after a crash
+
+
+def _without_secrets(state: RunState, host_path: str, data: bytes) -> bytes | None:
+    """The box's copy of a synced file with no host secret in it (relay/trust/state_scan.py): a JSON
+    file gets a placeholder for each string value that holds one (put back at sync-back, as the
+    table's masks are), anything else holds none or the box gets no copy (and nothing syncs back)."""
+    assert state.agent is not None
+    needles = agentstate.needles(state.agent)
+    if not needles.search([data]):
+        return data
+    shown = "~/" + os.path.relpath(host_path, state.home)
+    try:
+        masked, written = state_scan.masked_json(data, needles)
+    except ValueError:
+        state.sync.pop(host_path, None)
+        state.agent.notes.append(f"{shown} holds a real credential of the host's; it is not copied into the box")
+        return None
+    state.sync_box[host_path] = _digest(masked)
+    state.sync_masks[host_path] = state.sync_masks.get(host_path, []) + written
+    state.agent.notes.append(f"{shown} holds a real credential of the host's (in {len(written)} "
+                             f"value{'s' if len(written) != 1 else ''}); the box's copy has placeholders there")
+    return masked
 
 
 def _secret_paths_of(state: RunState, host_path: str) -> tuple[str, ...]:

@@ -241,3 +241,39 @@ def search_fd(fd: int, needles: Needles) -> str | None:
         if first.startswith(magic):
             raise Unsearchable(what)
     return needles.search(stream)
+
+
+def _strings(data: object, at: tuple = ()) -> Iterator[tuple[tuple, str]]:
+    if isinstance(data, dict):
+        for key, child in data.items():
+            yield from _strings(child, (*at, key))
+    elif isinstance(data, list):
+        for i, child in enumerate(data):
+            yield from _strings(child, (*at, i))
+    elif isinstance(data, str):
+        yield at, data
+
+
+def masked_json(raw: bytes, needles: Needles) -> tuple[bytes, list[tuple[tuple, str]]]:
+    """A JSON file (a synced file such as ~/.claude.json) with every string value that holds a host
+    secret replaced by a placeholder of its shape (relay/model/credential_files.placeholder_for), and
+    where each went (the sync-back puts the host's values back where the box left the placeholder).
+    ValueError: not JSON, or a secret that is not in a string value (a key) is still found."""
+    import json
+
+    from relay.model import credential_files
+
+    data = credential_files.parse(raw)
+    written: list[tuple[tuple, str]] = []
+    for at, value in list(_strings(data)):
+        if at and needles.search([value.encode("utf-8", "surrogateescape")]):
+            placeholder = credential_files.placeholder_for(value)
+            target = data
+            for part in at[:-1]:
+                target = target[part]
+            target[at[-1]] = placeholder
+            written.append((at, placeholder))
+    out = json.dumps(data, indent=2, ensure_ascii=False).encode()
+    if needles.search([out]):
+        raise ValueError("a host secret outside the file's string values")
+    return out, written
