@@ -163,3 +163,12 @@ def test_a_new_secret_reads_the_files_found_clean_of_the_old_ones(tmp_path: Path
     state.secrets, state.memo_env = (*SECRETS, secret_forms("the refreshed key", new_key)), env
     agentstate.copy_in(state, str(box))
     assert not (box / ".agent" / "cache.txt").exists(), state.notes
+
+
+def test_the_bench_rows_time_the_copy_with_and_without_the_search() -> None:
+    from relay.dev import bench_state_scan
+
+    r = bench_state_scan.measure(1, quick=True)
+    assert r["scanned_mb"] >= 32 and set(r["ratio"]) == {"copy alone", "copy + search, cold", "copy + search, warm"}
+    lines, _ = bench_state_scan.rows(r)
+    assert any("copy + search, cold" in ln and "× the copy alone" in ln for ln in lines), lines

@@ -329,6 +329,11 @@ def bench(runs: int = 15, with_peers: bool = False, quick: bool = False, launch_
 
         results["staged"] = bench_staged.measure(runs, quick, env)
 
+        # 6b. The agent state's secret search: the copy with and without it, cold and warm (relay/dev/bench_state_scan.py).
+        from relay.dev import bench_state_scan
+
+        results["state_scan"] = bench_state_scan.measure(3 if quick else 7, quick)
+
         # 7. The gvisor tier: our launch against bare `runsc do true` and our supervised launch (relay/dev/bench_gvisor.py).
         from relay.dev import bench_gvisor
 
@@ -644,6 +649,10 @@ def report(r: dict) -> int:
         more, more_targets = staged_rows(r["staged"])
         lines += more
         targets.update(more_targets)
+    if r.get("state_scan"):
+        from relay.dev.bench_state_scan import rows as scan_rows
+
+        lines += scan_rows(r["state_scan"])[0]
     if r.get("gvisor"):
         from relay.dev.bench_gvisor import rows as gvisor_rows
 
