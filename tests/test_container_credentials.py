@@ -58,3 +58,23 @@ def test_git_push_through_a_grant_from_a_container_box(csandbox: Sandbox, ca, gi
     assert proc.returncode == 0 and "clone=0" in out and "push=0" in out, proc.stdout + proc.stderr[-2000:]
     assert out[out.index("push=0") + 1:][:3] == ["0", "0", "0"] and TOKEN not in proc.stdout + proc.stderr
     assert head_of(bare) == "from the box"
+
+
+def test_a_token_recorded_in_the_state_stays_out_of_a_container_box(csandbox: Sandbox) -> None:
+    """Container mode gets the same state copy: a log that recorded the route's key stays out of the
+    box (said in one line), the state's other files come in (tests/test_credential_files.py has every
+    spelling in local mode)."""
+    from .test_credential_files import ENV_KEY, MARK, _recorded
+
+    base = csandbox.home / ".codex"
+    for rel, content in _recorded(ENV_KEY).items():
+        (base / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / rel).write_bytes(content)
+    (base / "notes.txt").write_text("nothing secret here\n")
+    proc = csandbox.relay("codex", "container", "--quiet", "--prompt",
+                          "cd ~/.codex && cat notes.txt log/agent.log cache/pages.db url-cache.txt 2>&1 | "
+                          "tr -c '[:print:]\\n' '.'; true", timeout=240, extra_env={"CODEX_API_KEY": ENV_KEY})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nothing secret here" in proc.stdout and MARK not in proc.stdout, proc.stdout
+    for rel in ("log/agent.log", "cache/pages.db", "url-cache.txt", "history.gz", "blob.b64", "wide.txt"):
+        assert f"~/.codex/{rel} holds the" in proc.stderr, (rel, proc.stderr[-2000:])
