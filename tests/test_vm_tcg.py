@@ -139,6 +139,44 @@ def test_one_boot_the_guest_kernel_the_fs_plan_egress_and_the_exit_code(vs: Sand
     assert "emulated" in proc.stderr  # the banner says the CPU is emulated
 
 
+def test_a_staged_guest_writes_the_layer_and_nothing_it_planted_runs_on_the_host(vs: Sandbox) -> None:
+    """Staged (the default) in the vm tier: qemu shares the workdir from inside the staged layer's mount
+    namespace, so the guest's edits and its plants (a package.json script, a Makefile target, a husky
+    hook) land in the layer, not in the checkout. From the host, `make` and `npm test` run what was
+    there before; the twin: the ordinary edit is in `changes` and lands with `apply --skip-flagged`."""
+    from .escape.test_staged import by_path, receipt, runs, snapshot
+
+    w = vs.workdir
+    (w / "package.json").write_text('{"name":"p","version":"1.0.0","scripts":{"test":"echo ok"}}\n')
+    (w / "Makefile").write_text("all:\n\t@echo ok\n")
+    mark = vs.root / "marks"
+    mark.mkdir()
+    mark.chmod(0o777)
+    before, known = snapshot(w), {r["run"] for r in runs(vs)}
+    plant = "; ".join([
+        f"""printf '%s\\n' '{{"name":"p","scripts":{{"test":"touch {mark}/npm-ran"}}}}' > package.json""",
+        f"printf 'all:\\n\\ttouch {mark}/make-ran\\n' > Makefile",
+        f"mkdir -p .husky && printf '#!/bin/sh\\ntouch {mark}/husky-ran\\n' > .husky/pre-commit",
+        "chmod +x .husky/pre-commit", "echo more >> README.md", "echo PLANTED"])
+    isolation = ("--isolation", "vm", "--vm-accel", "tcg", "--staged")  # the suite's config says live
+    proc = vs.relay("shell", "local", "--prompt", plant, *isolation, "--timeout", "500", timeout=BOOT)
+    assert proc.returncode == 0 and "PLANTED" in proc.stdout, (proc.stdout[-1500:], proc.stderr[-2000:])
+    assert snapshot(w) == before  # the checkout is the lower layer: untouched
+    new = [r["run"] for r in runs(vs) if r["run"] not in known]
+    assert len(new) == 1, proc.stderr
+    changes = by_path(receipt(vs, new[0]))
+    assert all(changes[p]["flags"] for p in ("package.json", "Makefile", ".husky/pre-commit")), changes
+    assert not changes["README.md"].get("flags")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(vs.home)}
+    assert subprocess.run(["make", "-s"], cwd=w, env=env, capture_output=True, text=True).stdout == "ok\n"
+    npm = subprocess.run(["npm", "test", "--silent"], cwd=w, env=env, capture_output=True, text=True, timeout=120)
+    assert "ok" in npm.stdout, npm.stdout + npm.stderr
+    applied = vs.relay("apply", new[0], "--skip-flagged")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert (w / "README.md").read_text() == "hello from the workdir\nmore\n" and not (w / ".husky").exists()
+    assert os.listdir(mark) == []
+
+
 def test_the_config_accel_the_timeout_and_nothing_left(vs: Sandbox) -> None:
     """`vm: {accel: tcg}` in the user config stands in for the flag; a --timeout kills the guest (124),
     and the run dir and qemu go with the janitor."""

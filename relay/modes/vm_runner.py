@@ -31,7 +31,7 @@ import struct
 import time
 from collections.abc import Mapping
 
-from relay.box import jobctl
+from relay.box import jobctl, overlay
 from relay.box import resource_limits as limits
 from relay.box.landlock import die_with_parent
 from relay.egress.proxy import EgressProxy
@@ -42,7 +42,7 @@ from relay.model.refusal import ENTRY
 from relay.modes import vm_boot
 from relay.modes.box_start import BoxProcess, box_env, start_proxy
 from relay.plan.resolve import Plan
-from relay.trust import janitor
+from relay.trust import janitor, staged
 
 FILE_LIMIT = 1 << 20  # a single-file bind copied into the control share (rc files, git's config)
 GUEST_FAILED = 70  # the guest ended without its init's report (qemu failed, the kernel panicked)
@@ -164,6 +164,10 @@ def start(
     mark("box_ready")
     proxy = start_proxy(plan, listener, caller_env) if listener is not None else None
     mark("proxy_started")
+    # Staged: qemu runs in a mount namespace with the layer over the workdir (relay/box/overlay.py, as the
+    # gvisor tier's runsc), so its 9p share of the workdir is the merged view and the guest's writes land
+    # in the upper dir; the host's checkout is not written.
+    layer = staged.create(plan.staged, plan.workdir, staged.launch_meta(plan)) if plan.staged is not None else None
     argv = guest.argv()
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": caller_env.get("HOME", "/")}
     closes = [fd for fd in procs.inheritable_fds() if fd not in (0, 1, 2)]
@@ -173,6 +177,8 @@ def start(
             os.setpgid(0, 0)
             limits.child_setup(state.cgroup, None, plan.limits.pids, False, nofile)
             die_with_parent()
+            if layer is not None:
+                overlay.enter(layer)
             os.chdir(run.dir)
             for fd in closes:
                 try:

@@ -472,10 +472,7 @@ def _workdir_mode(d: _Draft) -> None:
     asked = "--staged" if request.staged else "staged (the default)"
     live_fix = "" if request.staged else ", or --live to let the box write the checkout directly"
     why = None
-    if d.tier == Tier.VM:
-        why = ("the vm tier shares the workdir with its guest as it is, and cannot stage it yet; fix: "
-               + ("drop --staged" if request.staged else "add --live to let the box write the checkout directly"))
-    elif d.tier not in (Tier.SUPERVISED, Tier.GVISOR, Tier.CONTAINER):  # container mode: podman's overlay volumes
+    if d.tier not in (Tier.SUPERVISED, Tier.GVISOR, Tier.VM, Tier.CONTAINER):  # container mode: podman's overlay volumes
         why = (f"the {d.tier} tier has no mount namespace to stage the workdir in; fix: install bubblewrap "
                f"(the supervised tier){live_fix}")
     elif unsafe_path(d.workdir):
