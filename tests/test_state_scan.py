@@ -172,3 +172,15 @@ def test_the_bench_rows_time_the_copy_with_and_without_the_search() -> None:
     assert r["scanned_mb"] >= 32 and set(r["ratio"]) == {"copy alone", "copy + search, cold", "copy + search, warm"}
     lines, _ = bench_state_scan.rows(r)
     assert any("copy + search, cold" in ln and "× the copy alone" in ln for ln in lines), lines
+
+
+def test_a_corrupt_or_cut_off_compressed_file_cannot_be_searched() -> None:
+    for data, why in ((lzma.compress(b"hello " * 100)[:-20] + b"\xff" * 40, "xz"), (b"BZh9" + b"\x00" * 64, "bzip2"),
+                      (gzip.compress(b"hello " * 100)[:-30], "gzip")):
+        with pytest.raises(state_scan.Unsearchable, match=why):
+            search(data)
+
+
+def test_a_token_behind_a_compression_magic_is_found_raw() -> None:
+    for magic in (b"\x1f\x8b", b"BZh9", b"\xfd7zXZ\x00"):
+        assert search(magic + b" Bearer " + KEY.encode()) == "the openai route's key", magic

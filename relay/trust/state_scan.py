@@ -34,8 +34,6 @@ clean of, so a launch reads only the files that changed and a new token costs on
 from __future__ import annotations
 
 import base64
-import bz2
-import lzma
 import os
 import sys
 import zlib
@@ -196,12 +194,15 @@ def _read(fd: int, first: bytes) -> Iterator[bytes]:
 
 def _decoded(make, zlib_like: bool, stream: Iterator[bytes], what: str) -> Iterator[bytes]:  # noqa: ANN001
     """The decompressed bytes of STREAM (one member or several in a row), BLOCK at a time, bounded in
-    total: a bomb is never held whole. A corrupt stream is Unsearchable."""
+    total: a bomb is never held whole. A corrupt or cut-off stream is Unsearchable (what lies past the
+    damage cannot be read as it would be decoded)."""
     total = 0
     dec = make()
+    fed = False  # the current decoder got input: it must reach its stream's end
     try:
         for data in stream:
             while True:
+                fed = fed or bool(data)
                 out = dec.decompress(data, BLOCK)
                 data = dec.unconsumed_tail if zlib_like else b""
                 total += len(out)
@@ -211,17 +212,14 @@ def _decoded(make, zlib_like: bool, stream: Iterator[bytes], what: str) -> Itera
                     yield out
                 if dec.eof:  # a member ended: the next one (concatenated gzip) starts after it
                     data = dec.unused_data + data
-                    dec = make()
+                    dec, fed = make(), False
                     if not data:
                         break
                 elif (not data) if zlib_like else dec.needs_input:
                     break
-        if zlib_like and not dec.eof:  # a cut-off stream: what the decoder holds is still content
-            out = dec.flush()
-            if len(out) + total > MAX_DECODED:
-                raise Unsearchable(f"{what}, over {MAX_DECODED >> 20} MiB decompressed")
-            yield out
-    except (zlib.error, OSError, EOFError, lzma.LZMAError) as err:
+        if fed:
+            raise Unsearchable(f"{what}, and cut off before its end")
+    except (zlib.error, OSError, EOFError, ValueError) as err:  # lzma.LZMAError is an Exception: search_fd
         raise Unsearchable(f"{what}, and not readable as such ({err})") from None
 
 
@@ -231,12 +229,27 @@ def search_fd(fd: int, needles: Needles) -> str | None:
     os.lseek(fd, 0, os.SEEK_SET)
     first = os.read(fd, BLOCK)
     stream = _read(fd, first)
+    if first.startswith((_GZIP, _BZIP2, _XZ)):  # its bytes as they are first: a token after the magic, raw
+        found = needles.search(stream)
+        if found:
+            return found
+        os.lseek(fd, 0, os.SEEK_SET)
+        first = os.read(fd, BLOCK)
+        stream = _read(fd, first)
     if first.startswith(_GZIP):
         return needles.search(_decoded(lambda: zlib.decompressobj(47), True, stream, "gzip-compressed"))
     if first.startswith(_BZIP2) and len(first) > 3 and first[3:4].isdigit():
+        import bz2  # only for a state that holds one: a launch does not load bz2 or lzma
+
         return needles.search(_decoded(bz2.BZ2Decompressor, False, stream, "bzip2-compressed"))
     if first.startswith(_XZ):
-        return needles.search(_decoded(lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ), False, stream, "xz-compressed"))
+        import lzma
+
+        try:
+            return needles.search(_decoded(lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ), False, stream,
+                                           "xz-compressed"))
+        except lzma.LZMAError as err:
+            raise Unsearchable(f"xz-compressed, and not readable as such ({err})") from None
     for magic, what in _UNREADABLE.items():
         if first.startswith(magic):
             raise Unsearchable(what)
