@@ -12,6 +12,7 @@ import json
 import lzma
 import os
 import secrets
+import zlib
 from pathlib import Path
 from urllib.parse import quote
 
@@ -41,6 +42,17 @@ def search(data: bytes) -> str | None:
 NOISE = secrets.token_bytes(300_000)
 
 
+def _zip(members: dict[str, bytes], stored: bool = False) -> bytes:
+    import io
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return out.getvalue()
+
+
 FOUND = [
     ("as is", b"Authorization: Bearer " + KEY.encode()),
     ("its middle", b"x" + PART[10:30].encode() + b"y"),
@@ -58,6 +70,15 @@ FOUND = [
     ("gzip, two members", gzip.compress(NOISE) + gzip.compress(KEY.encode())),
     ("bzip2", bz2.compress(KEY.encode())),
     ("xz", lzma.compress(b"x" * 100 + KEY.encode())),
+    (".lzma", lzma.compress(KEY.encode(), format=lzma.FORMAT_ALONE)),
+    ("zlib", zlib.compress(b"token=" + KEY.encode())),
+    ("gzip in gzip", gzip.compress(gzip.compress(NOISE[:1000] + KEY.encode()))),
+    ("a gzip header's comment", gzip.compress(b"x")[:3] + b"\x10" + gzip.compress(b"x")[4:10] + KEY.encode() + b"\0"
+     + gzip.compress(b"x")[10:]),
+    ("hex", b"token: " + KEY.encode().hex().encode()),
+    ("UTF-32", KEY.encode("utf-32-le")),
+    ("a zip member", _zip({"a.txt": b"nothing", "logs/b.log": b"Bearer " + KEY.encode()})),
+    ("a gzip in a zip", _zip({"b.gz": gzip.compress(KEY.encode())}, stored=True)),
 ]
 NOT_FOUND = [
     ("a run of 14", b"x" + PART[3:17].encode() + b"y"),
@@ -66,6 +87,7 @@ NOT_FOUND = [
     ("noise", NOISE * 4),
     ("text", b'{"type":"assistant","cwd":"/home/dev/src","uuid":"3f2a1c9e-0b1d-4c55-9a77-1e2f3a4b5c6d"}\n' * 9000),
     ("empty", b""),
+    ("a clean zip", _zip({"a.txt": b"nothing here " * 1000})),
 ]
 
 
@@ -81,8 +103,9 @@ def test_what_is_no_secret_is_not_found(how: str, data: bytes) -> None:
 
 @pytest.mark.parametrize("data, why", [
     (b"\x28\xb5\x2f\xfd" + b"\0" * 64, "zstd"),
-    (b"PK\x03\x04" + b"\0" * 64, "zip"),
-    (gzip.compress(KEY.encode())[:-12] + b"garbage!" * 4, "gzip"),
+    (b"\x50\x2a\x4d\x18" + b"\0" * 64, "zstd"),  # a skippable frame first
+    (b"\x04\x22\x4d\x18" + b"\0" * 64, "lz4"),
+    (b"".join(gzip.compress(b"") for _ in range(5000)), "over 4096 members"),
 ])
 def test_what_cannot_be_searched_says_so(data: bytes, why: str) -> None:
     with pytest.raises(state_scan.Unsearchable, match=why):
@@ -174,13 +197,76 @@ def test_the_bench_rows_time_the_copy_with_and_without_the_search() -> None:
     assert any("copy + search, cold" in ln and "× the copy alone" in ln for ln in lines), lines
 
 
-def test_a_corrupt_or_cut_off_compressed_file_cannot_be_searched() -> None:
-    for data, why in ((lzma.compress(b"hello " * 100)[:-20] + b"\xff" * 40, "xz"), (b"BZh9" + b"\x00" * 64, "bzip2"),
-                      (gzip.compress(b"hello " * 100)[:-30], "gzip")):
-        with pytest.raises(state_scan.Unsearchable, match=why):
-            search(data)
+def test_a_damaged_compressed_file_is_searched_as_far_as_any_reader_gets() -> None:
+    """Not unsearchable: what decodes is searched, the bytes past the damage are searched as they are
+    (gzip -dc stops there too), so a gzip with trailing padding, a cut-off xz or a file that only
+    starts like one is an ordinary file; the twin: a key before the damage is found."""
+    for data in (gzip.compress(b"hello " * 100) + b"\0" * 512, lzma.compress(b"hello " * 100)[:-20] + b"\xff" * 40,
+                 b"BZh9" + b"\x00" * 64, gzip.compress(b"hello " * 100)[:-30], b"\x1f\x8bnot gzip at all " * 10):
+        assert search(data) is None, data[:16]
+    assert search(gzip.compress(b"x" * 5000 + KEY.encode() + b"y" * 5000)[:-40]) == "the openai route's key"
 
 
 def test_a_token_behind_a_compression_magic_is_found_raw() -> None:
     for magic in (b"\x1f\x8b", b"BZh9", b"\xfd7zXZ\x00"):
         assert search(magic + b" Bearer " + KEY.encode()) == "the openai route's key", magic
+
+
+def test_a_file_written_while_it_is_copied_is_searched_whatever_the_memo_says(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the red team found: a file the memo knows as clean, written by the host's CLI after
+    the walk and before its copy, is searched (the memo speaks only for the identity the copy saw
+    before and after). The write is injected at the copy's start, where a concurrent writer lands."""
+    home = tmp_path / "home"
+    (home / ".agent" / "log").mkdir(parents=True)
+    log = home / ".agent" / "log" / "tui.log"
+    log.write_text("started\n" * 1000)
+    env = {"HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert (tmp_path / "r1" / "home").parent.mkdir() is None
+    first = _copy(tmp_path, "r1/x", home, env)
+    assert first.scanned_bytes >= 8000 and (tmp_path / "r1" / "x" / "home" / ".agent" / "log" / "tui.log").exists()
+    real = agentstate._copy_fd
+
+    def writer_meanwhile(src: int, dst: int, size: int) -> None:
+        with open(log, "a") as fh:
+            fh.write(f"Authorization: Bearer {KEY}\n")
+        real(src, dst, size + 200)
+
+    monkeypatch.setattr(agentstate, "_copy_fd", writer_meanwhile)
+    second = _copy(tmp_path, "r2", home, env)
+    assert not (tmp_path / "r2" / "home" / ".agent" / "log" / "tui.log").exists(), second.notes
+    assert any("tui.log holds the openai route's key" in n for n in second.notes), second.notes
+
+
+def test_the_memo_keeps_each_verdict_and_the_secrets_a_file_was_cleared_of(tmp_path: Path) -> None:
+    """A file that cannot be searched (a bomb the box left in a synced dir) is judged once, not at every
+    launch; a launch with fewer secrets keeps the others' clearance, so the next with all reads nothing."""
+    home = tmp_path / "home"
+    (home / ".agent").mkdir(parents=True)
+    (home / ".agent" / "frame.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\0" * 5000)
+    (home / ".agent" / "history.jsonl").write_bytes(b'{"display":"hello"}\n' * 50_000)
+    env = {"HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = _copy(tmp_path, "r1", home, env)
+    assert any("frame.zst cannot be searched" in n for n in first.notes) and first.scanned_bytes > 1_000_000
+    second = _copy(tmp_path, "r2", home, env)
+    assert second.scanned_bytes == 0 and any("frame.zst cannot be searched for the host's secrets (zstd" in n for n in second.notes)
+    box = tmp_path / "r3" / "home"
+    box.mkdir(parents=True)
+    fewer = agentstate.new(str(home), (str(home / ".agent"),), (), (), str(tmp_path / "state"), "1-deadbeef")
+    fewer.secrets, fewer.memo_env = SECRETS[:1], env
+    agentstate.copy_in(fewer, str(box))
+    assert fewer.scanned_bytes == 0
+    assert _copy(tmp_path, "r4", home, env).scanned_bytes == 0
+
+
+def test_the_launchs_decompression_budget_leaves_the_rest_for_the_next_launch() -> None:
+    bomb = gzip.compress(b"\0" * (4 << 20))
+    budget = state_scan.Budget(6 << 20)
+    fd = os.memfd_create("bomb")
+    try:
+        os.write(fd, bomb)
+        assert state_scan.search_fd(fd, NEEDLES, budget) is None
+        with pytest.raises(state_scan.Spent, match="budget is spent"):
+            state_scan.search_fd(fd, NEEDLES, budget)
+    finally:
+        os.close(fd)

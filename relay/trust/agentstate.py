@@ -228,16 +228,22 @@ def _open_regular(dfd: int, name: str) -> tuple[int, os.stat_result]:
 
 
 def _copy_into(src_dfd: int, src_name: str, dst_dfd: int, dst_name: str, mode: int | None = None,
-               replace: bool = False) -> os.stat_result:
+               replace: bool = False, source: list[os.stat_result] | None = None) -> os.stat_result:
     """Copy a regular file (no link followed) to a new name in dst_dfd (O_EXCL; with `replace`, a
-    temporary under an unguessable name renamed over dst_name). Returns the new file's stat."""
+    temporary under an unguessable name renamed over dst_name). Returns the new file's stat;
+    `source` gets the source's fstat before and after the copy (the same identity: nothing wrote it
+    meanwhile)."""
     src, st = _open_regular(src_dfd, src_name)
+    if source is not None:
+        source.append(st)
     try:
         target = safefs.unique_name(dst_name, "tmp") if replace else dst_name
         perm = (stat.S_IMODE(st.st_mode) & 0o700 | 0o600) if mode is None else mode
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, perm, dir_fd=dst_dfd)
         try:
             _copy_fd(src, dst, st.st_size)
+            if source is not None:
+                source.append(os.fstat(src))
             os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
             if replace:
                 os.fsync(dst)
@@ -301,20 +307,22 @@ def copy_in(state: AgentState, box_home: str) -> None:
                         plan.append((-st.st_mtime, len(plan), path, st, src, sub))
             budget = COPY_BUDGET
             scan_memo = _ScanMemo(state) if state.secrets else None
+            scan_budget = state_scan.Budget()
             for _, _, path, st, top, sub in sorted(plan):
                 entry = Copied(_ident(st))
                 state.files[path] = entry
                 if st.st_size > budget:
                     state.left_out += 1
                     continue
+                source: list[os.stat_result] = []
                 try:
                     with safefs.parent_of(top, sub) as (sfd, name), safefs.parent_of(bfd, path) as (dfd, leaf):
-                        entry.copy = _ident(_copy_into(sfd, name, dfd, leaf))
+                        entry.copy = _ident(_copy_into(sfd, name, dfd, leaf, source=source))
                 except OSError:
                     state.left_out += 1
                     continue
                 if scan_memo is not None and path not in originals:
-                    held = _holds_secret(state, scan_memo, path, st, bfd)
+                    held = _holds_secret(state, scan_memo, path, tuple(source), bfd, scan_budget)
                     if held:
                         safefs.unlink_beneath(bfd, path)
                         entry.copy = None
@@ -338,9 +346,11 @@ def copy_in(state: AgentState, box_home: str) -> None:
 
 
 class _ScanMemo:
-    """Per file of the state (path relative to home): the host file's identity when it was searched
-    and the digests of the secrets it was found clean of (relay/trust/state_scan.py). Read and written
-    through relay/host/memo.py: in the cache dir, trusted only when ours alone."""
+    """Per file of the state (path relative to home), what its search found, by the identity of the
+    host file that was copied (device, inode, size, mtime, ctime: a rewrite changes ctime, which
+    cannot be set back without root): the digests of the secrets it was found clean of, or that it
+    holds one (which), or that it cannot be searched (why: the format's, not the secrets'). Read and
+    written through relay/host/memo.py: in the cache dir, trusted only when ours alone."""
 
     LIMIT = 32 << 20
 
@@ -349,7 +359,7 @@ class _ScanMemo:
 
         self.env = state.memo_env
         self.key = memo.key_of("state-scan", state.home, *state.dirs)
-        self.digests = sorted({state_scan.digest(s) for s in state.secrets})
+        self.digests = {state_scan.digest(s): s.name for s in state.secrets}
         self.files: dict[str, list] = {}
         self.seen: dict[str, list] = {}
         self.changed = False
@@ -358,8 +368,9 @@ class _ScanMemo:
             data = json.loads(raw) if raw else {}
             files = data.get("files") if isinstance(data, dict) else None
             if isinstance(files, dict):
-                self.files = {k: v for k, v in files.items() if isinstance(v, list) and len(v) == 6
-                              and all(isinstance(x, int) for x in v[:5]) and isinstance(v[5], list)}
+                self.files = {k: v for k, v in files.items() if isinstance(v, list) and len(v) == 7
+                              and all(isinstance(x, int) for x in v[:5]) and isinstance(v[5], list)
+                              and all(isinstance(x, str) for x in v[5]) and isinstance(v[6], str)}
         except ValueError:
             self.files = {}
 
@@ -367,15 +378,32 @@ class _ScanMemo:
     def ident(st: os.stat_result) -> list[int]:
         return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
-    def clean(self, path: str, st: os.stat_result) -> bool:
+    def known(self, path: str, ident: list[int]) -> str | None:
+        """What the memo already says of PATH at IDENT: "" clean of every current secret, "holds NAME",
+        or "cannot ... (why)"; None: it must be searched."""
         got = self.files.get(path)
-        if got is None or got[:5] != self.ident(st) or not set(self.digests) <= set(got[5]):
-            return False
-        self.seen[path] = got
-        return True
+        if got is None or got[:5] != ident:
+            return None
+        verdict = got[6]
+        if verdict.startswith("U:"):
+            self.seen[path] = got
+            return f"cannot be searched for the host's secrets ({verdict[2:]})"
+        if verdict.startswith("H:") and verdict[2:] in self.digests:
+            self.seen[path] = got
+            return f"holds {self.digests[verdict[2:]]} (a real credential of the host's)"
+        if not verdict and set(self.digests) <= set(got[5]):
+            self.seen[path] = got
+            return ""
+        return None
 
-    def found_clean(self, path: str, st: os.stat_result) -> None:
-        self.seen[path] = [*self.ident(st), self.digests]
+    def record(self, path: str, ident: list[int], verdict: str) -> None:
+        """Clean ("") keeps the secrets it was found clean of before, at the same identity (a launch
+        with fewer secrets does not make the next one with more read everything again)."""
+        old = self.files.get(path)
+        clean = set(self.digests)
+        if not verdict and old is not None and old[:5] == ident and not old[6]:
+            clean |= set(old[5])
+        self.seen[path] = [*ident, sorted(clean) if not verdict else [], verdict]
         self.changed = True
 
     def save(self) -> None:
@@ -395,31 +423,43 @@ def needles(state: AgentState) -> state_scan.Needles:
     return state.needles_made
 
 
-def _holds_secret(state: AgentState, scan_memo: _ScanMemo, path: str, st: os.stat_result, bfd: int) -> str | None:
+def _holds_secret(state: AgentState, scan_memo: _ScanMemo, path: str, source: tuple[os.stat_result, ...],
+                  bfd: int, budget: state_scan.Budget) -> str | None:
     """Why the box's new copy of PATH must not stay (it holds a host secret, or cannot be searched), or
     None. The copy is what is searched: the box would read those bytes, and nothing but this launcher
-    can change them before it starts. `st` is the host file's, as walked: the memo's identity."""
-    if scan_memo.clean(path, st):
-        return None
+    can change them before it starts. `source`: the host file's fstat before and after the copy; the
+    memo speaks for the copy only when they are one identity (a file written meanwhile is searched)."""
+    ident = _ScanMemo.ident(source[0])
+    stable = len(source) == 2 and ident == _ScanMemo.ident(source[1])
+    if stable:
+        said = scan_memo.known(path, ident)
+        if said is not None:
+            return said or None
     t0 = time.monotonic()
+    verdict = ""
     try:
         with safefs.parent_of(bfd, path) as (dfd, leaf):
             fd, _ = _open_regular(dfd, leaf)
         try:
-            found = state_scan.search_fd(fd, needles(state))
             state.scanned_bytes += os.fstat(fd).st_size
+            found = state_scan.search_fd(fd, needles(state), budget)
         finally:
             os.close(fd)
+    except state_scan.Spent as err:
+        return str(err)  # judged by a later launch: no verdict kept
     except state_scan.Unsearchable as err:
-        return f"cannot be searched for the host's secrets ({err})"
+        found, verdict = None, f"U:{err}"
     except OSError as err:
         return f"could not be searched for the host's secrets ({err.strerror or err})"
     finally:
         state.scan_seconds += time.monotonic() - t0
     if found:
-        return f"holds {found} (a real credential of the host's)"
-    scan_memo.found_clean(path, st)
-    return None
+        verdict = "H:" + next((d for d, name in scan_memo.digests.items() if name == found), "")
+    if stable:
+        scan_memo.record(path, ident, verdict)
+    if verdict.startswith("U:"):
+        return f"cannot be searched for the host's secrets ({verdict[2:]})"
+    return f"holds {found} (a real credential of the host's)" if found else None
 
 
 def _login_originals(state: AgentState, hfd: int) -> dict[str, os.stat_result]:

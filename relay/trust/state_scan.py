@@ -44,11 +44,11 @@ from relay.model.hashing import sha256
 
 WORD = 8
 BLOCK = 1 << 20  # bytes read (or decoded) at a time
-MAX_DECODED = 256 << 20  # a compressed file whose content is larger is not searched (and stays out)
+MAX_DECODED = 128 << 20  # a compressed file whose content is larger is not searched (and stays out)
 SHORT = 2 * WORD - 1  # a spelling whose shortest counted run is under this is looked for with find()
 
 _GZIP, _BZIP2, _XZ = b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00"
-_UNREADABLE = {b"\x28\xb5\x2f\xfd": "zstd-compressed", b"PK\x03\x04": "a zip archive", b"\x04\x22\x4d\x18": "lz4-compressed"}
+_UNREADABLE = {b"\x28\xb5\x2f\xfd": "zstd-compressed", b"\x04\x22\x4d\x18": "lz4-compressed"}
 
 
 class Sought(Protocol):
@@ -89,6 +89,9 @@ def spellings(form: str, least: int) -> list[tuple[bytes, int]]:
         out.append((raw.replace(b"/", b"\\/"), least))
     out.append((form.encode("utf-16-le", "surrogatepass"), 2 * least))
     out.append((form.encode("utf-16-be", "surrogatepass"), 2 * least))
+    out.append((form.encode("utf-32-le", "surrogatepass"), 4 * least))
+    out.append((raw.hex().encode(), 2 * least))  # a hex dump (xxd -p), either case
+    out.append((raw.hex().upper().encode(), 2 * least))
     b64_least = -(-4 * least // 3)
     for run in _b64_runs(raw):
         out.append((run, b64_least))
@@ -146,40 +149,223 @@ class Needles:
 
     def search(self, chunks: Iterable[bytes]) -> str | None:
         """The name of the first secret found in the stream CHUNKS (bytes in order), or None."""
-        if not self:
+        scan = _Search(self)
+        for chunk in chunks:
+            found = scan.feed(chunk)
+            if found:
+                return found
+        return scan.end()
+
+
+class _Search:
+    """One stream searched as it is pushed in (see the module): the words that have `context` bytes
+    after them are checked on each push, the rest at the end."""
+
+    def __init__(self, needles: Needles) -> None:
+        self.needles = needles
+        self.buf = b""
+        self.start = 0  # where in buf the next unchecked word starts (a multiple of WORD from the stream's start)
+
+    def feed(self, data: bytes) -> str | None:
+        if not data or not self.needles:
             return None
-        ctx = self.context
-        buf = b""
-        start = 0  # where in buf the next unchecked word starts (always a multiple of WORD)
-        for chunk in _then_end(chunks):
-            final = chunk is None
-            if not final:
-                buf += chunk
-            # Check the words that have `ctx` bytes after them (all of them at the end).
-            stop = (len(buf) // WORD) * WORD if final else max(start, ((len(buf) - ctx) // WORD) * WORD)
-            if stop > start and not self.keys.isdisjoint(memoryview(buf)[start:stop].cast("Q")):
-                for pos in range(start, stop, WORD):
-                    if int.from_bytes(buf[pos:pos + WORD], sys.byteorder) in self.keys:
-                        found = self._grown(buf, pos)
-                        if found:
-                            return found
-            if self.short:
-                found = self._short_in(buf)
-                if found:
-                    return found
-            if final:
-                return None
-            # Keep `ctx` bytes before the next unchecked word (and everything after it).
-            cut = max(0, stop - ctx)
-            buf, start = buf[cut:], stop - cut
+        self.buf += data
+        return self._check(final=False)
+
+    def end(self) -> str | None:
+        return self._check(final=True) if self.needles else None
+
+    def _check(self, final: bool) -> str | None:
+        n, buf, ctx = self.needles, self.buf, self.needles.context
+        stop = (len(buf) // WORD) * WORD if final else max(self.start, ((len(buf) - ctx) // WORD) * WORD)
+        if stop > self.start and not n.keys.isdisjoint(memoryview(buf)[self.start:stop].cast("Q")):
+            for pos in range(self.start, stop, WORD):
+                if int.from_bytes(buf[pos:pos + WORD], sys.byteorder) in n.keys:
+                    found = n._grown(buf, pos)
+                    if found:
+                        return found
+        if n.short:
+            found = n._short_in(buf)
+            if found:
+                return found
+        cut = max(0, stop - ctx)  # keep `ctx` bytes before the next unchecked word, and all after it
+        self.buf, self.start = buf[cut:], stop - cut
         return None
 
 
-def _then_end(chunks: Iterable[bytes]) -> Iterator[bytes | None]:
-    for chunk in chunks:
-        if chunk:
-            yield chunk
-    yield None
+# --- what a file holds: as it is, and as what it decompresses to ----------------------------------------
+
+MAX_DEPTH = 3  # a compressed file inside a compressed file inside one more, and no deeper
+MAX_MEMBERS = 4096  # concatenated gzip members (each one's remainder is copied by the decoder: bounded)
+FEED = 1 << 16  # bytes handed to a decoder at a time (its output bound, BLOCK, keeps a bomb in check)
+
+
+class Budget:
+    """What decompression may cost one launch (a box could leave many small bombs in the state it
+    syncs back: each costs once, the memo keeps its verdict, and past this a compressed file waits,
+    out of the box, for the next launch)."""
+
+    def __init__(self, total: int = 512 << 20) -> None:
+        self.left = total
+
+
+class Spent(Unsearchable):
+    """The launch's decompression budget ran out (this file is not judged: no memo)."""
+
+
+def _kind(head: bytes) -> str | None:
+    """Which compression HEAD begins, by its magic: gzip, bzip2, xz, lzma (alone), zlib, or one we
+    cannot decode (Unsearchable); None: not compressed (as far as a magic says)."""
+    if head.startswith(_GZIP):
+        return "gzip"
+    if head.startswith(_BZIP2) and head[3:4].isdigit():
+        return "bzip2"
+    if head.startswith(_XZ):
+        return "xz"
+    if head.startswith(b"\x5d\x00\x00"):
+        return "lzma"
+    if len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib"
+    if len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18":
+        raise Unsearchable("zstd-compressed")  # a skippable frame, which zstd reads on past
+    for magic, what in _UNREADABLE.items():
+        if head.startswith(magic):
+            raise Unsearchable(what)
+    return None
+
+
+def _decoder(kind: str):  # noqa: ANN202
+    if kind == "gzip":
+        return zlib.decompressobj(31)
+    if kind == "zlib":
+        return zlib.decompressobj(15)
+    if kind == "bzip2":
+        import bz2  # only for a state that holds one: a launch does not load bz2 or lzma
+
+        return bz2.BZ2Decompressor()
+    import lzma
+
+    return lzma.LZMADecompressor(lzma.FORMAT_XZ if kind == "xz" else lzma.FORMAT_ALONE)
+
+
+class _Stream:
+    """The bytes of one stream (a file, or what a layer of it decompresses to), pushed in order:
+    searched as they are, and when they begin with a compression magic, decoded (member after member)
+    and pushed into a _Stream one level deeper, searched the same way. A decoder that fails (not
+    really that format, damaged, cut off) stops there: what it gave was searched, and the bytes past the
+    damage are searched as they are, which is all any reader gets of them."""
+
+    def __init__(self, needles: Needles, budget: Budget, depth: int = 0, what: str = "") -> None:
+        self.needles, self.budget, self.depth, self.what = needles, budget, depth, what
+        self.raw = _Search(needles)
+        self.head = b""
+        self.kind: str | None = None
+        self.decided = False
+        self.dec = None
+        self.inner: _Stream | None = None
+        self.members = 0
+        self.decoded = 0
+
+    def feed(self, data: bytes) -> str | None:
+        found = self.raw.feed(data)
+        if found or self.depth >= MAX_DEPTH:
+            return found
+        if not self.decided:
+            self.head += data
+            if len(self.head) < 8:
+                return None
+            data, self.head = self.head, b""
+            self._decide(data)
+        return self._decode(data) if self.dec is not None else None
+
+    def end(self) -> str | None:
+        if not self.decided and self.depth < MAX_DEPTH:
+            data, self.head = self.head, b""
+            self._decide(data)
+            found = self._decode(data) if self.dec is not None else None
+            if found:
+                return found
+        found = self.raw.end()
+        if found:
+            return found
+        if self.dec is not None and self.kind == "gzip" and not self.dec.eof:
+            found = self._push(self.dec.flush())  # a cut-off member: what it holds is still content
+            if found:
+                return found
+        return self.inner.end() if self.inner is not None else None
+
+    def _decide(self, head: bytes) -> None:
+        self.decided = True
+        self.kind = _kind(head)
+        if self.kind is not None:
+            self.dec = _decoder(self.kind)
+            self.inner = _Stream(self.needles, self.budget, self.depth + 1, f"{self.what}{self.kind}-compressed ")
+
+    def _push(self, out: bytes) -> str | None:
+        if not out:
+            return None
+        self.budget.left -= len(out)
+        self.decoded += len(out)
+        if self.decoded > MAX_DECODED:
+            raise Unsearchable(f"{self.what}{self.kind}-compressed, over {MAX_DECODED >> 20} MiB decompressed")
+        if self.budget.left < 0:
+            raise Spent("not searched this launch: the decompression budget is spent")
+        assert self.inner is not None
+        return self.inner.feed(out)
+
+    def _decode(self, data: bytes) -> str | None:
+        """Push DATA through the decoder, FEED bytes at a time."""
+        view = memoryview(data)
+        while view and self.dec is not None:
+            piece, view = view[:FEED], view[FEED:]
+            while True:
+                try:
+                    out = self.dec.decompress(piece, BLOCK)
+                except Exception:  # noqa: BLE001 - zlib.error, OSError, EOFError, lzma.LZMAError: the format's end
+                    self.dec = None
+                    return None
+                found = self._push(out)
+                if found:
+                    return found
+                rest = self.dec.unconsumed_tail if self.kind in ("gzip", "zlib") else b""
+                if self.dec.eof:
+                    if self.kind not in ("gzip", "bzip2", "xz"):
+                        self.dec = None  # zlib and lzma streams have no members after them
+                        return None
+                    self.members += 1
+                    if self.members >= MAX_MEMBERS:
+                        raise Unsearchable(f"{self.what}{self.kind}-compressed, in over {MAX_MEMBERS} members")
+                    piece = self.dec.unused_data + bytes(rest)
+                    self.dec = _decoder(self.kind)  # the next member; garbage after the last ends it above
+                    if not piece:
+                        break
+                    continue
+                if rest:
+                    piece = rest
+                    continue
+                if self.kind in ("bzip2", "xz", "lzma") and not self.dec.needs_input:
+                    piece = b""  # output held back by the bound: ask for it
+                    continue
+                break
+        return None
+
+
+def search_fd(fd: int, needles: Needles, budget: Budget | None = None) -> str | None:
+    """The name of a secret NEEDLES finds in the open regular file FD (read from its start, as it is
+    and as what it decompresses to), or None. Raises Unsearchable (see there)."""
+    budget = budget if budget is not None else Budget()
+    os.lseek(fd, 0, os.SEEK_SET)
+    first = os.read(fd, BLOCK)
+    if first.startswith(b"PK\x03\x04"):
+        return _search_zip(fd, needles, budget)
+    stream = _Stream(needles, budget)
+    data = first
+    while data:
+        found = stream.feed(data)
+        if found:
+            return found
+        data = os.read(fd, BLOCK)
+    return stream.end()
 
 
 def _read(fd: int, first: bytes) -> Iterator[bytes]:
@@ -192,68 +378,47 @@ def _read(fd: int, first: bytes) -> Iterator[bytes]:
         yield data
 
 
-def _decoded(make, zlib_like: bool, stream: Iterator[bytes], what: str) -> Iterator[bytes]:  # noqa: ANN001
-    """The decompressed bytes of STREAM (one member or several in a row), BLOCK at a time, bounded in
-    total: a bomb is never held whole. A corrupt or cut-off stream is Unsearchable (what lies past the
-    damage cannot be read as it would be decoded)."""
-    total = 0
-    dec = make()
-    fed = False  # the current decoder got input: it must reach its stream's end
-    try:
-        for data in stream:
-            while True:
-                fed = fed or bool(data)
-                out = dec.decompress(data, BLOCK)
-                data = dec.unconsumed_tail if zlib_like else b""
-                total += len(out)
-                if total > MAX_DECODED:
-                    raise Unsearchable(f"{what}, over {MAX_DECODED >> 20} MiB decompressed")
-                if out:
-                    yield out
-                if dec.eof:  # a member ended: the next one (concatenated gzip) starts after it
-                    data = dec.unused_data + data
-                    dec, fed = make(), False
-                    if not data:
-                        break
-                elif (not data) if zlib_like else dec.needs_input:
-                    break
-        if fed:
-            raise Unsearchable(f"{what}, and cut off before its end")
-    except (zlib.error, OSError, EOFError, ValueError) as err:  # lzma.LZMAError is an Exception: search_fd
-        raise Unsearchable(f"{what}, and not readable as such ({err})") from None
+def _search_zip(fd: int, needles: Needles, budget: Budget) -> str | None:
+    """A zip archive: its bytes as they are, then each member as it unpacks (stored, deflate, bzip2,
+    lzma); a member in another method, or encrypted, is Unsearchable."""
+    import zipfile
 
-
-def search_fd(fd: int, needles: Needles) -> str | None:
-    """The name of a secret NEEDLES finds in the open regular file FD (read from its start; a file
-    compressed with gzip, bzip2 or xz as decompressed), or None. Raises Unsearchable (see there)."""
     os.lseek(fd, 0, os.SEEK_SET)
-    first = os.read(fd, BLOCK)
-    stream = _read(fd, first)
-    if first.startswith((_GZIP, _BZIP2, _XZ)):  # its bytes as they are first: a token after the magic, raw
-        found = needles.search(stream)
-        if found:
-            return found
-        os.lseek(fd, 0, os.SEEK_SET)
-        first = os.read(fd, BLOCK)
-        stream = _read(fd, first)
-    if first.startswith(_GZIP):
-        return needles.search(_decoded(lambda: zlib.decompressobj(47), True, stream, "gzip-compressed"))
-    if first.startswith(_BZIP2) and len(first) > 3 and first[3:4].isdigit():
-        import bz2  # only for a state that holds one: a launch does not load bz2 or lzma
-
-        return needles.search(_decoded(bz2.BZ2Decompressor, False, stream, "bzip2-compressed"))
-    if first.startswith(_XZ):
-        import lzma
-
+    found = needles.search(_read(fd, b""))
+    if found:
+        return found
+    with os.fdopen(os.dup(fd), "rb") as fh:
         try:
-            return needles.search(_decoded(lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ), False, stream,
-                                           "xz-compressed"))
-        except lzma.LZMAError as err:
-            raise Unsearchable(f"xz-compressed, and not readable as such ({err})") from None
-    for magic, what in _UNREADABLE.items():
-        if first.startswith(magic):
-            raise Unsearchable(what)
-    return needles.search(stream)
+            archive = zipfile.ZipFile(fh)
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return None  # not an archive a reader opens: its bytes were searched as they are
+        with archive:
+            for info in archive.infolist()[:MAX_MEMBERS]:
+                if info.flag_bits & 0x1:
+                    raise Unsearchable("an encrypted zip archive")
+                stream = _Stream(needles, budget, 1, "a zip member, ")
+                try:
+                    with archive.open(info) as member:
+                        while True:
+                            data = member.read(BLOCK)
+                            if not data:
+                                break
+                            budget.left -= len(data)
+                            if budget.left < 0:
+                                raise Spent("not searched this launch: the decompression budget is spent")
+                            found = stream.feed(data)
+                            if found:
+                                return found
+                except NotImplementedError:
+                    raise Unsearchable("a zip archive in a method the standard library cannot read") from None
+                except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+                    continue  # a damaged member: no reader gets more of it
+                found = stream.end()
+                if found:
+                    return found
+            if len(archive.infolist()) > MAX_MEMBERS:
+                raise Unsearchable(f"a zip archive of over {MAX_MEMBERS} members")
+    return None
 
 
 def _strings(data: object, at: tuple = ()) -> Iterator[tuple[tuple, str]]:
