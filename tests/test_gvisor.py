@@ -41,8 +41,12 @@ def runsc_ok() -> None:
     pytest.skip(f"LOUD SKIP: no working runsc here: {problem}")
 
 
-@pytest.fixture
-def gv(box_sandbox: Sandbox, runsc_ok: None) -> Sandbox:
+@pytest.fixture(params=["compiled", "python"])
+def gv(request: pytest.FixtureRequest, box_sandbox: Sandbox, runsc_ok: None) -> Sandbox:
+    """Each test on each init: the compiled one (relay/box/gvisor_init.c, the default where cc links
+    statically) and the Python one (its fallback, HIVE_RELAY_GVISOR_INIT=python)."""
+    if request.param == "python":
+        box_sandbox.env["HIVE_RELAY_GVISOR_INIT"] = "python"
     return box_sandbox
 
 
@@ -164,6 +168,26 @@ def test_egress_only_through_the_proxy(gv: Sandbox, upstream: int) -> None:
     assert "denied=403" in out  # the proxy refuses the rest
     assert "NODIRECT" in out and "DIRECT\n" not in out  # the host's loopback is not the box's
     assert "NODNS" in out
+
+
+def test_the_init_is_the_compiled_one_unless_the_python_one_is_asked_for(gv: Sandbox) -> None:
+    dry = gv.relay("shell", "local", *GV, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    command = json.loads(dry.stdout)["command"]
+    if gv.env.get("HIVE_RELAY_GVISOR_INIT") == "python":
+        assert "/run/hive-relay/gvisor-init.py" in command and "/run/hive-relay/gvisor-init" not in command
+    else:
+        assert "/run/hive-relay/gvisor-init" in command and "/run/hive-relay/gvisor-init.py" not in command
+
+
+def test_the_agent_starts_with_every_signal_at_its_default(gv: Sandbox) -> None:
+    """python3 ignores SIGPIPE and SIGXFSZ at startup; the agent must not inherit that (`yes | head`
+    would write into a closed pipe for ever). The twin: the box's own keyboard handling still works
+    (tests below); here, a pipe closed early ends its writer."""
+    out = ok(box(gv, 'yes | head -c 3 >/dev/null; echo "yes=${PIPESTATUS[0]}"; '
+                     '(ulimit -f 1; head -c 4096 /dev/zero > /tmp/big); echo "xfsz=$?"'))
+    assert "yes=141" in out, out  # killed by SIGPIPE (128+13), not "yes: Broken pipe" (1)
+    assert "xfsz=153" in out, out  # killed by SIGXFSZ (128+25), not "File too large" (1)
 
 
 def test_exit_codes_and_timeout_pass_through(gv: Sandbox) -> None:

@@ -108,8 +108,10 @@ def spawn_filtered(command, bpf):
         try:
             if bpf != "-":
                 load_seccomp(bpf)
-            out["pid"] = os.posix_spawnp(command[0], command, os.environ, setsigdef=KEYBOARD + (signal.SIGTERM,
-                                                                                               signal.SIGHUP))
+            # Every signal this init changed back to its default, as a fresh exec would have them: python3
+            # itself ignores SIGPIPE and SIGXFSZ at startup, which the agent must not inherit (`yes | head`).
+            out["pid"] = os.posix_spawnp(command[0], command, os.environ, setsigdef=KEYBOARD + (
+                signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ))
         except OSError as err:
             out["error"] = err
 

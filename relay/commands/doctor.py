@@ -58,7 +58,8 @@ def components(facts: HostFacts, env: dict[str, str], survey: EngineSurvey) -> l
     rows += vm_host.rows(env)
     from relay.host import runsc_host
 
-    rows += runsc_host.rows({k: getattr(facts, k) for k in ("runsc", "runsc_version", "runsc_platform", "runsc_error")})
+    rows += runsc_host.rows({k: getattr(facts, k) for k in ("runsc", "runsc_version", "runsc_platform", "runsc_error",
+                                                              "gvisor_init", "gvisor_init_note")})
     rows.append(vm_image_row(facts, env))
     path = f"{tool_dir(env)}/node_modules/.bin:{env.get('PATH', '')}"
     for name, backend in sorted(load_shipped().items()):
@@ -182,7 +183,7 @@ def doctor(as_json: bool = False, mode: str | None = None, isolation: str | None
     env = dict(os.environ)
     from relay.host import runsc_host, vm_host
 
-    facts = replace(probe(env), vm_error=vm_host.vm_error(env), **runsc_host.facts(env))
+    facts = replace(probe(env), vm_error=vm_host.vm_error(env), **runsc_host.facts(env, build_init=False))
     from relay.host.engine_query import untouched
 
     with untouched(env):  # no pause process, no ~/.config/cni or storage dirs left by asking podman

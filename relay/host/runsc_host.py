@@ -113,9 +113,20 @@ def _key(path: str, uid: int) -> str:
     return json.dumps([CACHE_VERSION, os.path.realpath(path), st.st_mtime_ns, st.st_size, os.uname().release, uid])
 
 
-def facts(env: Mapping[str, str], use_cache: bool = True) -> dict[str, str | None]:
+def facts(env: Mapping[str, str], use_cache: bool = True, build_init: bool = True) -> dict[str, str | None]:
     """The runsc fields of HostFacts: runsc, runsc_version, runsc_platform, runsc_error (None when the
-    tier can run here)."""
+    tier can run here), and where the tier can run, the box's init (relay/host/native_init.py: the
+    compiled one, built on first use unless `build_init` is False, or None for the Python one)."""
+    got = _runsc_facts(env, use_cache)
+    if got["runsc_error"] is None:
+        from relay.host import native_init
+
+        init, note = native_init.find(env, build=build_init)
+        got.update(gvisor_init=init, gvisor_init_note=note)
+    return got
+
+
+def _runsc_facts(env: Mapping[str, str], use_cache: bool) -> dict[str, str | None]:
     path, error = find(env)
     if path is None:
         return {"runsc": None, "runsc_version": None, "runsc_platform": None, "runsc_error": error}
@@ -161,8 +172,12 @@ def rows(got: Mapping[str, str | None], today: datetime.date | None = None) -> l
     age = f"; warning: released {date.isoformat()}, over a year ago; fix: {NEWER}" if date and (
         today - date).days > STALE_DAYS else ""
     rootless = "rootless (--rootless)" if os.getuid() != 0 else "as root"
-    return [
+    out = [
         ("gvisor: runsc", True, f"{path}: {line or 'version unknown'}{age}"),
         ("gvisor: platform", True, f"{got['runsc_platform']} ({rootless}; never kvm)"),
         ("gvisor: probe", got["runsc_error"] is None, got["runsc_error"] or "runsc do true starts a sandbox"),
     ]
+    if got["runsc_error"] is None:  # a warning, never a failure: the Python init does the same, slower
+        init, note = got.get("gvisor_init"), got.get("gvisor_init_note")
+        out.append(("gvisor: init", True, note if init else f"the Python init ({note}; it costs ~100 ms a launch more)"))
+    return out

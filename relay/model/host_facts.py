@@ -44,6 +44,10 @@ class HostFacts:
     runsc_version: str | None = None
     runsc_platform: str | None = None
     runsc_error: str | None = "not probed"
+    # The gvisor box's compiled init (relay/host/native_init.py), found or built with runsc's facts; None:
+    # the Python init (relay/box/gvisor_init.py) runs, and `gvisor_init_note` says why.
+    gvisor_init: str | None = None
+    gvisor_init_note: str | None = None
 
     @property
     def bwrap_ok(self) -> bool:

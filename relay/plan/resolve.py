@@ -1147,15 +1147,15 @@ def _gvisor_tier(d: _Draft) -> None:
         raise RefusedError(f"{link} is a symbolic link the box could replace (with its own hooks or settings), and "
                            "the gvisor tier cannot pin a link yet; fix: --isolation supervised, or replace the link "
                            "with the directory or file it points to")
-    if d.facts.box_python is None:
-        raise RefusedError("--isolation gvisor needs a python3 the box can see (outside $HOME) for its init; fix: "
-                           "apt-get install python3")
+    if d.facts.box_python is None and d.facts.gvisor_init is None:
+        raise RefusedError("--isolation gvisor needs a python3 the box can see (outside $HOME) for its init, or a C "
+                           "compiler to build the compiled one; fix: apt-get install python3 (or gcc libc6-dev)")
     base = os.path.join(d.run_dir or "/RUN-DIR", "gvisor")
     rootless = d.uid != 0
     d.gvisor = GvisorRun(
         runsc=d.facts.runsc or "runsc", platform=d.facts.runsc_platform or "systrap", rootless=rootless,
         container_id=f"hive-relay-{d.request.run_id or 'dry-run'}", bundle=base, state_root=os.path.join(base, "state"),
-        init_script=gvisor_init_script(), python=d.facts.box_python,
+        init_script=d.facts.gvisor_init or gvisor_init_script(), python=d.facts.box_python,
         seccomp_file=os.path.join(base, "seccomp.bpf"),
         socket=os.path.join(base, "proxy.sock") if d.profile.network else None,
         box_uid=gvisor_oci.BOX_UID,
@@ -1320,7 +1320,7 @@ def _container_run(backend: Backend, matrix: Matrix, request: Request, facts: Ho
         box = ctl_dir or "/RUN-DIR/ctl"
         extra = {"runtime": facts.runsc or "runsc",
                  "runtime_flags": container_argv.runsc_flags(facts.runsc_platform or "systrap", rootless),
-                 "init_script": gvisor_init_script(),
+                 "init_script": facts.gvisor_init or gvisor_init_script(),
                  "seccomp_bpf": os.path.join(box, "seccomp.bpf"),
                  "proxy_socket": os.path.join(box, "proxy.sock") if network else None}
     run = ContainerRun(

@@ -100,7 +100,8 @@ def gvisor_volumes(run: ContainerRun) -> list[str]:
     """The gvisor init's binds, at local mode's box paths (relay/render/gvisor_oci.py): read-only but
     the socket (connect() needs write on it)."""
     assert run.init_script and run.seccomp_bpf
-    args = ["--volume", f"{run.init_script}:{gvisor_oci.BOX_INIT}:ro", "--volume", f"{run.seccomp_bpf}:{gvisor_oci.BOX_SECCOMP}:ro"]
+    args = ["--volume", f"{run.init_script}:{gvisor_oci.box_init(run.init_script)}:ro",
+            "--volume", f"{run.seccomp_bpf}:{gvisor_oci.BOX_SECCOMP}:ro"]
     if run.proxy_socket:
         args += ["--volume", f"{run.proxy_socket}:{gvisor_oci.BOX_SOCKET}:rw"]
     return args
@@ -108,7 +109,8 @@ def gvisor_volumes(run: ContainerRun) -> list[str]:
 
 def gvisor_init_argv(run: ContainerRun, listen: str | None) -> list[str]:
     """What the entrypoint execs after its deny-list check: the init, then `--`, then the agent's argv."""
-    return [BOX_PYTHON, "-I", "-S", gvisor_oci.BOX_INIT, gvisor_oci.BOX_SOCKET if run.proxy_socket else "-",
+    assert run.init_script
+    return [*gvisor_oci.init_words(run.init_script, BOX_PYTHON), gvisor_oci.BOX_SOCKET if run.proxy_socket else "-",
             listen if run.proxy_socket and listen else "-", gvisor_oci.BOX_SECCOMP, "--"]
 
 

@@ -29,11 +29,23 @@ from relay.model.vocab import MountKind
 # Inside the box: where the init and what it needs are bound (read-only). /run is box-private tmpfs.
 BOX_DIR = "/run/hive-relay"
 BOX_INIT = f"{BOX_DIR}/gvisor-init.py"
+BOX_INIT_NATIVE = f"{BOX_DIR}/gvisor-init"  # the compiled init (relay/box/gvisor_init.c)
 BOX_SECCOMP = f"{BOX_DIR}/seccomp.bpf"
 BOX_SOCKET = f"{BOX_DIR}/proxy.sock"
 MASK_SIZE = 4096
 BOX_UID = 0  # the Sentry's root, without capabilities: the caller on the host (see above)
 HOSTNAME = "hive-relay"
+
+
+def box_init(init: str) -> str:
+    """Where the init at host path INIT is bound in the box: the Python one (a `.py`) or the compiled one."""
+    return BOX_INIT if init.endswith(".py") else BOX_INIT_NATIVE
+
+
+def init_words(init: str, python: str | None) -> list[str]:
+    """How the box's first process starts its init: python3 (isolated, no site) on the script, or the
+    compiled init itself (relay/host/native_init.py)."""
+    return [python or "python3", "-I", "-S", BOX_INIT] if init.endswith(".py") else [BOX_INIT_NATIVE]
 
 
 @record
@@ -48,8 +60,8 @@ class GvisorRun:
     container_id: str
     bundle: str  # the dir holding config.json
     state_root: str  # runsc --root
-    init_script: str  # host path of relay/box/gvisor_init.py
-    python: str  # the box's python3 (on the host's read-only root)
+    init_script: str  # host path of the init: relay/box/gvisor_init.py, or the compiled one (native_init)
+    python: str | None  # the box's python3 (on the host's read-only root), for the Python init
     seccomp_file: str  # written by the runner from the plan's policy
     socket: str | None  # the proxy's unix socket (None: a box without network)
     box_uid: int  # the uid the agent runs as in the box (BOX_UID)
@@ -73,7 +85,8 @@ class GvisorRun:
 
     def init_argv(self, listen: str | None) -> list[str]:
         """The box's first process: the init, then `--`, then the agent's argv (appended by the caller)."""
-        return [self.python, "-I", "-S", BOX_INIT, BOX_SOCKET if self.socket else "-", listen or "-", BOX_SECCOMP, "--"]
+        return [*init_words(self.init_script, self.python), BOX_SOCKET if self.socket else "-", listen or "-",
+                BOX_SECCOMP, "--"]
 
 
 def _bind(dst: str, src: str, ro: bool) -> dict:
@@ -132,7 +145,7 @@ def spec(
 ) -> dict:
     """The OCI runtime spec (config.json) of one gvisor box. Pure: the same inputs give the same dict."""
     root, oci = oci_mounts(mounts, home, run.box_uid, moot)
-    extra = [_bind(BOX_INIT, run.init_script, True), _bind(BOX_SECCOMP, run.seccomp_file, True)]
+    extra = [_bind(box_init(run.init_script), run.init_script, True), _bind(BOX_SECCOMP, run.seccomp_file, True)]
     if run.socket:
         extra.append(_bind(BOX_SOCKET, run.socket, False))  # connect() needs write on the socket
     rlimits = [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}]
