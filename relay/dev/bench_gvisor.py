@@ -5,7 +5,9 @@ and against our supervised launch, paired round by round in the same run.
   root), its state in a fresh temp dir: what gVisor itself costs here;
 - our gvisor launch: `python -m relay shell local --isolation gvisor --prompt true` (the probe memo
   warm, as after a first launch), which adds the launcher, the bundle, the proxy and the in-box init;
-- our supervised launch: the same command at the supervised tier.
+- our supervised launch: the same command at the supervised tier;
+- our gvisor launch with the Python init (HIVE_RELAY_GVISOR_INIT=python): what the compiled init
+  (relay/box/gvisor_init.c) saves, paired.
 
 Targets (issue 31): our overhead over bare runsc at most +60 ms, the median of the paired differences;
 a download through the proxy from a gvisor box (curl, plain HTTP from a loopback server) at least 0.5×
@@ -28,6 +30,7 @@ from relay.dev.measure import paired
 from relay.host import runsc_host
 
 TARGET_S = 0.060
+PY_INIT = "gvisor launch, Python init"
 
 
 def _relay(*args: str) -> list[str]:
@@ -48,6 +51,8 @@ def measure(runs: int, env: dict[str, str]) -> dict:
                                *runsc_host.base_flags(got["runsc_platform"] or "systrap", os.getuid() != 0),
                                "do", "--quiet", "true"],
         "gvisor launch": _relay(*box[:2], "--isolation", "gvisor", *box[2:]),
+        # The same launch with the Python init (relay/box/gvisor_init.py), the compiled one's fallback.
+        PY_INIT: ["/usr/bin/env", "HIVE_RELAY_GVISOR_INIT=python", *_relay(*box[:2], "--isolation", "gvisor", *box[2:])],
         "supervised launch": _relay(*box),
     }
     try:
@@ -64,6 +69,9 @@ def measure(runs: int, env: dict[str, str]) -> dict:
     if ok:
         out["over_bare_runsc_s"] = statistics.median(
             a - b for a, b in zip(launch["gvisor launch"]["times"], launch["bare runsc do true"]["times"], strict=True))
+    if ok and not launch[PY_INIT]["failures"]:
+        out["compiled_vs_python_init_s"] = statistics.median(
+            a - b for a, b in zip(launch["gvisor launch"]["times"], launch[PY_INIT]["times"], strict=True))
     if ok and not launch["supervised launch"]["failures"]:
         out["over_supervised_s"] = statistics.median(
             a - b for a, b in zip(launch["gvisor launch"]["times"], launch["supervised launch"]["times"], strict=True))
@@ -179,6 +187,11 @@ def rows(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
     targets["gvisor launch within 60 ms of bare runsc do true (median of paired differences)"] = (
         f"+{over * 1000:.0f} ms" if over is not None else "not measured (a run failed)",
         over is not None and over <= TARGET_S)
+    if over is not None:
+        lines.append(f"| gvisor launch − bare runsc do true | +{over * 1000:.0f} ms | median of paired differences |")
+    if r.get("compiled_vs_python_init_s") is not None:
+        lines.append(f"| gvisor launch: compiled init − Python init | {r['compiled_vs_python_init_s'] * 1000:+.0f} ms | "
+                     "median of paired differences (relay/box/gvisor_init.c against gvisor_init.py) |")
     if r.get("over_supervised_s") is not None:
         lines.append(f"| gvisor launch − supervised launch | +{r['over_supervised_s'] * 1000:.0f} ms | "
                      "median of paired differences |")
