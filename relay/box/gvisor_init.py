@@ -75,6 +75,8 @@ def pump(src, dst):
 def relay(client, path):
     try:
         up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):  # each read and write is a host call of the Sentry's
+            up.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
         up.connect(path)
     except OSError:
         client.close()
