@@ -170,6 +170,48 @@ def test_egress_only_through_the_proxy(gv: Sandbox, upstream: int) -> None:
     assert "NODNS" in out
 
 
+def test_a_renamed_run_dir_cannot_steer_the_relay_to_another_host_socket(gv: Sandbox, upstream: int) -> None:
+    """The red team's hole: /run is the box's to write, so the agent renamed /run/hive-relay away and put a
+    link to a host socket of its choosing (here one in the workdir, which the box sees) where the proxy's
+    socket was; the init connected by path, with AF_UNIX, and reached it. Now the init holds the socket's
+    directory from before the agent started: the planted socket gets nothing, and the twin, a request
+    through the proxy after the rename, still works."""
+    import socket
+    import threading
+
+    planted = gv.workdir / "host.sock"
+    got: list[bytes] = []
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(planted))
+    planted.chmod(0o777)
+    listener.listen(4)
+    listener.settimeout(60)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+            got.append(conn.recv(100))
+            conn.sendall(b"HOST-SOCKET-REACHED\n")
+            conn.close()
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        script = ("mv /run/hive-relay /run/old && mkdir /run/hive-relay && "
+                  f"ln -s {planted} /run/hive-relay/proxy.sock && echo PLANTED; "
+                  "exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'PING\\r\\n\\r\\n' >&3 && timeout 5 head -c 200 <&3; echo; "
+                  f"curl -sS -m 20 http://plain.test:{upstream}/hello")
+        out = ok(box(gv, script, "shell", "--allow-host", f"plain.test:{upstream}=127.0.0.1:{upstream}"))
+    finally:
+        listener.close()
+        thread.join(5)
+    assert "PLANTED" in out, out  # the attack ran as written
+    assert not got and "HOST-SOCKET-REACHED" not in out, (got, out)
+    assert "hello from the fake upstream" in out, out
+
+
 def test_the_init_is_the_compiled_one_unless_the_python_one_is_asked_for(gv: Sandbox) -> None:
     dry = gv.relay("shell", "local", *GV, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
@@ -193,6 +235,7 @@ def test_the_agent_starts_with_every_signal_at_its_default(gv: Sandbox) -> None:
 def test_exit_codes_and_timeout_pass_through(gv: Sandbox) -> None:
     assert box(gv, "exit 7").returncode == 7
     assert box(gv, "kill -TERM $$").returncode == 128 + signal.SIGTERM
+    assert box(gv, "kill -KILL $$").returncode == 128 + signal.SIGKILL  # the Python init said 1 (no SIG_DFL for KILL)
     proc = box(gv, "sleep 100", "shell", "--timeout", "2")
     assert proc.returncode == 124 and "timed out after 2 s" in proc.stderr
 

@@ -9,7 +9,8 @@
  *
  * Usage: gvisor-init SOCKET HOST:PORT BPF|- -- ARGV...
  * - binds HOST:PORT in gVisor's own network stack (`-`: no network) and relays each connection to the
- *   proxy's unix socket SOCKET, bound into the box at a fixed path (one thread per direction);
+ *   proxy's unix socket SOCKET, bound into the box at a fixed path (one thread per direction), whose
+ *   directory it opens before the agent exists and connects relative to (see main);
  * - reads and checks the agent's seccomp program BPF (struct sock_filter[], at most 1 MiB) before the
  *   agent exists: a missing or malformed one stops the box (exit 3), never runs it open;
  * - vfork()s the agent (no copy of this process in the Sentry); only the child sets every signal to
@@ -153,11 +154,24 @@ int main(int argc, char **argv) {
     }
     const char *path = argv[1], *where = argv[2], *bpf = argv[3];
     char **command = argv + 5;
-    int listener = -1;
+    int listener = -1, held = -1;
     if (strcmp(path, "-") != 0) {
-        if (strlen(path) >= sizeof up_addr.sun_path) return 2;
+        /* The socket's directory, opened before the agent exists; every connect() is made relative to it
+         * (this init's cwd, below). /run is the box's to write: an agent that renamed the directory away
+         * and linked another host socket in its place must not steer the relay there. */
+        const char *slash = strrchr(path, '/');
+        char dir[4096];
+        if (!slash || slash[1] == 0 || (size_t)(slash - path) >= sizeof dir) return 2;
+        memcpy(dir, path, (size_t)(slash - path));
+        dir[slash - path] = 0;
+        held = open(slash == path ? "/" : dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (held < 0) {
+            fprintf(stderr, "hive-relay: cannot open %s in the gvisor box: %s\n", dir, strerror(errno));
+            return 3;
+        }
+        if (strlen(slash + 1) >= sizeof up_addr.sun_path) return 2;
         up_addr.sun_family = AF_UNIX;
-        strcpy(up_addr.sun_path, path);
+        strcpy(up_addr.sun_path, slash + 1);
         if ((listener = listen_on(where)) < 0) {
             fprintf(stderr, "hive-relay: cannot listen on %s in the gvisor box: %s\n", where, strerror(errno));
             return 3;
@@ -218,6 +232,12 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &fw, NULL);
     sigaction(SIGHUP, &fw, NULL);
     if (listener >= 0) {
+        if (fchdir(held)) { /* the agent started in its own cwd; this init's connects resolve here */
+            fputs("hive-relay: cannot enter the proxy socket's directory in the gvisor box\n", stderr);
+            kill(pid, SIGKILL);
+            return 3;
+        }
+        close(held);
         pthread_t t;
         pthread_attr_t at;
         thread_attr(&at, 1);

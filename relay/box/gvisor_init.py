@@ -6,7 +6,9 @@ kernel network namespace; gVisor's stack is not the kernel's). So this init, the
 process, binds `127.0.0.1:PORT` there (the address HTTPS_PROXY names in every tier), forks the
 agent, and relays each connection it accepts to the host proxy's unix socket, bound into the box
 at one fixed path (runsc `--host-uds=open` lets the Sentry connect to it through the gofer). It
-reaches nothing else: the path is fixed, and the proxy behind it decides every request.
+reaches nothing else: the path's directory is opened before the agent starts and every connect is
+made relative to it (an agent that renames /run/hive-relay away and links another host socket in
+its place reaches nothing), and the proxy behind it decides every request.
 
 The agent starts under the plan's seccomp filter (the same BPF program the supervised tier hands
 bwrap; see spawn_filtered): gVisor's Sentry implements seccomp for the processes it runs, so the agent
@@ -134,6 +136,13 @@ def main(argv):
     command = argv[sep + 1:]
     listener = None
     if path != "-":
+        # The socket's directory, opened before the agent exists, and every connect() made relative to it
+        # (the init's cwd, below): /run is the box's to write, so an agent that renamed the directory away
+        # and put a link to another host socket in its place must not steer the relay there (the path is
+        # looked up at each connect; the directory held here is the one the proxy's socket is bound in,
+        # and a mount point cannot be renamed or removed).
+        held = os.open(os.path.dirname(path) or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        path = os.path.basename(path)
         host, _, port = listen.rpartition(":")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -154,6 +163,8 @@ def main(argv):
     for sig in (signal.SIGTERM, signal.SIGHUP):  # runsc forwards these to the init: pass them on
         signal.signal(sig, lambda signum, _f: os.kill(pid, signum))
     if listener is not None:
+        os.fchdir(held)  # the agent started in its own cwd; this init's connects resolve here
+        os.close(held)
         threading.Thread(target=serve, args=(listener, path), daemon=True).start()
     while True:  # pid 1 of the box: orphans are reaped here too, the agent's status is the answer
         try:
@@ -168,8 +179,11 @@ def main(argv):
             return os.WEXITSTATUS(status)
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)
+            try:
+                signal.signal(sig, signal.SIG_DFL)  # SIGKILL and SIGSTOP take no disposition: they need none
+                os.kill(os.getpid(), sig)
+            except (OSError, ValueError):
+                pass
             return 128 + sig
 
 
