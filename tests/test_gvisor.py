@@ -240,6 +240,25 @@ def test_exit_codes_and_timeout_pass_through(gv: Sandbox) -> None:
     assert proc.returncode == 124 and "timed out after 2 s" in proc.stderr
 
 
+def test_a_box_whose_init_is_stopped_still_ends_on_the_launchers_signal(gv: Sandbox) -> None:
+    """gVisor lets the agent SIGSTOP its own pid 1 (Linux would not); the init then never reaps, and the
+    box never ends by itself. A SIGINT sent to the launcher alone (a supervisor, not the terminal) ends
+    it after the grace the box gets to end on its own; nothing is left behind."""
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "shell", "local", "--quiet", *GV, "--prompt",
+                             "kill -STOP 1; echo STOPPED; exit 0"], cwd=gv.workdir, env=gv.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "STOPPED"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, err)
+    assert not list(Path(gv.env["XDG_RUNTIME_DIR"]).glob("hive-relay-*"))
+
+
 def test_explicit_gvisor_without_runsc_refuses_and_never_falls_back(gv: Sandbox) -> None:
     proc = gv.box("echo RAN-ANYWAY", "shell", *GV, extra_env={"HIVE_RELAY_RUNSC": "/nonexistent"})
     assert proc.returncode == 3, proc.stderr

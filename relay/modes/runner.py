@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # the proxy's modules load only once a box needs them (a cont
 
 
 
+INT_GRACE = 3.0  # seconds a non-interactive box has to end on its own SIGINT before the launcher ends it
+
+
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -46,10 +49,13 @@ class _Signals:
     def __init__(self, interactive: bool) -> None:
         self.interactive = interactive
         self.received: int | None = None
+        self.at = 0.0  # when the first signal that ends the run came
         self.saved: dict[int, object] = {}
 
     def _handler(self, signum: int, _frame: object) -> None:
         if signum in (signal.SIGTERM, signal.SIGHUP) or (signum == signal.SIGINT and not self.interactive):
+            if self.received is None:
+                self.at = time.monotonic()
             self.received = self.received or signum
 
     def __enter__(self) -> _Signals:
@@ -70,10 +76,15 @@ def _wait(proc: subprocess.Popen | BoxProcess | ContainerProcess, timeout: int |
         try:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             rc = proc.wait(timeout=0.2 if remaining is None else min(0.2, remaining))
-            return rc, None
+            return rc, "interrupt, killed" if forwarded and sigs.received == signal.SIGINT else None
         except subprocess.TimeoutExpired:
             pass
-        if sigs.received in (signal.SIGTERM, signal.SIGHUP) and not forwarded:
+        # SIGTERM and SIGHUP end the box at once. A non-interactive run's SIGINT reached the box's own
+        # group too when it came from the terminal, so the box gets INT_GRACE to end on it; one sent to
+        # the launcher alone (or a box that cannot end: its gvisor init stopped) is ended all the same.
+        ending = sigs.received in (signal.SIGTERM, signal.SIGHUP) or (
+            sigs.received == signal.SIGINT and time.monotonic() - sigs.at >= INT_GRACE)
+        if ending and not forwarded:
             proc.kill()
             forwarded = True
         if deadline is not None and time.monotonic() >= deadline:
@@ -94,6 +105,9 @@ def _finish(outcome: str | None, rc: int, plan: Plan) -> int:
     if outcome and outcome.startswith("upstream "):
         emit([f"hive-relay: ended the --prompt run early (exit {EXIT_UPSTREAM}): {outcome.removeprefix('upstream ')}"])
         return EXIT_UPSTREAM
+    if outcome == "interrupt, killed":
+        emit([f"hive-relay: stopped by SIGINT; the box did not end on it within {INT_GRACE:.0f} s and was killed"])
+        return 128 + signal.SIGINT
     if outcome and outcome.startswith("signal"):
         signum = int(outcome.split()[1])
         if signum != signal.SIGINT:
