@@ -71,3 +71,22 @@ def test_the_python_init_on_request_and_without_a_compiler(tmp_path: Path) -> No
     assert native_init.find(_env(tmp_path, HIVE_RELAY_GVISOR_INIT="python")) == (None, "HIVE_RELAY_GVISOR_INIT=python")
     path, why = native_init.find(_env(tmp_path, CC="no-such-cc"))
     assert path is None and "no C compiler" in why and "fix:" in why
+
+
+def test_the_build_runs_nothing_from_the_callers_path_and_a_link_in_the_cache_is_said(tmp_path: Path) -> None:
+    """A PATH entry the box could write (a checkout's bin/) holds a planted `as` and `cc`: the build uses
+    the system's (red team: gcc found `as` on the caller's PATH). A link where the binary goes is one
+    line and the Python init, never a crash."""
+    planted = tmp_path / "work" / "bin"
+    planted.mkdir(parents=True)
+    for tool in ("as", "cc", "ld"):
+        (planted / tool).write_text(f"#!/bin/sh\ntouch {tmp_path}/planted-{tool}-ran\nexit 1\n")
+        (planted / tool).chmod(0o755)
+    env = _env(tmp_path, PATH=f"{planted}:{os.environ.get('PATH', os.defpath)}")
+    path, how = native_init.find(env)
+    assert path and how.startswith("compiled"), how
+    assert not list(tmp_path.glob("planted-*-ran"))
+    os.unlink(path)
+    os.symlink("/bin/true", path)
+    again, why = native_init.find(env)
+    assert again is None and "not a plain file of ours" in why, why

@@ -37,9 +37,14 @@ MAX_BINARY = 8 << 20
 FIX = "apt-get install gcc libc6-dev (a C compiler that links statically)"
 
 
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
 def _compiler(env: Mapping[str, str]) -> str | None:
+    """$CC as an absolute path, else `cc` (or $CC's name) on the system's PATH only: a caller's PATH may
+    hold a directory a box wrote (a checkout's bin/), and what the build runs, runs on the host."""
     wanted = env.get("CC") or "cc"
-    path = wanted if "/" in wanted else shutil.which(wanted, path=env.get("PATH", os.defpath))
+    path = wanted if wanted.startswith("/") else shutil.which(wanted, path=SYSTEM_PATH)
     return path if path and os.access(path, os.X_OK) else None
 
 
@@ -63,7 +68,10 @@ def find(env: Mapping[str, str], build: bool = True) -> tuple[str | None, str]:
         return None, f"{SOURCE}: {err.strerror or err}"
     base = str(cache_dir(env))
     rel = os.path.join(NAME, _key(source, cc))
-    found = _trusted(base, rel)
+    try:
+        found = _trusted(base, rel)
+    except (OSError, ValueError) as err:  # a link or a special file where the build goes: not ours to use
+        return None, f"the compiled init's cache entry in {base} is not a plain file of ours ({err}); remove it"
     if found is not None:
         return found
     if not build:
@@ -105,8 +113,9 @@ def _build(base: str, rel: str, cc: str, env: Mapping[str, str]) -> tuple[str | 
         out = os.path.join(tmp, NAME)
         argv = [cc, "-O2", "-static", "-pthread", "-o", out, SOURCE]
         try:
+            # The compiler finds `as` and `ld` on PATH: the system's, never the caller's (see _compiler).
             done = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT, cwd=tmp,
-                                  stdin=subprocess.DEVNULL, env={"PATH": env.get("PATH", os.defpath), "LC_ALL": "C"})
+                                  stdin=subprocess.DEVNULL, env={"PATH": SYSTEM_PATH, "LC_ALL": "C"})
         except (OSError, subprocess.TimeoutExpired) as err:
             why = f"{cc} did not build the compiled init ({err}); fix: {FIX}"
             safefs.write_file(os.path.join(folder, "failed"), why.encode(), 0o600, durable=False)
