@@ -470,3 +470,23 @@ def test_a_synced_file_gets_placeholders_for_a_recorded_key_and_gets_them_back(b
         in proc.stderr, proc.stderr  # the history; the approved key's tail is the table's (claude's `secret_files`)
     after = json.loads(path.read_text())
     assert after == {**host, "theme": "light"}, after
+
+
+@pytest.mark.box
+def test_another_backends_key_or_login_recorded_in_the_state_stays_out_too(box_sandbox: Sandbox) -> None:
+    """Red team round 2: only this run's secrets were looked for. A codex session on the host that once
+    printed the Anthropic key or claude's login left them in codex's state; a codex box must not read
+    them, though it routes neither. The twin: codex's other state files come in."""
+    s = box_sandbox
+    plant(s, "claude", CLAUDE_CREDS)
+    anthropic = "sk-ant-api03-" + MARK + "OtherBackend0123456789abcdefghijklmnopqrstuvwxyzABCD"
+    log = s.home / ".codex" / "log" / "session.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"$ env | grep KEY\nANTHROPIC_API_KEY={anthropic}\n")
+    (s.home / ".codex" / "log" / "claude.log").write_text(f"$ cat ~/.claude/.credentials.json\n{json.dumps(CLAUDE_CREDS)}\n")
+    (s.home / ".codex" / "notes.txt").write_text("nothing secret here\n")
+    proc = s.box("cd ~/.codex && cat log/session.log log/claude.log notes.txt 2>&1", "codex",
+                 extra_env={"CODEX_API_KEY": ENV_KEY, "ANTHROPIC_API_KEY": anthropic})
+    assert MARK not in proc.stdout and "nothing secret here" in proc.stdout, proc.stdout
+    assert "~/.codex/log/session.log holds $ANTHROPIC_API_KEY" in proc.stderr, proc.stderr
+    assert "~/.codex/log/claude.log holds ~/.claude/.credentials.json" in proc.stderr, proc.stderr

@@ -300,22 +300,33 @@ def _make_agent_state(plan: Plan, caller_env: Mapping[str, str], state: janitor.
 def _host_secrets(plan: Plan, caller_env: Mapping[str, str]) -> tuple:
     """The host's real secrets as the proxy's scan holds them (relay/egress/secret_source.host_secrets:
     the routes' and grants' values, the masked login files' tokens, the deny-listed SSH keys' private
-    lines), and the tokens of each login route's file: what no file of the box's state copy may hold
+    lines), and beyond this run: every backend's credential variables that are set and its credential
+    and login files (Plan.scan_env, Plan.scan_files). What no file of the box's state copy may hold
     (relay/trust/state_scan.py). Read once here; the keys were read (and checked) before the host steps."""
     from relay.egress import secret_source
+    from relay.egress.secret_scan import secret_forms
 
-    keys = secret_source.read_keys(plan.credentials, caller_env) if plan.credentials else {}
+    keys = dict(secret_source.read_keys(plan.credentials, caller_env)) if plan.credentials else {}
+    extra = [secret_forms(f"${name} (a credential variable of the host's)", value) for name in plan.scan_env
+             if (value := caller_env.get(name)) and value not in keys.values()]
     files = [(u.file, u.paths) for u in plan.login_files if u.held == LoginHold.MASKED]
     files += [(r.login.file, tuple(p for p in (r.login.token, r.login.refresh_token, r.login.id_token) if p))
               for r in plan.credentials if r.login is not None]
+    files += list(plan.scan_files)
     found = secret_source.host_secrets(keys, files, plan.denied, caller_env.get("HOME", "/"))
-    out = list(found.fixed)
+    out = list(found.fixed) + [x for x in extra if x is not None]
     for source in found.sources:
         try:
             out += source()
         except (OSError, ValueError):
-            continue  # a login file that cannot be read now: its copy is not made either
-    return tuple(out)
+            continue  # a login file that cannot be read now (or is not JSON): nothing of it to look for
+    seen: set[tuple] = set()
+    unique = []
+    for secret in out:  # one file may be named twice (this run's login and every backend's table)
+        if secret.forms not in seen:
+            seen.add(secret.forms)
+            unique.append(secret)
+    return tuple(unique)
 
 
 def _make_sync_files(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:

@@ -177,6 +177,12 @@ class Plan:
     run_id: str = ""
     # The hosts whose TLS the proxy terminates with a leaf of the run's CA (`host:port`; relay/policy/inspection.py).
     inspected_hosts: tuple[str, ...] = ()
+    # Where the host's real secrets are, for every backend, not this run's alone (relay/trust/state_scan.py:
+    # no file of the box's state copy may hold one): the credential variables of every backend's routes
+    # and of the user's grants, less those the box gets anyway, and every backend's credential and login
+    # files with the JSON paths of their secrets. Names and paths only.
+    scan_env: tuple[str, ...] = ()
+    scan_files: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -1256,8 +1262,26 @@ def _plan(d: _Draft) -> Plan:
         presets=d.presets if proxy_listen else (), ask=d.request.ask and proxy_listen is not None,
         auth_grants=d.auth_grants, workdir_mode=d.workdir_mode, staged=d.staged,
         shared_live=d.request.shared_live, login_files=tuple(d.login_files), run_id=d.request.run_id,
-        inspected_hosts=inspection.shown(d.inspected),
+        inspected_hosts=inspection.shown(d.inspected), **_scan_sources(d),
     )
+
+
+def _scan_sources(d: _Draft) -> dict:
+    """Plan.scan_env and Plan.scan_files (see there): a codex box's state must not carry the claude login
+    or the Anthropic key a codex session on the host once printed, though this run routes neither."""
+    given = set(d.env_pass) | {n for n, _ in d.env_set.items()}
+    names = {n for b in d.matrix.backends.values() for r in b.credentials for n in r.secret_env}
+    names |= {n for g in d.matrix.grants for n in g.secret_env}
+    files: dict[str, list[str]] = {}
+    for b in d.matrix.backends.values():
+        for path, paths in b.secret_files:
+            files.setdefault(expand(path, d.home, d.uid), []).extend(paths)
+        for r in b.credentials:
+            if r.login is not None:
+                files.setdefault(expand(r.login.file, d.home, d.uid), []).extend(
+                    p for p in (r.login.token, r.login.refresh_token, r.login.id_token) if p)
+    return {"scan_env": tuple(sorted(names - given)),
+            "scan_files": tuple((f, tuple(dict.fromkeys(p))) for f, p in sorted(files.items()))}
 
 
 def _state_exclude(d: _Draft) -> tuple[str, ...]:
