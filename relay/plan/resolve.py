@@ -207,6 +207,10 @@ class Plan:
                                for u in self.login_files}
         # What the launch makes on the host before the box starts, in order, each with its undo.
         data["host_steps"] = [{"step": s.step, "does": s.does, "undo": s.undo} for s in host_steps(self)]
+        # The state search's sources are every backend's tables (config/backends.yaml), the same in every
+        # plan: not repeated in each (docs/credentials.md says which they are).
+        data.pop("scan_env")
+        data.pop("scan_files")
         # Only with grants in the user config (the key is absent otherwise, as are the grants).
         data.pop("auth_grants")
         if self.auth_grants:
