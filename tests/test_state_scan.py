@@ -76,7 +76,6 @@ FOUND = [
     ("a gzip header's comment", gzip.compress(b"x")[:3] + b"\x10" + gzip.compress(b"x")[4:10] + KEY.encode() + b"\0"
      + gzip.compress(b"x")[10:]),
     ("hex", b"token: " + KEY.encode().hex().encode()),
-    ("UTF-32", KEY.encode("utf-32-le")),
     ("a zip member", _zip({"a.txt": b"nothing", "logs/b.log": b"Bearer " + KEY.encode()})),
     ("a gzip in a zip", _zip({"b.gz": gzip.compress(KEY.encode())}, stored=True)),
 ]
@@ -87,6 +86,8 @@ NOT_FOUND = [
     ("noise", NOISE * 4),
     ("text", b'{"type":"assistant","cwd":"/home/dev/src","uuid":"3f2a1c9e-0b1d-4c55-9a77-1e2f3a4b5c6d"}\n' * 9000),
     ("empty", b""),
+    ("UTF-32 (not looked for: its 8-byte words are 2 characters, a box could make every word a hit)",
+     KEY.encode("utf-32-le")),
     ("a clean zip", _zip({"a.txt": b"nothing here " * 1000})),
 ]
 
@@ -270,3 +271,33 @@ def test_the_launchs_decompression_budget_leaves_the_rest_for_the_next_launch() 
             state_scan.search_fd(fd, NEEDLES, budget)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("how, data", [
+    ("xz, padding, xz", lzma.compress(b"clean " * 100) + b"\0" * 4 + lzma.compress(KEY.encode())),
+    ("gzip, zeros, gzip", gzip.compress(b"clean " * 100) + b"\0" * 16 + gzip.compress(KEY.encode())),
+    ("zlib then zlib", zlib.compress(b"clean " * 100) + zlib.compress(KEY.encode())),
+    ("gzip then xz", gzip.compress(b"clean") + lzma.compress(KEY.encode())),
+    ("a zip after a stub", b"#!/bin/sh\nexit 0\n" * 50 + _zip({"k.txt": b"Bearer " + KEY.encode()})),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_what_follows_a_stream_is_searched_too(how: str, data: bytes) -> None:
+    """Red team round 2: xz -dc and Python's gzip read on past zero padding; a second stream of another
+    kind; a self-extracting stub before a zip."""
+    assert search(data) in ("the openai route's key", "~/.codex/auth.json tokens.access_token"), how
+
+
+def test_what_the_standard_library_cannot_read_is_left_out_never_a_crash() -> None:
+    """A zip zipfile refuses or cannot read a member of (unzip may still read it), and compression deeper
+    than MAX_DEPTH: Unsearchable, never an exception that aborts the launch (red team round 2)."""
+    good = _zip({"k.txt": b"x" * 5000})
+    damaged = good.replace(zlib.compress(b"x" * 5000)[2:-4], b"\xff" * len(zlib.compress(b"x" * 5000)[2:-4]), 1)
+    deep = KEY.encode()
+    for _ in range(5):
+        deep = gzip.compress(deep)
+    for data in (damaged, deep, good[:30] + b"\x00" * 10 + good[40:]):
+        try:
+            search(data)
+        except state_scan.Unsearchable:
+            pass
+    with pytest.raises(state_scan.Unsearchable, match="more than 3 deep"):
+        search(deep)

@@ -312,7 +312,8 @@ def _host_secrets(plan: Plan, caller_env: Mapping[str, str]) -> tuple:
     files = [(u.file, u.paths) for u in plan.login_files if u.held == LoginHold.MASKED]
     files += [(r.login.file, tuple(p for p in (r.login.token, r.login.refresh_token, r.login.id_token) if p))
               for r in plan.credentials if r.login is not None]
-    files += list(plan.scan_files)
+    in_box = {u.file for u in plan.login_files if u.held != LoginHold.MASKED}  # taken in as it is, by opt-in
+    files += [(f, paths) for f, paths in plan.scan_files if f not in in_box]
     found = secret_source.host_secrets(keys, files, plan.denied, caller_env.get("HOME", "/"))
     out = list(found.fixed) + [x for x in extra if x is not None]
     for source in found.sources:

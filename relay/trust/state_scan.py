@@ -89,7 +89,6 @@ def spellings(form: str, least: int) -> list[tuple[bytes, int]]:
         out.append((raw.replace(b"/", b"\\/"), least))
     out.append((form.encode("utf-16-le", "surrogatepass"), 2 * least))
     out.append((form.encode("utf-16-be", "surrogatepass"), 2 * least))
-    out.append((form.encode("utf-32-le", "surrogatepass"), 4 * least))
     out.append((raw.hex().encode(), 2 * least))  # a hex dump (xxd -p), either case
     out.append((raw.hex().upper().encode(), 2 * least))
     b64_least = -(-4 * least // 3)
@@ -265,11 +264,20 @@ class _Stream:
         self.inner: _Stream | None = None
         self.members = 0
         self.decoded = 0
+        self.pending_magic = False  # a member ended at a read's end: what comes next decides
 
     def feed(self, data: bytes) -> str | None:
         found = self.raw.feed(data)
-        if found or self.depth >= MAX_DEPTH:
+        if found:
             return found
+        if self.depth >= MAX_DEPTH:
+            if not self.decided:
+                self.head += data
+                if len(self.head) >= 8 or not data:
+                    self.decided = True
+                    if _kind(self.head) is not None:
+                        raise Unsearchable(f"{self.what}compressed more than {MAX_DEPTH} deep")
+            return None
         if not self.decided:
             self.head += data
             if len(self.head) < 8:
@@ -315,6 +323,16 @@ class _Stream:
 
     def _decode(self, data: bytes) -> str | None:
         """Push DATA through the decoder, FEED bytes at a time."""
+        if self.pending_magic:
+            data = data.lstrip(b"\0")
+            if not data:
+                return None
+            self.pending_magic = False
+            kind = _kind(data[:8])
+            if kind is None:
+                self.dec = None
+                return None
+            self.kind, self.dec = kind, _decoder(kind)
         view = memoryview(data)
         while view and self.dec is not None:
             piece, view = view[:FEED], view[FEED:]
@@ -329,16 +347,23 @@ class _Stream:
                     return found
                 rest = self.dec.unconsumed_tail if self.kind in ("gzip", "zlib") else b""
                 if self.dec.eof:
-                    if self.kind not in ("gzip", "bzip2", "xz"):
-                        self.dec = None  # zlib and lzma streams have no members after them
-                        return None
                     self.members += 1
                     if self.members >= MAX_MEMBERS:
                         raise Unsearchable(f"{self.what}{self.kind}-compressed, in over {MAX_MEMBERS} members")
-                    piece = self.dec.unused_data + bytes(rest)
-                    self.dec = _decoder(self.kind)  # the next member; garbage after the last ends it above
+                    # What follows a member: zero padding (xz's, or a tool's) is skipped, and any
+                    # compression magic after it starts the next stream (`xz -dc` and Python's gzip read
+                    # on past padding); anything else ends the decoding (its bytes were searched raw).
+                    piece = (self.dec.unused_data + bytes(rest) + bytes(view)).lstrip(b"\0")
+                    view = memoryview(b"")
                     if not piece:
+                        self.dec = _decoder(self.kind)  # more members may follow in the next read
+                        self.pending_magic = True
                         break
+                    kind = _kind(piece[:8])
+                    if kind is None:
+                        self.dec = None
+                        return None
+                    self.kind, self.dec = kind, _decoder(kind)
                     continue
                 if rest:
                     piece = rest
@@ -356,8 +381,9 @@ def search_fd(fd: int, needles: Needles, budget: Budget | None = None) -> str | 
     budget = budget if budget is not None else Budget()
     os.lseek(fd, 0, os.SEEK_SET)
     first = os.read(fd, BLOCK)
-    if first.startswith(b"PK\x03\x04"):
+    if first.startswith(b"PK\x03\x04") or _zip_tail(fd):
         return _search_zip(fd, needles, budget)
+    os.lseek(fd, len(first), os.SEEK_SET)
     stream = _Stream(needles, budget)
     data = first
     while data:
@@ -378,9 +404,19 @@ def _read(fd: int, first: bytes) -> Iterator[bytes]:
         yield data
 
 
+def _zip_tail(fd: int) -> bool:
+    """Whether the file ends like a zip archive (its end-of-central-directory record in the last 64 KiB):
+    unzip reads one with anything before it (a self-extracting stub) or, within limits, after it."""
+    size = os.fstat(fd).st_size
+    os.lseek(fd, max(0, size - (64 << 10) - 22), os.SEEK_SET)
+    return b"PK\x05\x06" in os.read(fd, (64 << 10) + 22)
+
+
 def _search_zip(fd: int, needles: Needles, budget: Budget) -> str | None:
     """A zip archive: its bytes as they are, then each member as it unpacks (stored, deflate, bzip2,
-    lzma); a member in another method, or encrypted, is Unsearchable."""
+    lzma), nested compression in it searched as in any stream. What the standard library cannot read
+    of it (an archive it refuses, a damaged or encrypted member, another method) is Unsearchable: a
+    more lenient reader (unzip) could still get its bytes out."""
     import zipfile
 
     os.lseek(fd, 0, os.SEEK_SET)
@@ -390,10 +426,15 @@ def _search_zip(fd: int, needles: Needles, budget: Budget) -> str | None:
     with os.fdopen(os.dup(fd), "rb") as fh:
         try:
             archive = zipfile.ZipFile(fh)
-        except (zipfile.BadZipFile, OSError, ValueError):
-            return None  # not an archive a reader opens: its bytes were searched as they are
+        except Spent:
+            raise
+        except Exception as err:  # noqa: BLE001 - BadZipFile, NotImplementedError, zlib.error, ...: any
+            raise Unsearchable(f"a zip archive the standard library cannot open ({type(err).__name__})") from None
         with archive:
-            for info in archive.infolist()[:MAX_MEMBERS]:
+            members = archive.infolist()
+            if len(members) > MAX_MEMBERS:
+                raise Unsearchable(f"a zip archive of over {MAX_MEMBERS} members")
+            for info in members:
                 if info.flag_bits & 0x1:
                     raise Unsearchable("an encrypted zip archive")
                 stream = _Stream(needles, budget, 1, "a zip member, ")
@@ -409,15 +450,14 @@ def _search_zip(fd: int, needles: Needles, budget: Budget) -> str | None:
                             found = stream.feed(data)
                             if found:
                                 return found
-                except NotImplementedError:
-                    raise Unsearchable("a zip archive in a method the standard library cannot read") from None
-                except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-                    continue  # a damaged member: no reader gets more of it
+                except Unsearchable:
+                    raise
+                except Exception as err:  # noqa: BLE001 - a damaged member, a method it lacks: unzip may differ
+                    raise Unsearchable(f"a zip archive with a member the standard library cannot read "
+                                       f"({type(err).__name__})") from None
                 found = stream.end()
                 if found:
                     return found
-            if len(archive.infolist()) > MAX_MEMBERS:
-                raise Unsearchable(f"a zip archive of over {MAX_MEMBERS} members")
     return None
 
 
