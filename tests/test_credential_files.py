@@ -458,15 +458,17 @@ def test_a_synced_file_gets_placeholders_for_a_recorded_key_and_gets_them_back(b
     s = box_sandbox
     key = "sk-ant-api03-" + MARK + "Recorded0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"
     host = {"numStartups": 3, "theme": "dark", "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
-            "projects": {"/work": {"history": [{"display": f"use the key {key} for the test"}]}}}
+            "projects": {"/work": {"history": [{"display": f"use the key {key} for the test"}]}},
+            "escaped": "".join(f"\\u{ord(c):04x}" for c in key)}
     path = s.home / ".claude.json"
-    path.write_text(json.dumps(host))
+    path.write_text(json.dumps(host).replace(json.dumps(host["escaped"]), '"' + host["escaped"] + '"'))
+    host["escaped"] = key  # every character as \\uXXXX on disk (red team round 2): json.load gives the key
     proc = s.box("cat ~/.claude.json; sed -i 's/\"dark\"/\"light\"/' ~/.claude.json", "claude",
                  extra_env={"ANTHROPIC_API_KEY": key})
     assert proc.returncode == 0, proc.stderr
     assert MARK not in proc.stdout and key[-20:] not in proc.stdout, proc.stdout
     assert '"numStartups": 3' in proc.stdout and "for the test" not in proc.stdout, proc.stdout
-    assert "~/.claude.json holds a real credential of the host's (in 1 value); the box's copy has placeholders" \
+    assert "~/.claude.json holds a real credential of the host's (in 2 values); the box's copy has placeholders" \
         in proc.stderr, proc.stderr  # the history; the approved key's tail is the table's (claude's `secret_files`)
     after = json.loads(path.read_text())
     assert after == {**host, "theme": "light"}, after

@@ -451,6 +451,8 @@ def _holds_secret(state: AgentState, scan_memo: _ScanMemo, path: str, source: tu
         found, verdict = None, f"U:{err}"
     except OSError as err:
         return f"could not be searched for the host's secrets ({err.strerror or err})"
+    except Exception as err:  # noqa: BLE001 - a file the search trips on stays out; it never ends the launch
+        return f"could not be searched for the host's secrets ({type(err).__name__})"
     finally:
         state.scan_seconds += time.monotonic() - t0
     if found:

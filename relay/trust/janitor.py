@@ -139,8 +139,8 @@ def _without_secrets(state: RunState, host_path: str, data: bytes) -> bytes | No
     table's masks are), anything else holds none or the box gets no copy (and nothing syncs back)."""
     assert state.agent is not None
     needles = agentstate.needles(state.agent)
-    if not needles.search([data]):
-        return data
+    if not needles.search([data]) and not needles.search([state_scan.json_text(data)]):
+        return data  # neither its bytes nor its decoded strings (a `\uXXXX` spelling) hold one
     shown = "~/" + os.path.relpath(host_path, state.home)
     try:
         masked, written = state_scan.masked_json(data, needles)

@@ -44,7 +44,7 @@ from relay.model.hashing import sha256
 
 WORD = 8
 BLOCK = 1 << 20  # bytes read (or decoded) at a time
-MAX_DECODED = 128 << 20  # a compressed file whose content is larger is not searched (and stays out)
+MAX_DECODED = 64 << 20  # a compressed file whose content is larger is not searched (and stays out)
 SHORT = 2 * WORD - 1  # a spelling whose shortest counted run is under this is looked for with find()
 
 _GZIP, _BZIP2, _XZ = b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00"
@@ -204,7 +204,7 @@ class Budget:
     syncs back: each costs once, the memo keeps its verdict, and past this a compressed file waits,
     out of the box, for the next launch)."""
 
-    def __init__(self, total: int = 512 << 20) -> None:
+    def __init__(self, total: int = 256 << 20) -> None:
         self.left = total
 
 
@@ -470,6 +470,17 @@ def _strings(data: object, at: tuple = ()) -> Iterator[tuple[tuple, str]]:
             yield from _strings(child, (*at, i))
     elif isinstance(data, str):
         yield at, data
+
+
+def json_text(raw: bytes) -> bytes:
+    """A JSON file's string values, decoded (escapes undone) and one per line; b"" when it is not JSON."""
+    from relay.model import credential_files
+
+    try:
+        data = credential_files.parse(raw)
+    except (ValueError, RecursionError):
+        return b""
+    return "\n".join(v for _, v in _strings(data)).encode("utf-8", "surrogateescape")
 
 
 def masked_json(raw: bytes, needles: Needles) -> tuple[bytes, list[tuple[tuple, str]]]:
