@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pexpect
@@ -170,16 +171,16 @@ def test_egress_only_through_the_proxy(gv: Sandbox, upstream: int) -> None:
     assert "NODNS" in out
 
 
-def test_a_renamed_run_dir_cannot_steer_the_relay_to_another_host_socket(gv: Sandbox, upstream: int) -> None:
+def renamed_run_dir_attack(run: Callable[..., subprocess.CompletedProcess], workdir: Path, upstream: int) -> None:
     """The red team's hole: /run is the box's to write, so the agent renamed /run/hive-relay away and put a
     link to a host socket of its choosing (here one in the workdir, which the box sees) where the proxy's
     socket was; the init connected by path, with AF_UNIX, and reached it. Now the init holds the socket's
     directory from before the agent started: the planted socket gets nothing, and the twin, a request
-    through the proxy after the rename, still works."""
+    through the proxy after the rename, still works. `run(script, *args)` runs a box."""
     import socket
     import threading
 
-    planted = gv.workdir / "host.sock"
+    planted = workdir / "host.sock"
     got: list[bytes] = []
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(planted))
@@ -203,13 +204,18 @@ def test_a_renamed_run_dir_cannot_steer_the_relay_to_another_host_socket(gv: San
                   f"ln -s {planted} /run/hive-relay/proxy.sock && echo PLANTED; "
                   "exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'PING\\r\\n\\r\\n' >&3 && timeout 5 head -c 200 <&3; echo; "
                   f"curl -sS -m 20 http://plain.test:{upstream}/hello")
-        out = ok(box(gv, script, "shell", "--allow-host", f"plain.test:{upstream}=127.0.0.1:{upstream}"))
+        out = ok(run(script, "--allow-host", f"plain.test:{upstream}=127.0.0.1:{upstream}"))
     finally:
         listener.close()
         thread.join(5)
+        planted.unlink(missing_ok=True)
     assert "PLANTED" in out, out  # the attack ran as written
     assert not got and "HOST-SOCKET-REACHED" not in out, (got, out)
     assert "hello from the fake upstream" in out, out
+
+
+def test_a_renamed_run_dir_cannot_steer_the_relay_to_another_host_socket(gv: Sandbox, upstream: int) -> None:
+    renamed_run_dir_attack(lambda script, *args: box(gv, script, "shell", *args), gv.workdir, upstream)
 
 
 def test_the_init_is_the_compiled_one_unless_the_python_one_is_asked_for(gv: Sandbox) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from .conftest import Sandbox
 from .test_container import containers
-from .test_gvisor import SOCKETS, check, runsc_ok, upstream  # noqa: F401 - fixtures, shared with local mode
+from .test_gvisor import SOCKETS, check, renamed_run_dir_attack, runsc_ok, upstream  # noqa: F401 - fixtures, shared with local mode
 
 pytestmark = pytest.mark.container
 
@@ -120,6 +120,10 @@ def test_egress_only_through_the_proxy(gc: Sandbox, upstream: int) -> None:  # n
     assert "NODNS" in out
     logs = "".join(p.read_text() for p in (gc.home / ".local" / "state" / "hive-relay" / "logs").glob("*.jsonl"))
     assert "denied.test" in logs and "plain.test" in logs  # every decision in the run's log
+
+
+def test_a_renamed_run_dir_cannot_steer_the_relay_to_another_host_socket(gc: Sandbox, upstream: int) -> None:  # noqa: F811
+    renamed_run_dir_attack(lambda script, *args: cbox(gc, script, "shell", *args, timeout=240), gc.workdir, upstream)
 
 
 def test_exit_codes_and_timeout_pass_through(gc: Sandbox) -> None:
