@@ -171,12 +171,15 @@ def test_egress_only_through_the_proxy(gv: Sandbox, upstream: int) -> None:
     assert "NODNS" in out
 
 
-def renamed_run_dir_attack(run: Callable[..., subprocess.CompletedProcess], workdir: Path, upstream: int) -> None:
+def renamed_run_dir_attack(run: Callable[..., subprocess.CompletedProcess], workdir: Path, upstream: int,
+                           can_rename: bool = True) -> None:
     """The red team's hole: /run is the box's to write, so the agent renamed /run/hive-relay away and put a
     link to a host socket of its choosing (here one in the workdir, which the box sees) where the proxy's
     socket was; the init connected by path, with AF_UNIX, and reached it. Now the init holds the socket's
     directory from before the agent started: the planted socket gets nothing, and the twin, a request
-    through the proxy after the rename, still works. `run(script, *args)` runs a box."""
+    through the proxy after the rename, still works. `run(script, *args)` runs a box; `can_rename`: the
+    box's user owns /run/hive-relay (uid 0 in the Sentry; not a rootless container's keep-id user,
+    where the rename itself is refused)."""
     import socket
     import threading
 
@@ -204,12 +207,16 @@ def renamed_run_dir_attack(run: Callable[..., subprocess.CompletedProcess], work
                   f"ln -s {planted} /run/hive-relay/proxy.sock && echo PLANTED; "
                   "exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'PING\\r\\n\\r\\n' >&3 && timeout 5 head -c 200 <&3; echo; "
                   f"curl -sS -m 20 http://plain.test:{upstream}/hello")
-        out = ok(run(script, "--allow-host", f"plain.test:{upstream}=127.0.0.1:{upstream}"))
+        proc = run(script, "--allow-host", f"plain.test:{upstream}=127.0.0.1:{upstream}")
+        out = ok(proc)
     finally:
         listener.close()
         thread.join(5)
         planted.unlink(missing_ok=True)
-    assert "PLANTED" in out, out  # the attack ran as written
+    if can_rename:
+        assert "PLANTED" in out, out  # the attack ran as written
+    else:
+        assert "PLANTED" not in out and "cannot move '/run/hive-relay'" in proc.stderr, proc.stderr[-1500:]
     assert not got and "HOST-SOCKET-REACHED" not in out, (got, out)
     assert "hello from the fake upstream" in out, out
 
