@@ -381,7 +381,7 @@ def search_fd(fd: int, needles: Needles, budget: Budget | None = None) -> str | 
     budget = budget if budget is not None else Budget()
     os.lseek(fd, 0, os.SEEK_SET)
     first = os.read(fd, BLOCK)
-    if first.startswith(b"PK\x03\x04") or _zip_tail(fd):
+    if first.startswith(b"PK\x03\x04") or _zip_tail(fd, first):
         return _search_zip(fd, needles, budget)
     os.lseek(fd, len(first), os.SEEK_SET)
     stream = _Stream(needles, budget)
@@ -404,12 +404,16 @@ def _read(fd: int, first: bytes) -> Iterator[bytes]:
         yield data
 
 
-def _zip_tail(fd: int) -> bool:
+def _zip_tail(fd: int, first: bytes) -> bool:
     """Whether the file ends like a zip archive (its end-of-central-directory record in the last 64 KiB):
-    unzip reads one with anything before it (a self-extracting stub) or, within limits, after it."""
+    unzip reads one with anything before it (a self-extracting stub) or, within limits, after it. A file
+    read whole already (`first`) is not read again."""
+    tail = (64 << 10) + 22
+    if len(first) < BLOCK:
+        return b"PK\x05\x06" in first[-tail:]
     size = os.fstat(fd).st_size
-    os.lseek(fd, max(0, size - (64 << 10) - 22), os.SEEK_SET)
-    return b"PK\x05\x06" in os.read(fd, (64 << 10) + 22)
+    os.lseek(fd, max(0, size - tail), os.SEEK_SET)
+    return b"PK\x05\x06" in os.read(fd, tail)
 
 
 def _search_zip(fd: int, needles: Needles, budget: Budget) -> str | None:
