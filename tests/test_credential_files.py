@@ -492,3 +492,51 @@ def test_another_backends_key_or_login_recorded_in_the_state_stays_out_too(box_s
     assert MARK not in proc.stdout and "nothing secret here" in proc.stdout, proc.stdout
     assert "~/.codex/log/session.log holds $ANTHROPIC_API_KEY" in proc.stderr, proc.stderr
     assert "~/.codex/log/claude.log holds ~/.claude/.credentials.json" in proc.stderr, proc.stderr
+
+
+OPENSSH_KEY = (b"-----BEGIN OPENSSH PRIVATE KEY-----\n"
+               b"b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+               + base64.b64encode(secrets.token_bytes(52)).rstrip(b"=")[:70] + b"\n"
+               + base64.b64encode(secrets.token_bytes(52)).rstrip(b"=")[:70] + b"\n"
+               + base64.b64encode(secrets.token_bytes(52)).rstrip(b"=")[:70] + b"\n"
+               b"-----END OPENSSH PRIVATE KEY-----\n")
+
+
+@pytest.mark.box
+def test_round_three_an_ssh_key_a_linked_or_large_login_and_odd_json_never_reach_the_box(box_sandbox: Sandbox) -> None:
+    """Red team round 3: ~/.ssh's keys were never looked for (local mode's deny list does not name
+    ~/.ssh: the box's $HOME is a tmpfs); another backend's login behind a dotfile link, or in a
+    ~/.claude.json over 1 MiB, was skipped; a key spelled \\uXXXX as a JSON key of the synced file went in;
+    a lone surrogate in it ended every launch. The twin: the state's ordinary files come in, the launch runs."""
+    s = box_sandbox
+    (s.home / ".ssh" / "id_ed25519").write_bytes(OPENSSH_KEY)
+    linked_key = "sk-ant-oat01-" + MARK + "LinkedLogin0123456789abcdefghij"
+    dot = s.home / "dotfiles" / "claude-credentials.json"
+    dot.parent.mkdir()
+    dot.write_text(json.dumps({"claudeAiOauth": {"accessToken": linked_key, "refreshToken": "r", "expiresAt": FAR_MS}}))
+    (s.home / ".claude").mkdir(exist_ok=True)
+    (s.home / ".claude" / ".credentials.json").symlink_to(dot)
+    big_key = "sk-ant-api03-" + MARK + "BigClaudeJson0123456789abcdefghijklmnopqrstuvwxyzABCDEF"
+    (s.home / ".claude.json").write_text(json.dumps({"primaryApiKey": big_key, "projects": {
+        f"/p{i}": {"history": [{"display": "x" * 200}]} for i in range(6000)}}))
+    log = s.home / ".codex" / "log"
+    log.mkdir(parents=True)
+    (log / "ssh.log").write_bytes(b"$ cat ~/.ssh/id_ed25519\n" + OPENSSH_KEY)
+    (log / "linked.log").write_text(f"Bearer {linked_key}\n")
+    (log / "big.log").write_text(f"x-api-key: {big_key}\n")
+    (log / "notes.log").write_text("nothing secret here\n")
+    proc = s.box("cd ~/.codex/log && cat ssh.log linked.log big.log notes.log 2>&1; true", "codex",
+                 extra_env={"CODEX_API_KEY": ENV_KEY})
+    assert proc.returncode == 0 and "nothing secret here" in proc.stdout, proc.stderr
+    assert MARK not in proc.stdout and OPENSSH_KEY.splitlines()[2].decode() not in proc.stdout, proc.stdout
+    for name in ("ssh.log", "linked.log", "big.log"):
+        assert f"~/.codex/log/{name} holds" in proc.stderr, (name, proc.stderr)
+    # The synced ~/.claude.json of a claude box: a \\uXXXX key and a lone surrogate (its own linked login
+    # would refuse the claude run, rightly: tested elsewhere).
+    (s.home / ".claude" / ".credentials.json").unlink()
+    (s.home / ".claude.json").write_text(
+        '{"theme": "dark", "note": "cut emoji \\ud83d", "projects": {"' + "".join(f"\\u{ord(c):04x}" for c in ENV_KEY)
+        + '": {}}}')
+    claude = s.box("cat ~/.claude.json 2>&1; echo RAN", "claude", extra_env={"ANTHROPIC_API_KEY": ENV_KEY})
+    assert "RAN" in claude.stdout and MARK not in claude.stdout, (claude.stdout, claude.stderr)
+    assert "~/.claude.json holds a real credential of the host's; it is not copied into the box" in claude.stderr

@@ -301,3 +301,10 @@ def test_what_the_standard_library_cannot_read_is_left_out_never_a_crash() -> No
             pass
     with pytest.raises(state_scan.Unsearchable, match="more than 3 deep"):
         search(deep)
+
+
+def test_a_lone_surrogate_in_a_json_file_is_text_not_a_crash() -> None:
+    raw = b'{"note": "cut emoji \\ud83d", "history": ["use ' + KEY.encode() + b'"]}'
+    assert b"cut emoji" in state_scan.json_text(raw)
+    out, written = state_scan.masked_json(raw, NEEDLES)
+    assert KEY.encode() not in out and len(written) == 1

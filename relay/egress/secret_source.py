@@ -190,7 +190,9 @@ def host_secrets(keys: Mapping[str, object], login_files: Iterable[tuple[str, tu
 
     fixed: list[Secret | None] = [secret_forms(f"the {name} route's key", key)
                                   for name, key in keys.items() if isinstance(key, str)]
-    for path in _key_files(denied):
+    # ~/.ssh itself: in local mode the box's $HOME is a tmpfs, so the deny list need not name it, yet its
+    # keys are the first thing a box must never send (red team: no SSH key was looked for there).
+    for path in _key_files([*denied, os.path.join(home, ".ssh")]):
         try:
             data = safefs.read_file(path, MAX_KEY_FILE)
             if data is None or b"PRIVATE KEY-----" not in data:

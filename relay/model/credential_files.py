@@ -115,18 +115,18 @@ def is_dotenv(path: str) -> bool:
     return name == ".env" or name.endswith(".env")
 
 
-def _bounded(raw: bytes | None) -> bytes:
+def _bounded(raw: bytes | None, limit: int = MAX_FILE) -> bytes:
     if raw is None:
         raise ValueError("no file")
-    if len(raw) > MAX_FILE:
+    if len(raw) > limit:
         raise ValueError("over the size bound")
     return raw
 
 
-def parse(raw: bytes | None) -> Any:
+def parse(raw: bytes | None, limit: int = MAX_FILE) -> Any:
     """The file as JSON (ValueError when it is not: such a file is never copied into a box as is)."""
     try:
-        return json.loads(_bounded(raw))
+        return json.loads(_bounded(raw, limit))
     except RecursionError:
         raise ValueError("nested too deeply") from None
 
@@ -245,12 +245,13 @@ def _env_lines(raw: bytes, paths: tuple[str, ...]) -> Iterator[tuple[str, str | 
         yield line, name, (lead + name + eq + quote, value, after + trail, line[len(body):])
 
 
-def values(raw: bytes | None, paths: tuple[str, ...], dotenv: bool = False) -> list[tuple[str, str]]:
+def values(raw: bytes | None, paths: tuple[str, ...], dotenv: bool = False,
+           limit: int = MAX_FILE) -> list[tuple[str, str]]:
     """Each (dotted path or variable name, secret value) of this file, for the host's secret scan only;
-    ValueError: not a file of its kind this reads."""
+    ValueError: not a file of its kind this reads (or over `limit`)."""
     if dotenv:
-        return [(name, parts[1]) for _, name, parts in _env_lines(_bounded(raw), paths) if name and parts]
-    data = parse(raw)
+        return [(name, parts[1]) for _, name, parts in _env_lines(_bounded(raw, limit), paths) if name and parts]
+    data = parse(raw, limit)
     return [(".".join(map(str, at)), value[a:b]) for at, value in found(data, paths)
             for a, b in _spans(data, at, value)]
 

@@ -313,21 +313,50 @@ def _host_secrets(plan: Plan, caller_env: Mapping[str, str]) -> tuple:
     files += [(r.login.file, tuple(p for p in (r.login.token, r.login.refresh_token, r.login.id_token) if p))
               for r in plan.credentials if r.login is not None]
     in_box = {u.file for u in plan.login_files if u.held != LoginHold.MASKED}  # taken in as it is, by opt-in
-    files += [(f, paths) for f, paths in plan.scan_files if f not in in_box]
     found = secret_source.host_secrets(keys, files, plan.denied, caller_env.get("HOME", "/"))
     out = list(found.fixed) + [x for x in extra if x is not None]
+    for path, paths in plan.scan_files:
+        if path not in in_box and path not in {f for f, _ in files}:
+            out += _file_secrets(path, paths, caller_env.get("HOME", "/"))
     for source in found.sources:
         try:
             out += source()
         except (OSError, ValueError):
             continue  # a login file that cannot be read now (or is not JSON): nothing of it to look for
+    # What the box gets anyway is no secret of the host's to look for: a variable passed into it (a key
+    # you pointed at your own base URL), a value the plan sets; and any part of one (claude keeps the
+    # last 20 characters of an approved key in ~/.claude.json).
+    given = [v for n in plan.env_pass if (v := caller_env.get(n))] + [v for _, v in plan.env_set if v]
     seen: set[tuple] = set()
     unique = []
     for secret in out:  # one file may be named twice (this run's login and every backend's table)
-        if secret.forms not in seen:
-            seen.add(secret.forms)
-            unique.append(secret)
+        if secret.forms in seen or any(secret.forms[0] in v for v in given):
+            continue
+        seen.add(secret.forms)
+        unique.append(secret)
     return tuple(unique)
+
+
+MAX_TABLE_FILE = 32 << 20  # another backend's credential file read for its secrets (~/.claude.json grows)
+
+
+def _file_secrets(path: str, paths: tuple[str, ...], home: str) -> list:
+    """The secrets of one backend's credential or login file, for the state search only: a link the user
+    made (a dotfile manager's) is followed to the file it names, and a file over the masks' 1 MiB bound
+    (a long-used ~/.claude.json) is read to MAX_TABLE_FILE (red team round 3: both were skipped, so their
+    keys reached another backend's box). Nothing is copied from here: values become needles only."""
+    from relay.egress.secret_scan import secret_forms
+    from relay.host import safefs
+    from relay.model import credential_files
+
+    real = os.path.realpath(path) if os.path.islink(path) else path
+    try:
+        raw = safefs.read_file(real, MAX_TABLE_FILE)
+        found = credential_files.values(raw, paths, credential_files.is_dotenv(path), limit=MAX_TABLE_FILE)
+    except (OSError, ValueError):
+        return []  # absent, unreadable, not JSON: no value of it is known
+    shown = "~/" + os.path.relpath(path, home) if path.startswith(home.rstrip("/") + "/") else path
+    return [s for at, value in found if (s := secret_forms(f"{shown} {at}", value)) is not None]
 
 
 def _make_sync_files(plan: Plan, caller_env: Mapping[str, str], state: janitor.RunState) -> None:

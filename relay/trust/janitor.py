@@ -144,7 +144,7 @@ def _without_secrets(state: RunState, host_path: str, data: bytes) -> bytes | No
     shown = "~/" + os.path.relpath(host_path, state.home)
     try:
         masked, written = state_scan.masked_json(data, needles)
-    except ValueError:
+    except (ValueError, UnicodeError, RecursionError):
         state.sync.pop(host_path, None)
         state.agent.notes.append(f"{shown} holds a real credential of the host's; it is not copied into the box")
         return None

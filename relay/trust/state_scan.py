@@ -465,13 +465,16 @@ def _search_zip(fd: int, needles: Needles, budget: Budget) -> str | None:
     return None
 
 
-def _strings(data: object, at: tuple = ()) -> Iterator[tuple[tuple, str]]:
+def _strings(data: object, at: tuple = (), keys: bool = False) -> Iterator[tuple[tuple, str]]:
+    """Every string value of DATA with its path (and, with `keys`, every key as well)."""
     if isinstance(data, dict):
         for key, child in data.items():
-            yield from _strings(child, (*at, key))
+            if keys and isinstance(key, str):
+                yield (*at, key), key
+            yield from _strings(child, (*at, key), keys)
     elif isinstance(data, list):
         for i, child in enumerate(data):
-            yield from _strings(child, (*at, i))
+            yield from _strings(child, (*at, i), keys)
     elif isinstance(data, str):
         yield at, data
 
@@ -484,7 +487,7 @@ def json_text(raw: bytes) -> bytes:
         data = credential_files.parse(raw)
     except (ValueError, RecursionError):
         return b""
-    return "\n".join(v for _, v in _strings(data)).encode("utf-8", "surrogateescape")
+    return "\n".join(v for _, v in _strings(data, keys=True)).encode("utf-8", "surrogatepass")
 
 
 def masked_json(raw: bytes, needles: Needles) -> tuple[bytes, list[tuple[tuple, str]]]:
@@ -499,14 +502,14 @@ def masked_json(raw: bytes, needles: Needles) -> tuple[bytes, list[tuple[tuple, 
     data = credential_files.parse(raw)
     written: list[tuple[tuple, str]] = []
     for at, value in list(_strings(data)):
-        if at and needles.search([value.encode("utf-8", "surrogateescape")]):
+        if at and needles.search([value.encode("utf-8", "surrogatepass")]):
             placeholder = credential_files.placeholder_for(value)
             target = data
             for part in at[:-1]:
                 target = target[part]
             target[at[-1]] = placeholder
             written.append((at, placeholder))
-    out = json.dumps(data, indent=2, ensure_ascii=False).encode()
-    if needles.search([out]):
+    out = json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    if needles.search([out]) or needles.search([json_text(out)]):  # a key holds one: no placeholder can
         raise ValueError("a host secret outside the file's string values")
     return out, written
