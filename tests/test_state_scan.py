@@ -131,7 +131,7 @@ def test_a_json_file_gets_placeholders_only_where_a_secret_is() -> None:
     out, written = state_scan.masked_json(raw, NEEDLES)
     data = json.loads(out)
     assert data["theme"] == "dark" and data["n"] == 3 and PART not in out.decode()
-    assert written == [(("history", 0, "display"), data["history"][0]["display"])]
+    assert written == [(("history", 0, "display"), data["history"][0]["display"], ("history", 0))]
     with pytest.raises(ValueError):  # a secret as a key: no placeholder can hold it
         state_scan.masked_json(json.dumps({KEY: 1}).encode(), NEEDLES)
 
@@ -308,3 +308,24 @@ def test_a_lone_surrogate_in_a_json_file_is_text_not_a_crash() -> None:
     assert b"cut emoji" in state_scan.json_text(raw)
     out, written = state_scan.masked_json(raw, NEEDLES)
     assert KEY.encode() not in out and len(written) == 1
+
+
+def test_sync_back_puts_a_value_back_only_where_the_object_holding_it_is_the_hosts() -> None:
+    """Red team round 3: a box that added ANTHROPIC_BASE_URL beside `env.ANTHROPIC_API_KEY` (or changed the
+    URL beside a key) got the real key put back next to its URL, one accept-state from the host; and a
+    prompt the box added to a history list left the placeholder in the host's file for good."""
+    from relay.model import credential_files
+
+    host = {"env": {"ANTHROPIC_API_KEY": KEY}, "history": [{"display": f"use {KEY}"}], "theme": "dark"}
+    raw = json.dumps(host).encode()
+    masked, written = credential_files.mask(raw, ("env.*",), written=(table := []))[0], table
+    masked, more = state_scan.masked_json(masked, NEEDLES)
+    box = json.loads(masked)
+    box["history"].append({"display": "a new prompt"})
+    box["theme"] = "light"
+    back = json.loads(credential_files.restore(json.dumps(box).encode(), raw, written + more))
+    assert back["env"]["ANTHROPIC_API_KEY"] == KEY and back["history"][0]["display"] == f"use {KEY}"
+    assert back["history"][1] == {"display": "a new prompt"} and back["theme"] == "light"
+    box["env"]["ANTHROPIC_BASE_URL"] = "https://evil.example"
+    back = json.loads(credential_files.restore(json.dumps(box).encode(), raw, written + more))
+    assert KEY not in back["env"]["ANTHROPIC_API_KEY"], back  # the placeholder stays beside the box's URL

@@ -345,7 +345,7 @@ def _set(data: Any, at: tuple[Step, ...], value: str) -> None:
     data[at[-1]] = value
 
 
-def restore(box: bytes, host: bytes | None, written: list[tuple[tuple[Step, ...], str]]) -> bytes:
+def restore(box: bytes, host: bytes | None, written: list[tuple]) -> bytes:
     """A masked JSON file on its way back from the box: each value still the placeholder `mask` wrote
     there (`written`) becomes the host's value again, so a box that changed nothing there changed
     nothing; a value the box changed stays the box's (the settings review judges it). Not JSON: as it is."""
@@ -358,10 +358,15 @@ def restore(box: bytes, host: bytes | None, written: list[tuple[tuple[Step, ...]
     # so no review and no accept-state ever sends the real token to where the box chose.
     owners: dict[tuple[Step, ...], list[tuple[tuple[Step, ...], str]]] = {}
     changed = False
-    for at, placeholder in written:
-        if len(at) >= 3:
-            owners.setdefault(_owner(at), []).append((at, placeholder))
-        elif _at(data, at) == placeholder and _at(real, at) is not _NONE:  # a top-level key (primaryApiKey)
+    for entry in written:
+        at, placeholder = entry[0], entry[1]
+        # The owner: given (the state search's placeholders: the object holding the value), an MCP server or
+        # two levels up, or for `env.KEY` the object holding it (a box that added ANTHROPIC_BASE_URL beside
+        # the key keeps the placeholder: red team round 3); a top-level key (primaryApiKey) has none.
+        owner = entry[2] if len(entry) > 2 else _owner(at) if len(at) >= 3 else at[:-1] if len(at) == 2 else None
+        if owner is not None:
+            owners.setdefault(owner, []).append((at, placeholder))
+        elif _at(data, at) == placeholder and _at(real, at) is not _NONE:
             _put(data, at, _at(real, at))
             changed = True
     for owner, entries in owners.items():
@@ -376,7 +381,7 @@ def restore(box: bytes, host: bytes | None, written: list[tuple[tuple[Step, ...]
         if trial == host_owner:
             _put(data, owner, trial)
             changed = True
-    return json.dumps(data, indent=2, ensure_ascii=False).encode() if changed else box
+    return json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8", "surrogatepass") if changed else box
 
 
 _NONE = object()

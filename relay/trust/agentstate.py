@@ -367,10 +367,15 @@ class _ScanMemo:
         try:
             data = json.loads(raw) if raw else {}
             files = data.get("files") if isinstance(data, dict) else None
+            sets = data.get("sets") if isinstance(data, dict) else None
+            sets = [x for x in sets if isinstance(x, list) and all(isinstance(d, str) for d in x)] \
+                if isinstance(sets, list) else []
             if isinstance(files, dict):
-                self.files = {k: v for k, v in files.items() if isinstance(v, list) and len(v) == 7
-                              and all(isinstance(x, int) for x in v[:5]) and isinstance(v[5], list)
-                              and all(isinstance(x, str) for x in v[5]) and isinstance(v[6], str)}
+                # Each file names its clearance by index into `sets`: most files share one, and a memo of
+                # 50,000 files listing 20 digests each would outgrow LIMIT (red team round 3).
+                self.files = {k: [*v[:5], sets[v[5]], v[6]] for k, v in files.items()
+                              if isinstance(v, list) and len(v) == 7 and all(isinstance(x, int) for x in v[:6])
+                              and 0 <= v[5] < len(sets) and isinstance(v[6], str)}
         except ValueError:
             self.files = {}
 
@@ -412,7 +417,12 @@ class _ScanMemo:
             return
         from relay.host import memo
 
-        memo.put(self.env, memo.MemoKind.STATE_SCAN, self.key, json.dumps({"files": self.seen}).encode())
+        sets: dict[tuple[str, ...], int] = {}
+        files = {}
+        for path, v in self.seen.items():
+            files[path] = [*v[:5], sets.setdefault(tuple(v[5]), len(sets)), v[6]]
+        memo.put(self.env, memo.MemoKind.STATE_SCAN, self.key,
+                 json.dumps({"sets": [list(x) for x in sets], "files": files}).encode())
 
 
 def needles(state: AgentState) -> state_scan.Needles:

@@ -117,7 +117,10 @@ class Needles:
                     if run < SHORT:
                         self.short.append(i)
                         continue
-                    for at in range(len(text) - WORD + 1):
+                    # A run of `run` bytes or more holds an aligned word within its first 8 bytes, so
+                    # only the words starting up to len-run+7 are needed (an SSH key's line, counted
+                    # whole: 8 words instead of ~60).
+                    for at in range(min(len(text) - WORD + 1, len(text) - run + WORD)):
                         self.words.setdefault(int.from_bytes(text[at:at + WORD], sys.byteorder), []).append((i, at))
         self.keys = frozenset(self.words)
         # Bytes kept before and after a word being checked, so a run through it is seen whole.
@@ -490,7 +493,7 @@ def json_text(raw: bytes) -> bytes:
     return "\n".join(v for _, v in _strings(data, keys=True)).encode("utf-8", "surrogatepass")
 
 
-def masked_json(raw: bytes, needles: Needles) -> tuple[bytes, list[tuple[tuple, str]]]:
+def masked_json(raw: bytes, needles: Needles) -> tuple[bytes, list[tuple]]:
     """A JSON file (a synced file such as ~/.claude.json) with every string value that holds a host
     secret replaced by a placeholder of its shape (relay/model/credential_files.placeholder_for), and
     where each went (the sync-back puts the host's values back where the box left the placeholder).
@@ -500,7 +503,7 @@ def masked_json(raw: bytes, needles: Needles) -> tuple[bytes, list[tuple[tuple, 
     from relay.model import credential_files
 
     data = credential_files.parse(raw)
-    written: list[tuple[tuple, str]] = []
+    written: list[tuple] = []
     for at, value in list(_strings(data)):
         if at and needles.search([value.encode("utf-8", "surrogatepass")]):
             placeholder = credential_files.placeholder_for(value)
@@ -508,7 +511,9 @@ def masked_json(raw: bytes, needles: Needles) -> tuple[bytes, list[tuple[tuple, 
             for part in at[:-1]:
                 target = target[part]
             target[at[-1]] = placeholder
-            written.append((at, placeholder))
+            # Put back at sync-back only while the object holding it is otherwise the host's (a box that
+            # changed the URL beside a key keeps the placeholder), whatever changed around that object.
+            written.append((at, placeholder, at[:-1]))
     out = json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8", "surrogatepass")
     if needles.search([out]) or needles.search([json_text(out)]):  # a key holds one: no placeholder can
         raise ValueError("a host secret outside the file's string values")
