@@ -25,7 +25,9 @@ def main() -> None:
     cafile, upstream = sys.argv[1], int(sys.argv[2])
     scan = sys.argv[3:] != ["noscan"]
     # Shaped as a real key (an Anthropic key is 108 characters): the scrub's cost grows with its length.
-    key = "sk-ant-api03-" + "".join(random.Random(29).choice(string.ascii_letters + string.digits + "-_") for _ in range(95))
+    rng = random.Random(29)  # one generator: a new one per character made the key 95 times the same letter,
+    # which the scrubber's searches find (and dismiss) far faster than a real key's (helper round, stop 45)
+    key = "sk-ant-api03-" + "".join(rng.choice(string.ascii_letters + string.digits + "-_") for _ in range(95))
     secrets = None
     if scan:  # the route's key, and a deny-listed SSH key's lines, as a real run holds them
         import base64
