@@ -1,5 +1,5 @@
 """A TLS upstream for the credential-route benchmark, standing in for an API: `GET /sse` answers an
-SSE head and its first event at once (then two more), `GET /big` streams N MB (of one byte; `GET /text` of SSE text). Runs in its own
+SSE head and its first event at once (then two more), `GET /big` streams N MB (of seeded random bytes; `GET /text` of SSE text). Runs in its own
 process so the proxy under test does not share its GIL.
 
     tlsserver.py CERT KEY MEGABYTES   (prints its port, then serves until killed)
@@ -10,7 +10,10 @@ import ssl
 import sys
 import threading
 
-CHUNK = b"x" * (1 << 20)
+# A binary download: 1 MiB of seeded random bytes, the same every run. (It was one byte repeated, "x":
+# with a realistic key, which has an "x", every read's end could begin a key run and was held back,
+# a worst case no real download makes; and a run of one byte is the best case for `bytes.find`.)
+CHUNK = __import__("random").Random(7).randbytes(1 << 20)
 
 
 def _text_chunk() -> bytes:
