@@ -160,7 +160,7 @@ def measure_throughput(rounds: int, blob_mb: int, env: dict[str, str]) -> dict:
         url = f"http://blob.test:{port}/big"
         client = f"/usr/bin/python3 client.py get blob.test {port} 1"
         curl = "curl -s -o /dev/null -w '%{speed_download}'"
-        runs = {"client.py": ([*client.split(), ], f"{client} 127.0.0.1:3128"),
+        runs = {"client.py": (client.split(), f"{client} 127.0.0.1:3128"),
                 "curl": (["curl", "-s", "-o", "/dev/null", "-w", "%{speed_download}", f"http://127.0.0.1:{port}/big"],
                          f"{curl} {url}")}
         for name, (host_argv, box_script) in runs.items():

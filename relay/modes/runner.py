@@ -315,8 +315,9 @@ def _host_secrets(plan: Plan, caller_env: Mapping[str, str]) -> tuple:
     in_box = {u.file for u in plan.login_files if u.held != LoginHold.MASKED}  # taken in as it is, by opt-in
     found = secret_source.host_secrets(keys, files, plan.denied, caller_env.get("HOME", "/"))
     out = list(found.fixed) + [x for x in extra if x is not None]
+    named = in_box | {f for f, _ in files}  # this run's own (read above) and those taken in as they are
     for path, paths in plan.scan_files:
-        if path not in in_box and path not in {f for f, _ in files}:
+        if path not in named:
             out += _file_secrets(path, paths, caller_env.get("HOME", "/"))
     for source in found.sources:
         try:

@@ -390,16 +390,19 @@ class _ScanMemo:
         if got is None or got[:5] != ident:
             return None
         verdict = got[6]
-        if verdict.startswith("U:"):
+        if verdict.startswith("U:") or (verdict.startswith("H:") and verdict[2:] in self.digests) or (
+                not verdict and set(self.digests) <= set(got[5])):
             self.seen[path] = got
-            return f"cannot be searched for the host's secrets ({verdict[2:]})"
-        if verdict.startswith("H:") and verdict[2:] in self.digests:
-            self.seen[path] = got
-            return f"holds {self.digests[verdict[2:]]} (a real credential of the host's)"
-        if not verdict and set(self.digests) <= set(got[5]):
-            self.seen[path] = got
-            return ""
+            return self.said(verdict)
         return None
+
+    def said(self, verdict: str) -> str:
+        """The line a verdict gives ("" for clean)."""
+        if verdict.startswith("U:"):
+            return f"cannot be searched for the host's secrets ({verdict[2:]})"
+        if verdict.startswith("H:"):
+            return f"holds {self.digests.get(verdict[2:], 'a secret')} (a real credential of the host's)"
+        return ""
 
     def record(self, path: str, ident: list[int], verdict: str) -> None:
         """Clean ("") keeps the secrets it was found clean of before, at the same identity (a launch
@@ -469,9 +472,9 @@ def _holds_secret(state: AgentState, scan_memo: _ScanMemo, path: str, source: tu
         verdict = "H:" + next((d for d, name in scan_memo.digests.items() if name == found), "")
     if stable:
         scan_memo.record(path, ident, verdict)
-    if verdict.startswith("U:"):
-        return f"cannot be searched for the host's secrets ({verdict[2:]})"
-    return f"holds {found} (a real credential of the host's)" if found else None
+    if found:  # by its name, which the digest's lookup above could not give back for a name it lacks
+        return f"holds {found} (a real credential of the host's)"
+    return scan_memo.said(verdict) or None
 
 
 def _login_originals(state: AgentState, hfd: int) -> dict[str, os.stat_result]:
