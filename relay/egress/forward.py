@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 BODY_TIMEOUT = 60.0  # a request body may pause this long between reads
 CONNECT_TIMEOUT = 15.0
 CHUNK = 1 << 20
+READ_BATCH = 1 << 18  # a TLS upstream's read: every record that has arrived, up to this (relay/egress/tls_stream.py)
 F_SETPIPE_SZ = 1031
 
 
@@ -509,7 +510,7 @@ def relay_response(upstream: socket.socket, client: socket.socket, redact: Redac
             return 0
         upstream.settimeout(None)
         while not answer.ended:
-            data = upstream.recv(65536)
+            data = upstream.recv(READ_BATCH)
             if not data:
                 break
             data = _pass(answer, red, data)

@@ -31,6 +31,7 @@ from relay.egress.forward import BODY_TIMEOUT, refuse_scanned, request_scan
 from relay.egress.http_head import HEAD_TIMEOUT, MAX_HEAD, Body, RequestError, parse_head
 from relay.egress.redact import Redactor
 from relay.egress.secret_scan import FramingError, HostSecrets, SecretFound, Unchunk, Unscannable
+from relay.egress.tls_stream import TlsStream
 from relay.model import http_rules
 from relay.model import refusal as denial
 from relay.model.allow_rules import HostRule, fmt_hostport
@@ -70,8 +71,8 @@ class Inspector:
         return bool(self.contexts)
 
 
-def _sni_check(host: str) -> Callable[[ssl.SSLSocket, str | None, ssl.SSLContext], int | None]:
-    def check(sock: ssl.SSLSocket, name: str | None, _ctx: ssl.SSLContext) -> int | None:
+def _sni_check(host: str) -> Callable[[ssl.SSLObject, str | None, ssl.SSLContext], int | None]:
+    def check(sock: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> int | None:
         try:
             seen = canonical_host(name) if name else None
         except HostError:
@@ -129,23 +130,23 @@ def serve(log: DecisionLog, inspector: Inspector, router: Routes, secrets: HostS
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError:
         pass
-    tls_client: ssl.SSLSocket | None = None
-    tls_up: ssl.SSLSocket | None = None
+    tls_client: TlsStream | None = None
+    tls_up: TlsStream | None = None
     tracked = None
     try:
         # The upstream's handshake runs while the client's does: a new connection waits for one, not two in series.
         upward: list = []
         shake = threading.Thread(target=lambda: upward.append(router._tls(upstream, host)), daemon=True)
         shake.start()
-        client.settimeout(HANDSHAKE_TIMEOUT)
-        tls_client = ctx.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
+        shaking = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls_client = TlsStream(client, ctx.wrap_bio(*shaking, server_side=True), *shaking)
         try:
-            tls_client.do_handshake()
+            tls_client.handshake(HANDSHAKE_TIMEOUT)
         except (OSError, ValueError) as err:
             shake.join()
             if upward and upward[0][0] is not None:
                 tls_up = upward[0][0]  # closed below, unused
-            sni = getattr(tls_client, "hive_sni", None)
+            sni = getattr(tls_client.obj, "hive_sni", None)
             reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or type(err).__name__
             if "UNRECOGNIZED_NAME" in str(reason).upper() or "callback" in str(err).lower():
                 why, label = f"the TLS server_name is not {host} (domain fronting)", "sni-mismatch"
@@ -156,7 +157,7 @@ def serve(log: DecisionLog, inspector: Inspector, router: Routes, secrets: HostS
             if notify is not None:
                 notify(f"hive-relay: refused {fmt_hostport(host, port)}: {why}")
             return
-        sni = getattr(tls_client, "hive_sni", "-")
+        sni = getattr(tls_client.obj, "hive_sni", "-")
         alpn = tls_client.selected_alpn_protocol()
         shake.join()
         tls_up, detail = upward[0] if upward else (None, "the upstream's TLS handshake failed")  # verified for the name
@@ -180,14 +181,14 @@ def serve(log: DecisionLog, inspector: Inspector, router: Routes, secrets: HostS
                     pass
 
 
-def _answer(tls: ssl.SSLSocket, answer: bytes) -> None:
+def _answer(tls: TlsStream, answer: bytes) -> None:
     try:
         refuse(tls, answer)
     except OSError:
         pass
 
 
-def _read_head(sock: ssl.SSLSocket, buf: bytes, host: str, port: int) -> tuple[bytes | None, bytes]:
+def _read_head(sock: TlsStream, buf: bytes, host: str, port: int) -> tuple[bytes | None, bytes]:
     """The next request head (without its blank line) and what followed it; None at a clean close
     between requests (or an idle keep-alive connection that timed out)."""
     sock.settimeout(IDLE_TIMEOUT if not buf else HEAD_TIMEOUT)
@@ -217,7 +218,7 @@ def _route_for(router: Routes, host: str, port: int):  # noqa: ANN202 - Credenti
     return None
 
 
-def _requests(log: DecisionLog, router: Routes, secrets: HostSecrets, tls: ssl.SSLSocket, up: ssl.SSLSocket,
+def _requests(log: DecisionLog, router: Routes, secrets: HostSecrets, tls: TlsStream, up: TlsStream,
               decision: Decision, rule: HostRule, base: dict[str, object],
               notify: Callable[[str], None] | None) -> None:
     host, port = decision.host, decision.port
@@ -323,7 +324,7 @@ def _requests(log: DecisionLog, router: Routes, secrets: HostSecrets, tls: ssl.S
                 up.sendall(scanned.out(chunk) if scanned is not None else chunk)
         except (SecretFound, Unscannable) as err:
             try:
-                socket.socket.shutdown(up, socket.SHUT_RDWR)  # the upstream never sees a complete request
+                up.shutdown(socket.SHUT_RDWR)  # the upstream never sees a complete request
             except OSError:
                 pass
             refuse_scanned(log, tls, req, host, port, err, where)
@@ -347,31 +348,14 @@ def _requests(log: DecisionLog, router: Routes, secrets: HostSecrets, tls: ssl.S
 BATCH = 1 << 18
 
 
-def _gather(up: ssl.SSLSocket, most: int) -> bytes:
-    """What the upstream has ready, up to `most` bytes: one blocking read (a TLS record, 16 KiB at most),
-    then what is already decrypted or waiting, without blocking, so that the client gets few large
-    writes (each TLS record written alone costs a syscall and a Python round)."""
-    first = up.recv(min(most, 1 << 16))
-    if not first or len(first) >= most:
-        return first
-    parts, size = [first], len(first)
-    up.setblocking(False)
-    try:
-        while size < most:
-            try:
-                more = up.recv(min(most - size, 1 << 16))
-            except (ssl.SSLWantReadError, BlockingIOError):
-                break
-            if not more:
-                break
-            parts.append(more)
-            size += len(more)
-    finally:
-        up.setblocking(True)
-    return b"".join(parts)
+def _gather(up: TlsStream, most: int) -> bytes:
+    """What the upstream has ready, up to `most` bytes: every TLS record that has arrived, decrypted
+    at once (relay/egress/tls_stream.py), waiting only while none has, so that the client gets few
+    large writes (each TLS record written alone costs a syscall and a Python round)."""
+    return up.recv(most)
 
 
-def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: Redactor | None) -> tuple[int, bool]:
+def relay_answer(up: TlsStream, client: TlsStream, method: str, redact: Redactor | None) -> tuple[int, bool]:
     """One answer from the upstream to the client, as it arrives (SSE flows event by event): its head,
     interim 1xx heads first, then a body framed by Content-Length, chunks (followed to their end) or
     the close. With `redact` (a route's key was added) the head and body are scrubbed of the key; the
@@ -472,7 +456,7 @@ def relay_answer(up: ssl.SSLSocket, client: ssl.SSLSocket, method: str, redact: 
                         return status, keep and not unchunk.buf
                 else:
                     send(redact.feed(data) if redact is not None else data)
-            data = up.recv(1 << 16)
+            data = up.recv(BATCH)
             if not data:
                 if redact is not None:
                     send(redact.flush())

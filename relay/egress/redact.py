@@ -10,6 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# CPython's bytes.find turns to its two-way search on a haystack of 30,000 bytes or more (a needle
+# under 100), which on text and on random bytes runs at half the speed of its default search for the
+# 8- to 32-byte pieces here (measured on 256 KiB reads: 0.23 against 0.13 ms per MiB a piece). A
+# large read is therefore searched in windows under that size, overlapping by a piece's length.
+WINDOW = 28_000
+
+
+def find(data: bytes, block: bytes, start: int = 0) -> int:
+    """`data.find(block, start)`, window by window (WINDOW)."""
+    last = len(data) - len(block)
+    while start <= last:
+        p = data.find(block, start, start + WINDOW + len(block) - 1)
+        if p >= 0:
+            return p
+        start += WINDOW
+    return -1
+
 
 class Redactor:
     """Scrubs a route's key (each spelling it was sent in, `egress.key_forms`) from the answer, byte for
@@ -43,7 +60,26 @@ class Redactor:
     MIN_RUN = 2 * BLOCK - 1
     MID_BLOCK = 32
 
+    # The pieces of each set of spellings, made once: the proxy searches every request for the same
+    # host secrets, and making them cost ~20 µs a request (a route's SSE event takes ~3 ms in all).
+    _made: dict[tuple[tuple[str, ...], tuple[int, ...] | None], tuple] = {}
+
     def __init__(self, forms: Sequence[str], least: Sequence[int] | None = None) -> None:
+        key = (tuple(forms), None if least is None else tuple(least))
+        made = Redactor._made.get(key)
+        if made is None:
+            made = self._make(forms, least)
+            if len(Redactor._made) >= 64:  # secrets change (a refreshed login): the old ones are dropped
+                Redactor._made.clear()
+            Redactor._made[key] = made
+        self.forms, self.least, self.blocks, self.ends, self.hold = made
+        self.full = True
+        self.held = b""
+        self.count = 0
+
+    @classmethod
+    def _make(cls, forms: Sequence[str], least: Sequence[int] | None) -> tuple:
+        self = cls.__new__(cls)
         runs = least if least is not None else [self.MIN_RUN] * len(forms)
         pairs = list(dict.fromkeys((f.encode("latin-1"), n) for f, n in zip(forms, runs, strict=True) if len(f) >= 6))
         self.forms = [form for form, _ in pairs]
@@ -73,9 +109,7 @@ class Redactor:
         # A run cut by a read's end is found whole if what lies before the cut is held (up to the
         # shortest run counted, less one) or holds a whole piece (twice the longest piece, less two).
         self.hold = max([self.least - 1] + [2 * len(b[2]) - 2 for b in self.blocks + self.ends])
-        self.full = True
-        self.held = b""
-        self.count = 0
+        return tuple(self.forms), self.least, tuple(self.blocks), tuple(self.ends), self.hold
 
     @staticmethod
     def _pieces(form: bytes, least: int, size: int) -> list[tuple[bytes, int, bytes, int]]:
@@ -90,7 +124,7 @@ class Redactor:
     def scrub(self, data: bytes, full: bool | None = None) -> bytes:
         runs = []
         for form, at, block, least in self.blocks if (self.full if full is None else full) else self.ends:
-            p = data.find(block)
+            p = find(data, block)
             while p >= 0:
                 lo, hi, a, b = p, p + len(block), at, at + len(block)
                 while lo > 0 and a > 0 and data[lo - 1] == form[a - 1]:
@@ -99,7 +133,7 @@ class Redactor:
                     hi, b = hi + 1, b + 1
                 if hi - lo >= least:
                     runs.append((lo, hi))
-                p = data.find(block, max(hi, p + 1))
+                p = find(data, block, max(hi, p + 1))
         if not runs:
             return data
         out = bytearray(data)

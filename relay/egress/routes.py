@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import ssl  # at run time only when a credential route is used (importing it costs ~5 ms per launch)
 
     from relay.egress.decision_log import DecisionLog
+    from relay.egress.tls_stream import TlsStream
     from relay.egress.watch import UpstreamWatch
     from relay.model.backend import CredentialRoute
 
@@ -130,7 +131,7 @@ class Routes:
         self.log.record(Decision(True, host, port, f"credential route {route.name}", decision.addrs), req.method, extra)
         return upstream
 
-    def verified(self, rules: tuple[HostRule, ...], host: str, port: int) -> tuple[Decision, ssl.SSLSocket | None]:
+    def verified(self, rules: tuple[HostRule, ...], host: str, port: int) -> tuple[Decision, TlsStream | None]:
         """Decide `host:port` under `rules`, connect, and verify TLS for the name: the upstream of a
         credential route and of the host's own login refresh. Not allowed or not reachable: the
         decision says why and there is no socket."""
@@ -145,7 +146,7 @@ class Routes:
             return Decision(False, host, port, detail, unreachable=True, cause="failed"), None
         return decision, upstream
 
-    def open_tls(self, host: str, port: int) -> ssl.SSLSocket:
+    def open_tls(self, host: str, port: int) -> TlsStream:
         """A verified TLS connection to an allowed host (the egress rules and their pins apply), for a
         request the host side makes itself: a login's refresh (relay/trust/logins.py). Logged like any other."""
         decision, upstream = self.verified(self.book.rules, host, port)
@@ -154,7 +155,7 @@ class Routes:
             raise OSError(decision.reason)
         return upstream
 
-    def _tls(self, sock: socket.socket, host: str) -> tuple[ssl.SSLSocket | None, str]:
+    def _tls(self, sock: socket.socket, host: str) -> tuple[TlsStream | None, str]:
         """TLS to the route's upstream, verified for its name (SNI), within CONNECT_TIMEOUT."""
         if self.tls is None:
             import ssl
@@ -162,10 +163,10 @@ class Routes:
             self.tls = ssl.create_default_context()
         context = self.tls
         try:
-            sock.settimeout(CONNECT_TIMEOUT)
-            tls = context.wrap_socket(sock, server_hostname=host)
-            tls.settimeout(None)
-            return tls, ""
+            from relay.egress.tls_stream import TlsStream  # with ssl, on the first route's use
+
+            sock.settimeout(None)
+            return TlsStream.client(context, sock, host, CONNECT_TIMEOUT), ""
         except (OSError, ValueError) as err:
             sock.close()
             reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or type(err).__name__

@@ -315,8 +315,8 @@ class RuleBook:
                     continue
                 del self._tunnels[key]  # listed no more: the worker's close cannot race this shutdown
                 for sock in (tunnel.client, tunnel.upstream):
-                    try:  # the fd itself: an SSLSocket's own shutdown would unwrap it under its reader
-                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                    try:  # the fd itself (a TlsStream's `raw`): never the TLS layer, under its reader
+                        socket.socket.shutdown(getattr(sock, "raw", sock), socket.SHUT_RDWR)
                     except OSError:
                         pass
                 cut.append(tunnel)

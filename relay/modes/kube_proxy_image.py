@@ -21,6 +21,7 @@ PROXY_POD_FILES = (
     "egress/__init__.py", "egress/answers.py", "egress/control.py", "egress/decision_log.py", "egress/forward.py",
     "egress/http_head.py", "egress/proxy.py", "egress/proxy_main.py", "egress/reactor.py", "egress/redact.py", "egress/secret_scan.py",
     "egress/routes.py", "egress/rulebook.py", "egress/tlspeek.py", "egress/watch.py", "egress/inspect.py",
+    "egress/tls_stream.py",
     "host/__init__.py", "host/liveness.py", "host/procs.py", "host/safefs.py",
     "model/__init__.py", "model/allow_rules.py", "model/backend.py", "model/errors.py", "model/hostname.py",
     "model/http_rules.py", "model/record.py", "model/refusal.py", "model/vocab.py",
