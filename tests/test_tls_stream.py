@@ -210,3 +210,85 @@ def test_the_server_side_runs_the_sni_callback_on_its_sslobject(pki, tmp_path: P
     client.close()
     a.close()
     assert out == ["api.example.test"]
+
+
+def test_a_record_trickled_a_byte_at_a_time_cannot_stretch_a_read(pki, peer) -> None:  # noqa: ANN001
+    """The socket's timeout bounds the whole read, as SSLSocket's does, not each byte: a login refresh
+    (30 s for the whole answer) would otherwise hold the host's login lock for hours (red team)."""
+    stop = threading.Event()
+
+    def act(tls: ssl.SSLSocket) -> None:
+        raw = socket.socket(fileno=os.dup(tls.fileno()))
+        with raw:
+            raw.sendall(b"\x17\x03\x03\x40\x00")  # an application-data record of 16 KiB is coming...
+            until = time.monotonic() + 8  # then the close: a read that outlived its timeout ends, and fails the test
+            while not stop.is_set() and time.monotonic() < until:
+                try:
+                    raw.sendall(b"\x00")  # ...a byte every 0.2 s
+                except OSError:
+                    return
+                stop.wait(0.2)
+
+    try:
+        with _client(pki, peer(act)) as stream:
+            stream.settimeout(1.0)
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                stream.recv()
+            assert time.monotonic() - began < 5  # bounded (a per-byte timeout: ~3,000 s)
+            assert stream.raw.gettimeout() == 1.0  # the socket's own timeout is as it was
+    finally:
+        stop.set()
+
+
+def test_data_before_a_bad_record_is_handed_over_then_the_error(pki) -> None:  # noqa: ANN001
+    """SSLSocket returns what decrypted and raises on the next read; so does this (red team: the
+    first version dropped the data)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            stream = TlsStream.server(_server_ctx(pki[0]), conn, 5)
+            stream.recv()
+            stream.obj.write(b"last words")
+            good = stream.out.read()
+            stream.obj.write(b"more")
+            bad = bytearray(stream.out.read())
+            bad[-1] ^= 1  # the second record's tag no longer verifies
+            conn.sendall(good + bytes(bad))
+            time.sleep(1)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with _client(pki, listener.getsockname()[1]) as stream:
+            stream.sendall(b"go")
+            time.sleep(0.3)  # both records have arrived: one read sees them together
+            assert stream.recv() == b"last words"
+            with pytest.raises(ssl.SSLError):
+                stream.recv()
+    finally:
+        t.join(5)
+        listener.close()
+
+
+def test_an_open_stream_holds_no_read_buffer_of_its_own(pki, peer) -> None:  # noqa: ANN001
+    """A box may hold hundreds of connections open (MAX_CONNECTIONS): a batch-sized buffer per stream
+    was 256 KiB each, ~128 MiB for a box that opens CONNECTs and stalls (red team; kube's proxy pod
+    has 256 MiB). What Python allocates for 32 open, idle streams stays small."""
+    import tracemalloc
+
+    done = threading.Event()
+    ports = [peer(lambda tls: done.wait(10)) for _ in range(32)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        streams = [_client(pki, port) for port in ports]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        done.set()
+    for stream in streams:
+        stream.close()
+    assert held < 32 * 64 * 1024, held

@@ -314,6 +314,56 @@ while True:
 """
 
 
+# The floor any Python proxy stands on for an inspected request: a minimal relay that answers the
+# CONNECT, terminates TLS with the same leaf, re-originates it to the same upstream and pumps the
+# plaintext both ways (a thread each, SSLSocket reads and writes as they come), with no HTTP parsing,
+# no rules, no scan, no log. argv: ca cert key upstream_port, prints its port.
+_FLOOR = """
+import socket, ssl, sys, threading
+ca, cert, key, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+server.load_cert_chain(cert, key)
+client = ssl.create_default_context(cafile=ca)
+def pump(a, b):
+    try:
+        while True:
+            data = a.recv(1 << 16)
+            if not data:
+                break
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            socket.socket.shutdown(s, socket.SHUT_RDWR)
+        except OSError:
+            pass
+def one(conn):
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        data = conn.recv(4096)
+        if not data:
+            return
+        head += data
+    conn.sendall(b"HTTP/1.1 200 Connection Established\\r\\n\\r\\n")
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    up = socket.create_connection(("127.0.0.1", port))
+    up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with server.wrap_socket(conn, server_side=True) as a, client.wrap_socket(up, server_hostname="bench.test") as b:
+        t = threading.Thread(target=pump, args=(b, a), daemon=True)
+        t.start()
+        pump(a, b)
+        t.join()
+lst = socket.socket()
+lst.bind(("127.0.0.1", 0))
+lst.listen(256)
+print(lst.getsockname()[1], flush=True)
+while True:
+    c, _ = lst.accept()
+    threading.Thread(target=one, args=(c,), daemon=True).start()
+"""
+
+
 def measure_inspection(quick: bool = False) -> dict:
     """Inspected TLS (the proxy, in a process of its own, terminates the tunnel with a run CA's leaf,
     re-originates TLS upstream, relays HTTP/1.1) against TLS straight to the same upstream, paired rounds: the first SSE event of a
@@ -342,9 +392,13 @@ def measure_inspection(quick: bool = False) -> dict:
                               str(big_port), str(sse_port)], stdout=subprocess.PIPE, text=True)
     assert proxy.stdout is not None
     addr = ("127.0.0.1", int(proxy.stdout.readline()))
+    floor = subprocess.Popen([sys.executable, "-c", _FLOOR, os.path.join(work, "c.pem"), leaf.cert, leaf.key, str(sse_port)],
+                             stdout=subprocess.PIPE, text=True)
+    assert floor.stdout is not None
+    floor_addr = ("127.0.0.1", int(floor.stdout.readline()))
 
-    def open_tls(inspected: bool, port: int) -> ssl.SSLSocket:
-        sock = _connect(addr if inspected else None, port, "bench.test")
+    def open_tls(inspected: bool, port: int, via: tuple[str, int] | None = None) -> ssl.SSLSocket:
+        sock = _connect(via or (addr if inspected else None), port, "bench.test")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return (inspected_client if inspected else direct_client).wrap_socket(sock, server_hostname="bench.test")
 
@@ -367,6 +421,16 @@ def measure_inspection(quick: bool = False) -> dict:
             "kept-alive connection, inspected": statistics.median(kept[True]) * 1000}
         out["sse_ratio_new"] = statistics.median(fresh[True]) / statistics.median(fresh[False])
         out["sse_ratio_kept"] = statistics.median(kept[True]) / statistics.median(kept[False])
+        # The floor: the minimal relay (_FLOOR) against direct TLS, in rounds of its own, alternating.
+        floor_kept: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(30 if quick else 100):
+            for relayed in ((False, True) if r % 2 == 0 else (True, False)):
+                with open_tls(relayed, sse_port, floor_addr if relayed else None) as tls:
+                    _sse_once(tls, req, time.perf_counter())
+                    for _ in range(3):
+                        floor_kept[relayed].append(_sse_once(tls, req, time.perf_counter()))
+        out["sse_first_event_ms"]["kept-alive connection, minimal Python relay"] = statistics.median(floor_kept[True]) * 1000
+        out["sse_ratio_kept_floor"] = statistics.median(floor_kept[True]) / statistics.median(floor_kept[False])
         direct, inspected_mbps = [], []
         for r in range(3 if quick else 5):
             for inspected in ((False, True) if r % 2 == 0 else (True, False)):
@@ -378,8 +442,9 @@ def measure_inspection(quick: bool = False) -> dict:
         out["throughput_MBps"] = {"direct TLS": statistics.median(direct), "inspected": statistics.median(inspected_mbps)}
         out["throughput_ratio"] = statistics.median(i / d for i, d in zip(inspected_mbps, direct, strict=True))
     finally:
-        proxy.kill()
-        proxy.wait()
+        for p in (proxy, floor):
+            p.kill()
+            p.wait()
         sse.close()
         big.kill()
         big.wait()
@@ -407,6 +472,9 @@ def inspection_rows(r: dict) -> tuple[list[str], dict[str, tuple[str, bool]]]:
     lines.append(f"| inspected TLS: first SSE event / direct TLS, new connection | {r['sse_ratio_new']:.2f}× | "
                  "two handshakes (overlapped) against one; a CPU-bound loopback |")
     lines.append(f"| inspected TLS: first SSE event / direct TLS, kept-alive connection | {r['sse_ratio_kept']:.2f}× | |")
+    if "sse_ratio_kept_floor" in r:
+        lines.append(f"| the floor: a minimal Python TLS relay (no HTTP, no rules, no scan) / direct TLS, kept-alive | "
+                     f"{r['sse_ratio_kept_floor']:.2f}× | the same rounds' kind; below it no Python proxy goes |")
     for name, v in r["throughput_MBps"].items():
         lines.append(f"| inspected TLS: 32 MB, {name} | {v:.0f} MB/s | |")
     lines.append(f"| inspected TLS: 32 MB / direct TLS | {r['throughput_ratio']:.2f}× | paired rounds |")

@@ -31,9 +31,8 @@ class TlsStream:
 
     def __init__(self, raw: socket.socket, obj: ssl.SSLObject, inc: ssl.MemoryBIO, out: ssl.MemoryBIO) -> None:
         self.raw, self.obj, self.inc, self.out = raw, obj, inc, out
-        self.buf = bytearray(BATCH)
-        self.view = memoryview(self.buf)
         self.ended = False  # the peer's close (close_notify or EOF) has been read
+        self.failed: OSError | None = None  # an error that came after data: raised on the next read
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -76,10 +75,10 @@ class TlsStream:
                 if left <= 0:
                     raise TimeoutError("the TLS handshake did not finish in time")
                 self.raw.settimeout(left)
-            n = self.raw.recv_into(self.buf)
-            if not n:
+            data = self.raw.recv(RECORD + 512)  # handshake messages are small: no BATCH for a stalled peer
+            if not data:
                 raise ssl.SSLEOFError(ssl.SSL_ERROR_EOF, "the peer closed the connection during the TLS handshake")
-            self.inc.write(self.view[:n])
+            self.inc.write(data)
         self._flush()
         self.raw.settimeout(prior)
 
@@ -87,19 +86,43 @@ class TlsStream:
 
     def recv(self, most: int = BATCH) -> bytes:
         """Up to `most` bytes of plaintext: all that is decrypted or decryptable from what has arrived,
-        waiting (with the socket's timeout) only while there is none. b"": the peer closed."""
+        waiting only while there is none, within the socket's timeout for the whole call (as SSLSocket:
+        a peer sending a record a byte at a time cannot stretch it). b"": the peer closed."""
         most = max(1, min(most, BATCH))
-        while True:
-            got = self._decrypted(most)
-            if got or self.ended:
-                return got
-            n = self.raw.recv_into(self.buf)
-            if n:
-                self.inc.write(self.view[:n])
-            else:
-                self.inc.write_eof()
+        timeout = self.raw.gettimeout()
+        deadline = time.monotonic() + timeout if timeout else None
+        try:
+            while True:
+                got = self._decrypted(most)
+                if got or self.ended:
+                    return got
+                self._fill(deadline)
+        finally:
+            if deadline is not None:
+                self.raw.settimeout(timeout)
+
+    def _fill(self, deadline: float | None) -> None:
+        """One read of what the socket holds (up to BATCH) into OpenSSL, within `deadline`. The buffer is
+        the read's own, not the stream's: an idle or stalled connection holds none (a box may keep
+        hundreds open; 256 KiB each would be its lever on the proxy's memory)."""
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("The read operation timed out")
+            self.raw.settimeout(left)
+        data = self.raw.recv(BATCH)
+        if data:
+            self.inc.write(data)
+        else:
+            self.inc.write_eof()
 
     def _decrypted(self, most: int) -> bytes:
+        """What OpenSSL can decrypt now, up to `most`. An error after some data (a bad record, an alert,
+        a failed write of a KeyUpdate's answer) is raised on the next call, as SSLSocket does: the data
+        before it is the peer's and goes on."""
+        if self.failed is not None:
+            failed, self.failed = self.failed, None
+            raise failed
         parts: list[bytes] = []
         size = 0
         try:
@@ -114,9 +137,17 @@ class TlsStream:
             pass
         except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
             self.ended = True  # close_notify, or an EOF without it: b"", as SSLSocket reads both
-        finally:
-            if self.out.pending:  # a TLS 1.3 KeyUpdate's answer, an alert
+        except OSError as err:  # ssl.SSLError is one
+            if not parts:
+                raise
+            self.failed = err
+        if self.out.pending:  # a TLS 1.3 KeyUpdate's answer, an alert
+            try:
                 self._flush()
+            except OSError as err:
+                if not parts:
+                    raise
+                self.failed = err
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def pending(self) -> int:
@@ -125,18 +156,23 @@ class TlsStream:
     def sendall(self, data: bytes | bytearray | memoryview) -> None:
         """All of `data`, encrypted, as few large writes to the socket."""
         view = memoryview(data).cast("B")
-        while view:
-            try:
-                n = self.obj.write(view[:BATCH])
-            except ssl.SSLWantReadError:  # a renegotiation wants the peer's bytes first (TLS 1.2)
+        timeout = self.raw.gettimeout()
+        deadline = time.monotonic() + timeout if timeout else None
+        try:
+            while view:
+                try:
+                    n = self.obj.write(view[:BATCH])
+                except ssl.SSLWantReadError:  # a renegotiation wants the peer's bytes first (TLS 1.2)
+                    self._flush()
+                    if self.ended:
+                        raise ConnectionResetError("the peer closed the connection") from None
+                    self._fill(deadline)
+                    continue
+                view = view[n:]
                 self._flush()
-                n = self.raw.recv_into(self.buf)
-                if not n:
-                    raise ConnectionResetError("the peer closed the connection") from None
-                self.inc.write(self.view[:n])
-                continue
-            view = view[n:]
-            self._flush()
+        finally:
+            if deadline is not None:
+                self.raw.settimeout(timeout)
 
     def _flush(self) -> None:
         data = self.out.read()
