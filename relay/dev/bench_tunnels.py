@@ -319,25 +319,11 @@ while True:
 # plaintext both ways (a thread each, SSLSocket reads and writes as they come), with no HTTP parsing,
 # no rules, no scan, no log. argv: ca cert key upstream_port, prints its port.
 _FLOOR = """
-import socket, ssl, sys, threading
+import select, socket, ssl, sys, threading
 ca, cert, key, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 server.load_cert_chain(cert, key)
 client = ssl.create_default_context(cafile=ca)
-def pump(a, b):
-    try:
-        while True:
-            data = a.recv(1 << 16)
-            if not data:
-                break
-            b.sendall(data)
-    except OSError:
-        pass
-    for s in (a, b):
-        try:
-            socket.socket.shutdown(s, socket.SHUT_RDWR)
-        except OSError:
-            pass
 def one(conn):
     head = b""
     while b"\\r\\n\\r\\n" not in head:
@@ -350,10 +336,13 @@ def one(conn):
     up = socket.create_connection(("127.0.0.1", port))
     up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     with server.wrap_socket(conn, server_side=True) as a, client.wrap_socket(up, server_hostname="bench.test") as b:
-        t = threading.Thread(target=pump, args=(b, a), daemon=True)
-        t.start()
-        pump(a, b)
-        t.join()
+        other = {a: b, b: a}
+        while True:  # one thread per connection: an SSL object is not for two threads at once
+            for s in [s for s in (a, b) if s.pending()] or select.select([a, b], [], [])[0]:
+                data = s.recv(1 << 16)
+                if not data:
+                    return
+                other[s].sendall(data)
 lst = socket.socket()
 lst.bind(("127.0.0.1", 0))
 lst.listen(256)
@@ -400,6 +389,7 @@ def measure_inspection(quick: bool = False) -> dict:
     def open_tls(inspected: bool, port: int, via: tuple[str, int] | None = None) -> ssl.SSLSocket:
         sock = _connect(via or (addr if inspected else None), port, "bench.test")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(60)  # a stuck relay is a failed bench, never a hung one
         return (inspected_client if inspected else direct_client).wrap_socket(sock, server_hostname="bench.test")
 
     req = b"GET /stream HTTP/1.1\r\nHost: bench.test:%d\r\n\r\n" % sse_port  # the port: not 443
