@@ -2,7 +2,7 @@
 `/bench` sends `x-api-key` to bench.test:443, pinned to the local TLS server, verified against the
 benchmark's throwaway CA. Its own process, as in a real run (the launcher holds it, not the client).
 
-    credproxy.py CAFILE UPSTREAM_PORT [noscan]   (prints its port, then serves until killed)
+    credproxy.py CAFILE UPSTREAM_PORT [noscan]   (prints its port and its CPU clock's port, then serves until killed)
 
 With `noscan`, the proxy as it was before the outbound secret scan (relay/egress/secret_scan.py): no
 host secrets searched for in requests, and a 2xx body searched for the key's two ends only, not
@@ -54,8 +54,17 @@ def main() -> None:
                         tls=ssl.create_default_context(cafile=cafile), notify=None, secrets=secrets)
     proxy.start()
     print(listener.getsockname()[1], flush=True)
+    # Its own CPU time, for the bench to read between rounds: CLOCK_PROCESS_CPUTIME_ID counts every
+    # thread, the finished ones too, to the nanosecond (/proc's utime and stime tick every 10 ms, ±7% of
+    # a quick run's sum: more than the scan's cost being measured).
+    clock = socket.socket()
+    clock.bind(("127.0.0.1", 0))
+    clock.listen(8)
+    print(clock.getsockname()[1], flush=True)
     while True:
-        time.sleep(3600)
+        conn, _ = clock.accept()
+        with conn:
+            conn.sendall(repr(time.process_time()).encode())
 
 
 if __name__ == "__main__":

@@ -372,12 +372,6 @@ def _first_event_and_rest(sock, request: bytes, start: float) -> tuple[float, in
     return first, total
 
 
-def _cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU time so far (/proc/PID/stat), all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick: bool) -> dict:
     """A credential route as a box's CLI uses it (plain HTTP to the proxy, which adds the key and
     re-originates TLS to the pinned upstream) against the same request made directly over TLS from
@@ -411,7 +405,13 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
     try:
         tls_port = start(str(BENCH / "tlsserver.py"), cert, key, str(blob_mb))
         proxy_port = start(str(BENCH / "credproxy.py"), ca, str(tls_port))
+        clocks = {proxy_port: int(procs[-1].stdout.readline())}  # type: ignore[union-attr]
         noscan_port = start(str(BENCH / "credproxy.py"), ca, str(tls_port), "noscan")
+        clocks[noscan_port] = int(procs[-1].stdout.readline())  # type: ignore[union-attr]
+
+        def cpu_of(port: int) -> float:  # the proxy's process CPU time, every thread, to the nanosecond
+            with socket.create_connection(("127.0.0.1", clocks[port])) as s:
+                return float(s.makefile().read())
         ctx = ssl.create_default_context(cafile=ca)
 
         def direct(path: str) -> tuple[float, int, float]:
@@ -444,14 +444,13 @@ def measure_credential_route(work: str, env: dict[str, str], blob_mb: int, quick
         # /proc, summed over all rounds) is taken too: the route is bound by the proxy's CPU.
         scan: dict[str, list[float]] = {f"{kind} {w}": [] for kind in ("blob", "text") for w in ("scan", "no scan")}
         cpu: dict[str, list[float]] = {k: [0.0, 0.0] for k in scan}  # [CPU seconds, MiB]
-        pids = {proxy_port: procs[1].pid, noscan_port: procs[2].pid}
         for i in range(6 if quick else 16):
             for kind, path in (("blob", "/big"), ("text", "/text")):
                 pair = (("scan", proxy_port), ("no scan", noscan_port))
                 for w, port in pair if i % 2 else pair[::-1]:
-                    before = _cpu_seconds(pids[port])
+                    before = cpu_of(port)
                     _, n, took = route(path, port)
-                    cpu[f"{kind} {w}"][0] += _cpu_seconds(pids[port]) - before
+                    cpu[f"{kind} {w}"][0] += cpu_of(port) - before
                     cpu[f"{kind} {w}"][1] += n / MB
                     scan[f"{kind} {w}"].append(n / took / MB)
     finally:

@@ -15,11 +15,44 @@ from collections.abc import Sequence
 # 8- to 32-byte pieces here (measured on 256 KiB reads: 0.23 against 0.13 ms per MiB a piece). A
 # large read is therefore searched in windows under that size, overlapping by a piece's length.
 WINDOW = 28_000
+# glibc's memmem (a shift table on pairs of bytes) is faster again: three pieces over 256 KiB reads of
+# SSE text 0.21 against 0.58 ms per MiB (bytes.find, windowed or not), on random bytes 0.21 against
+# 0.49; the proxy's whole route costs ~1.7. A foreign call costs ~1.4 µs, so small reads (an SSE
+# event) keep bytes.find. Where ctypes or memmem is missing, bytes.find does it all.
+NATIVE_FROM = 8192
+_native: list = []  # [memmem or None], made on first use (ctypes costs an import a launch need not pay)
+
+
+def _memmem():  # noqa: ANN202 - a ctypes function or None
+    if not _native:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None).memmem
+            fn.restype = ctypes.c_void_p
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+            address = ctypes.c_void_p
+
+            def memmem(data: bytes, block: bytes, start: int) -> int:
+                base = ctypes.cast(data, address).value  # the bytes' own buffer: no copy
+                at = fn(base + start, len(data) - start, block, len(block))
+                return -1 if at is None else at - base
+
+            _native.append(memmem)
+        except (ImportError, OSError, AttributeError):
+            _native.append(None)
+    return _native[0]
 
 
 def find(data: bytes, block: bytes, start: int = 0) -> int:
-    """`data.find(block, start)`, window by window (WINDOW)."""
+    """`data.find(block, start)`: by memmem on a large read, else window by window (WINDOW)."""
     last = len(data) - len(block)
+    if start > last:
+        return -1
+    if last - start >= NATIVE_FROM and type(data) is bytes:
+        native = _memmem()
+        if native is not None:
+            return native(data, block, start)
     while start <= last:
         p = data.find(block, start, start + WINDOW + len(block) - 1)
         if p >= 0:

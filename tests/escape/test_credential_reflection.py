@@ -270,3 +270,26 @@ def test_a_read_boundary_inside_an_echoed_key_leaves_none_of_it(full: bool) -> N
         out = red.feed(body[:cut]) + red.feed(body[cut:]) + red.flush()
         assert out[at:end] == b"*" * len(REAL), (cut, out)
         assert out[:at] == body[:at] and out[end:] == body[end:]
+
+
+def test_the_scrubbers_search_finds_what_bytes_find_does_on_every_path() -> None:
+    """redact.find takes glibc's memmem on a large read and windows of bytes.find on the rest: every
+    path must answer as bytes.find does, a match across a window's edge and at the read's end too
+    (a miss here is a key passed to the box)."""
+    import random
+
+    from relay.egress import redact
+
+    assert redact._memmem() is not None  # glibc here: the fast path is the one tested
+    rng = random.Random(46)
+    key = REAL.encode()
+    for size in (0, 40, redact.NATIVE_FROM - 1, redact.NATIVE_FROM + 40, redact.WINDOW + 7, 3 * redact.WINDOW, 1 << 18):
+        for at in {0, max(0, size - len(key)), redact.WINDOW - 5, redact.WINDOW - len(key) // 2, rng.randrange(size + 1)}:
+            if at + len(key) > size:
+                continue
+            data = bytearray(rng.randbytes(size))
+            data[at:at + len(key)] = key
+            data = bytes(data)
+            for piece in (key[:15], key[-15:], key[10:42]):
+                for start in (0, 1, at, at + 1, size):
+                    assert redact.find(data, piece, start) == data.find(piece, start), (size, at, start)
