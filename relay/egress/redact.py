@@ -86,8 +86,8 @@ class Redactor:
     what passes only from 68 to 62 bytes of the key's middle; so three pieces, the old cost.
 
     A stream is scrubbed as it flows: only a tail that could continue into a key run in the next read
-    is held back until then (an SSE event ends in a blank line, which no key holds, so events are
-    never held); at the end it is let go, as it is shorter than the shortest run scrubbed."""
+    is held back until then, raw, and searched again with it (an SSE event ends in a blank line, which
+    no key holds, so events are never held); at the end it is scrubbed as it is and let go."""
 
     BLOCK = 8
     MIN_RUN = 2 * BLOCK - 1
@@ -95,10 +95,10 @@ class Redactor:
 
     # The pieces of each set of spellings, made once: the proxy searches every request for the same
     # host secrets, and making them cost ~20 µs a request (a route's SSE event takes ~3 ms in all).
-    _made: dict[tuple[tuple[str, ...], tuple[int, ...] | None], tuple] = {}
+    _made: dict[tuple[type, tuple[str, ...], tuple[int, ...] | None], tuple] = {}
 
     def __init__(self, forms: Sequence[str], least: Sequence[int] | None = None) -> None:
-        key = (tuple(forms), None if least is None else tuple(least))
+        key = (type(self), tuple(forms), None if least is None else tuple(least))
         made = Redactor._made.get(key)
         if made is None:
             made = self._make(forms, least)
@@ -108,9 +108,8 @@ class Redactor:
         self.forms, self.least, self.blocks, self.ends, self.hold = made
         self.full = True
         self.held = b""
+        self.mark = b""
         self.count = 0
-        self.cont: list[tuple[bytes, int]] = []  # runs scrubbed up to a read's end: (spelling, where they stopped)
-        self.edge: list[tuple[bytes, int]] = []  # the same, of the last `scrub`
 
     @classmethod
     def _make(cls, forms: Sequence[str], least: Sequence[int] | None) -> tuple:
@@ -141,9 +140,9 @@ class Redactor:
             if len(form) > run + 1 and at > 0 and at + mid < len(form):  # its centre: in the key minus its two ends
                 mids.append((form, at, form[at:at + mid], run))
         self.ends = list(dict.fromkeys(ends + mids))
-        # A run cut by a read's end is found whole if what lies before the cut is held (up to the
-        # shortest run counted, less one) or holds a whole piece (twice the longest piece, less two).
-        self.hold = max([self.least - 1] + [2 * len(b[2]) - 2 for b in self.blocks + self.ends])
+        # A run cut by a read's end is held whole, raw, and searched again with what follows: every
+        # piece of it is then seen whole, whichever read it ends in.
+        self.hold = max([0] + [len(form) - 1 for form in self.forms])
         return tuple(self.forms), self.least, tuple(self.blocks), tuple(self.ends), self.hold
 
     @staticmethod
@@ -158,7 +157,6 @@ class Redactor:
 
     def scrub(self, data: bytes, full: bool | None = None) -> bytes:
         runs = []
-        self.edge = []
         for form, at, block, least in self.blocks if (self.full if full is None else full) else self.ends:
             p = find(data, block)
             while p >= 0:
@@ -169,8 +167,6 @@ class Redactor:
                     hi, b = hi + 1, b + 1
                 if hi - lo >= least:
                     runs.append((lo, hi))
-                    if hi == len(data) and b < len(form):  # the key may go on in the next read
-                        self.edge.append((form, b))
                 p = find(data, block, max(hi, p + 1))
         if not runs:
             return data
@@ -183,31 +179,25 @@ class Redactor:
         return bytes(out)
 
     def feed(self, data: bytes) -> bytes:
-        """The next piece of a stream, scrubbed; all but a held tail. A run scrubbed up to the last
-        read's end is scrubbed on into this one, however few of its bytes come here: a read boundary
-        inside an echoed key would otherwise let its last bytes (fewer than a run) through (found
-        by a red-team helper: a head read of exactly 64 KiB put the boundary where the box chose)."""
-        carry, self.cont = self.cont, []
+        """The next piece of a stream, scrubbed; all but a held tail, kept raw: any run of a spelling cut
+        by the read's end is held whole (up to the longest spelling less one) and searched again with
+        its continuation, and what was scrubbed of it already (`mark`) stays scrubbed. (Red team,
+        stop 46: a tail held scrubbed, or only `2*piece-2` of it, let a key's last bytes through
+        when a read ended inside an echo, a 2xx echo's early part when the read ended before its
+        end piece, and a key holding `*` past its carry.)"""
         joined = self.held + data if self.held else data
-        cut = 0
-        for form, b in carry:
-            n = 0
-            while n < len(joined) and b + n < len(form) and joined[n] == form[b + n]:
-                n += 1
-            cut = max(cut, n)
-            if n == len(joined) and b + n < len(form):
-                self.cont.append((form, b + n))
-        data = self.scrub(joined)
-        self.cont += self.edge
-        if cut:
-            data = b"*" * cut + data[cut:]
-        hold = self._tail(data)
-        self.held = data[len(data) - hold:] if hold else b""
-        return data[: len(data) - hold]
+        out = self.scrub(joined)
+        if self.mark:
+            out = bytes(a if a == 42 else b for a, b in zip(self.mark, out[:len(self.mark)], strict=True)) + out[len(self.mark):]
+        hold = self._tail(joined)
+        self.held = joined[len(joined) - hold:] if hold else b""
+        self.mark = out[len(out) - hold:] if hold else b""
+        return out[: len(out) - hold]
 
     def flush(self) -> bytes:
-        held, self.held = self.held, b""
-        return held
+        held, self.held, mark, self.mark = self.held, b"", self.mark, b""
+        out = self.scrub(held) if held else held
+        return bytes(a if a == 42 else b for a, b in zip(mark, out, strict=True))
 
     def _tail(self, data: bytes) -> int:
         """The longest tail of `data` that is a run of some spelling which the next read could continue
