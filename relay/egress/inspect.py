@@ -31,7 +31,7 @@ from relay.egress.forward import BODY_TIMEOUT, refuse_scanned, request_scan
 from relay.egress.http_head import HEAD_TIMEOUT, MAX_HEAD, Body, RequestError, parse_head
 from relay.egress.redact import Redactor
 from relay.egress.secret_scan import FramingError, HostSecrets, SecretFound, Unchunk, Unscannable
-from relay.egress.tls_stream import TlsStream
+from relay.egress.tls_stream import BATCH, TlsStream
 from relay.model import http_rules
 from relay.model import refusal as denial
 from relay.model.allow_rules import HostRule, fmt_hostport
@@ -345,15 +345,6 @@ def _requests(log: DecisionLog, router: Routes, secrets: HostSecrets, tls: TlsSt
             return
 
 
-BATCH = 1 << 18
-
-
-def _gather(up: TlsStream, most: int) -> bytes:
-    """What the upstream has ready, up to `most` bytes: every TLS record that has arrived, decrypted
-    at once (relay/egress/tls_stream.py), waiting only while none has, so that the client gets few
-    large writes (each TLS record written alone costs a syscall and a Python round)."""
-    return up.recv(most)
-
 
 def relay_answer(up: TlsStream, client: TlsStream, method: str, redact: Redactor | None) -> tuple[int, bool]:
     """One answer from the upstream to the client, as it arrives (SSE flows event by event): its head,
@@ -432,7 +423,7 @@ def relay_answer(up: TlsStream, client: TlsStream, method: str, redact: Redactor
                     send(redact.feed(data) if redact is not None else data)
                 if left <= 0:
                     break
-                data = _gather(up, min(left, BATCH))
+                data = up.recv(min(left, BATCH))  # every record that has arrived (tls_stream.py)
                 if not data:
                     return status, False
             if redact is not None:

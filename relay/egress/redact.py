@@ -188,7 +188,7 @@ class Redactor:
         joined = self.held + data if self.held else data
         out = self.scrub(joined)
         if self.mark:
-            out = bytes(a if a == 42 else b for a, b in zip(self.mark, out[:len(self.mark)], strict=True)) + out[len(self.mark):]
+            out = _marked(self.mark, out[:len(self.mark)]) + out[len(self.mark):]
         hold = self._tail(joined)
         self.held = joined[len(joined) - hold:] if hold else b""
         self.mark = out[len(out) - hold:] if hold else b""
@@ -196,8 +196,7 @@ class Redactor:
 
     def flush(self) -> bytes:
         held, self.held, mark, self.mark = self.held, b"", self.mark, b""
-        out = self.scrub(held) if held else held
-        return bytes(a if a == 42 else b for a, b in zip(mark, out, strict=True))
+        return _marked(mark, self.scrub(held)) if held else held
 
     def _tail(self, data: bytes) -> int:
         """The longest tail of `data` that is a run of some spelling which the next read could continue
@@ -210,3 +209,9 @@ class Redactor:
         while n < min(self.hold, len(data)) and any(data[-(n + 1):] in form[:-1] for form in self.forms):
             n += 1
         return n
+
+
+def _marked(mark: bytes, out: bytes) -> bytes:
+    """`out` with every byte `mark` scrubbed (`*`) scrubbed too: a held tail searched again keeps what
+    an earlier read's search found in it."""
+    return bytes(a if a == 42 else b for a, b in zip(mark, out, strict=True))

@@ -3,11 +3,11 @@ inspected box's), read and written in large batches.
 
 Why not `ssl.SSLSocket`: OpenSSL reads a socket one TLS record at a time, each as two `recv` calls
 (its 5-byte header, then its body) and each record written as its own `send`, so a download costs
-three syscalls and a Python round per 16 KiB record. Here one `recv_into` of up to `BATCH` bytes is
+three syscalls and a Python round per 16 KiB record. Here one `recv` of up to `BATCH` bytes is
 fed to OpenSSL, every whole record in it is decrypted at once, and the scrubber and the client's
 socket see one large piece: measured on this machine type (2 cores), a bare relay of a 32 MB
 download went from 0.59× direct TLS (SSLSocket) and 0.70× (SSLSocket drained without blocking) to
-0.83× this way (docs/credentials.md, `invoke bench`).
+0.81–1.03× this way (docs/performance.md, `invoke bench`).
 
 The surface is the part of a socket the proxy uses (recv, sendall, settimeout, setsockopt,
 getpeername, shutdown, close, fileno) with SSLSocket's meanings: an EOF, with or without TLS's
@@ -70,15 +70,8 @@ class TlsStream:
                     pass
                 raise
             self._flush()
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the TLS handshake did not finish in time")
-                self.raw.settimeout(left)
-            data = self.raw.recv(RECORD + 512)  # handshake messages are small: no BATCH for a stalled peer
-            if not data:
+            if not self._fill(deadline, RECORD + 512):  # handshake messages are small: no BATCH for a stalled peer
                 raise ssl.SSLEOFError(ssl.SSL_ERROR_EOF, "the peer closed the connection during the TLS handshake")
-            self.inc.write(data)
         self._flush()
         self.raw.settimeout(prior)
 
@@ -101,20 +94,21 @@ class TlsStream:
             if deadline is not None:
                 self.raw.settimeout(timeout)
 
-    def _fill(self, deadline: float | None) -> None:
-        """One read of what the socket holds (up to BATCH) into OpenSSL, within `deadline`. The buffer is
-        the read's own, not the stream's: an idle or stalled connection holds none (a box may keep
-        hundreds open; 256 KiB each would be its lever on the proxy's memory)."""
+    def _fill(self, deadline: float | None, most: int = BATCH) -> bool:
+        """One read of what the socket holds (up to `most`) into OpenSSL, within `deadline`; False: the
+        peer closed. The buffer is the read's own, not the stream's: an idle or stalled connection
+        holds none (a box may keep hundreds open; 256 KiB each would be its lever on the proxy's memory)."""
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("The read operation timed out")
             self.raw.settimeout(left)
-        data = self.raw.recv(BATCH)
+        data = self.raw.recv(most)
         if data:
             self.inc.write(data)
         else:
             self.inc.write_eof()
+        return bool(data)
 
     def _decrypted(self, most: int) -> bytes:
         """What OpenSSL can decrypt now, up to `most`. An error after some data (a bad record, an alert,
@@ -149,9 +143,6 @@ class TlsStream:
                     raise
                 self.failed = err
         return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def pending(self) -> int:
-        return self.obj.pending()
 
     def sendall(self, data: bytes | bytearray | memoryview) -> None:
         """All of `data`, encrypted, as few large writes to the socket."""
